@@ -1,0 +1,61 @@
+"""Figures people would rather look at than read: NE over training, reliability curve."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: figures go to files and MLflow, never to a window
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+
+def ne_curve(
+    steps: Sequence[int],
+    window_ne: Sequence[float],
+    eval_ne: float | None = None,
+    bayes_ne: float | None = None,
+) -> Figure:
+    """Windowed training NE per step, with the held-out NE and the best reachable NE as lines."""
+    figure, axis = plt.subplots(figsize=(7, 4))
+    axis.plot(steps, window_ne, label="train NE (window)")
+    if eval_ne is not None:
+        axis.axhline(eval_ne, color="tab:orange", linestyle="--", label=f"eval NE {eval_ne:.4f}")
+    if bayes_ne is not None:
+        axis.axhline(bayes_ne, color="tab:green", linestyle=":", label=f"Bayes-optimal NE {bayes_ne:.4f}")
+    axis.axhline(1.0, color="grey", linewidth=0.8)
+    axis.set_xlabel("step")
+    axis.set_ylabel("normalized entropy (lower is better)")
+    axis.legend()
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def reliability_bins(labels: np.ndarray, predictions: np.ndarray, bins: int = 20) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per quantile bin of prediction: mean prediction, observed click rate, count."""
+    order = np.argsort(predictions, kind="stable")
+    chunks = np.array_split(order, bins)
+    mean_prediction = np.array([predictions[c].mean() if len(c) else np.nan for c in chunks])
+    click_rate = np.array([labels[c].mean() if len(c) else np.nan for c in chunks])
+    counts = np.array([len(c) for c in chunks])
+    return mean_prediction, click_rate, counts
+
+
+def reliability_curve(labels: np.ndarray, predictions: np.ndarray, bins: int = 20) -> Figure:
+    """Observed click rate against mean prediction, per quantile bin; the diagonal is calibrated."""
+    mean_prediction, click_rate, _ = reliability_bins(labels.astype(np.float64), predictions.astype(np.float64), bins)
+    figure, axis = plt.subplots(figsize=(5, 5))
+    top = float(np.nanmax([mean_prediction.max(), click_rate.max(), 0.01])) * 1.05
+    axis.plot([0, top], [0, top], color="grey", linewidth=0.8, label="calibrated")
+    axis.plot(mean_prediction, click_rate, marker="o", label="model")
+    axis.set_xlabel("mean predicted click probability")
+    axis.set_ylabel("observed click rate")
+    axis.set_title(f"Reliability ({bins} quantile bins)")
+    axis.legend()
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,1 @@
+"""Prefect flows that wire ingestion, training and evaluation; the `dlrm` command."""

@@ -1,0 +1,193 @@
+"""The `dlrm` command.
+
+    dlrm run --config configs/demo.toml [--set section.key=value ...]
+    dlrm generate --config FILE [--days 0 1 2]
+    dlrm ingest SOURCE... --warehouse DIR [--day N] [--json]
+    dlrm evaluate --predictions FILE.parquet [--json]
+
+A problem the user can fix (a bad config, a missing file) ends with one line on stderr and
+exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+# Our packages log through the standard library; Prefect shows those records in the UI too.
+os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ingestion,training,evaluation,flows")
+
+
+class UserError(Exception):
+    """A problem with the user's input, shown as one line."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except UserError as error:
+        print(f"dlrm: error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:  # noqa: BLE001 - only the known user-facing kinds become one line
+        if _is_user_facing(error):
+            print(f"dlrm: error: {error}", file=sys.stderr)
+            return 2
+        raise
+
+
+def _is_user_facing(error: Exception) -> bool:
+    from evaluation.metrics import MetricError
+    from flows.config import ConfigError
+    from ingestion.preprocess import PreprocessError
+    from training.sharding import ShardingError
+
+    return isinstance(error, (ConfigError, PreprocessError, ShardingError, MetricError, FileNotFoundError))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dlrm", description="End-to-end DLRM training pipeline")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run the whole pipeline as a Prefect flow")
+    run.add_argument("--config", default="configs/demo.toml", help="TOML config (default: %(default)s)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config value, e.g. --set training.batch_size=4096")
+    run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    run.set_defaults(handler=_run)
+
+    generate = commands.add_parser("generate", help="write Criteo-format days of synthetic data")
+    generate.add_argument("--config", default="configs/demo.toml")
+    generate.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    generate.add_argument("--days", type=int, nargs="*", help="days to write (default: the config's)")
+    generate.add_argument("--out", help="output folder (default: the config's raw_dir)")
+    generate.set_defaults(handler=_generate)
+
+    ingest = commands.add_parser("ingest", help="raw Criteo files → validated Parquet warehouse")
+    ingest.add_argument("sources", nargs="+", metavar="SOURCE")
+    ingest.add_argument("--warehouse", required=True)
+    ingest.add_argument("--day", type=int, help="the day of every SOURCE (default: day_N in the name)")
+    ingest.add_argument("--force", action="store_true", help="re-ingest even if the manifest matches")
+    ingest.add_argument("--json", action="store_true")
+    ingest.set_defaults(handler=_ingest)
+
+    evaluate = commands.add_parser("evaluate", help="NE, AUC, calibration of a predictions file")
+    evaluate.add_argument("--predictions", required=True, help="Parquet with label, prediction[, weight]")
+    evaluate.add_argument("--json", action="store_true")
+    evaluate.set_defaults(handler=_evaluate)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from flows.config import load_config
+
+    config = load_config(args.config, args.overrides)  # fail fast, before Prefect starts
+    from flows.pipeline import run_pipeline
+
+    summary = run_pipeline(args.config, args.overrides)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(format_summary(summary, config))
+    return 0
+
+
+def format_summary(summary: dict[str, Any], config) -> str:
+    run_dir = Path(config.run_dir).resolve()
+    bayes = summary.get("bayes_ne")
+    lines = [
+        "",
+        f"DLRM pipeline '{config.name}' finished",
+        f"  rows ingested        {summary['rows_ingested']:,}  (quarantined: {summary['rows_quarantined']:,})",
+        f"  held-out days        {list(config.data.eval_days)}  ({int(summary['eval_count']):,} examples)",
+        f"  NE                   {summary['eval_ne']:.4f}"
+        + (f"   (Bayes-optimal {bayes:.4f}, gap {summary['ne_gap_to_bayes_pct']:.1f} %)" if bayes else ""),
+        f"  NE, constant CTR     {summary['baseline_constant_ne']:.4f}",
+        f"  AUC                  {summary['eval_auc']:.4f}",
+        f"  calibration          {summary['eval_calibration']:.3f}",
+        f"  log loss             {summary['eval_log_loss']:.4f}",
+        f"  training throughput  {summary['train_samples_per_s']:,.0f} samples/s "
+        f"({config.training.nproc} processes, {config.sharding.sharding_type})",
+        f"  MLflow run           {summary['mlflow_run_id']}  (model version {summary['model_version']})",
+        "",
+        "Open the UIs on this run's data:",
+        f"  MLflow:  .venv/bin/mlflow ui --backend-store-uri {config.tracking_uri} --port 5000",
+        "           then http://127.0.0.1:5000",
+        f"  Prefect: PREFECT_HOME={os.environ.get('PREFECT_HOME', '~/.prefect')} .venv/bin/prefect server start",
+        "           then http://127.0.0.1:4200",
+        f"  Files:   {run_dir}",
+    ]
+    if summary.get("files_failed"):
+        lines.insert(3, f"  PARTIAL: {len(summary['files_failed'])} file(s) failed: " + "; ".join(summary["files_failed"]))
+    return "\n".join(lines)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from flows.config import load_config
+    from ingestion.synthetic import GroundTruth, generate_day
+
+    config = load_config(args.config, args.overrides)
+    out = Path(args.out) if args.out else config.path(config.data.raw_dir)
+    truth = GroundTruth(config.data.synthetic)
+    for day in args.days if args.days is not None else config.data.all_days:
+        stats = generate_day(config.data.synthetic, day, out, truth)
+        print(f"day {day}: {stats.rows:,} rows, click rate {stats.click_rate:.3f}, "
+              f"Bayes-optimal NE {stats.bayes_ne:.4f} → {out / f'day_{day}.tsv.gz'}")
+    return 0
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from ingestion.warehouse import day_of, ingest_day
+
+    for source in args.sources:
+        if "://" not in source and not Path(source).exists():
+            raise UserError(f"{source}: no such file; pass existing Criteo files (plain or .gz)")
+    by_day: dict[int, list[str]] = {}
+    for index, source in enumerate(args.sources):
+        by_day.setdefault(args.day if args.day is not None else day_of(source, index), []).append(source)
+    totals = {"rows_read": 0, "rows_written": 0, "rows_quarantined": 0, "files_failed": []}
+    for day, sources in sorted(by_day.items()):
+        report = ingest_day(sources, day, Path(args.warehouse), force=args.force)
+        totals["rows_read"] += report.rows_read
+        totals["rows_written"] += report.rows_written
+        totals["rows_quarantined"] += report.rows_quarantined
+        totals["files_failed"] += [f.error for f in report.files_failed]
+        if not args.json:
+            print(f"day {day}: {report.rows_read:,} read, {report.rows_written:,} written, "
+                  f"{report.rows_quarantined:,} quarantined" + (" (unchanged, skipped)" if report.skipped else ""))
+    for error in totals["files_failed"]:
+        print(f"dlrm: error: {error}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({**totals, "partial": bool(totals["files_failed"])}))
+    return 1 if totals["files_failed"] else 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    import pyarrow.parquet as pq
+
+    from evaluation.metrics import summarize
+
+    path = Path(args.predictions)
+    if not path.exists():
+        raise UserError(f"{path}: no such file; pass a Parquet file with label and prediction columns")
+    table = pq.read_table(path)
+    missing = {"label", "prediction"} - set(table.column_names)
+    if missing:
+        raise UserError(f"{path}: missing column(s) {sorted(missing)}; needs label, prediction[, weight]")
+    weights = table["weight"].to_numpy() if "weight" in table.column_names else None
+    result = summarize(table["label"].to_numpy(), table["prediction"].to_numpy(), weights)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:<12} {value:.6f}" if key != "count" else f"{key:<12} {value:,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

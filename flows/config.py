@@ -1,0 +1,180 @@
+"""The whole run's configuration: one frozen dataclass tree loaded from TOML and validated.
+
+An unknown key, a wrong type or an impossible value raises `ConfigError` with one line that
+names the key, e.g. `configs/demo.toml: training.batch_size: expected int, got str 'big'`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from evaluation.config import EvaluationConfig
+from ingestion.config import DataConfig, PreprocessConfig
+from training.config import ModelConfig, ShardingConfig, TrainingConfig
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased as one line for the user."""
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """MLflow. An empty `tracking_uri` means SQLite in the run directory."""
+
+    tracking_uri: str = ""
+    experiment: str = "dlrm"
+    registered_model: str = "dlrm-ctr"
+
+
+@dataclass(frozen=True)
+class OrchestrationConfig:
+    """Prefect: how many stage tasks (days) run at once."""
+
+    max_workers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.max_workers < 1:
+            raise ValueError(f"max_workers: must be at least 1, got {self.max_workers}")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    name: str = "demo"
+    # Everything a run writes lives here; relative paths elsewhere are taken from it.
+    run_dir: str = "runs/demo"
+    data: DataConfig = field(default_factory=DataConfig)
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    orchestration: OrchestrationConfig = field(default_factory=OrchestrationConfig)
+
+    def path(self, relative: str) -> Path:
+        """A configured path, resolved against the run directory unless absolute or a URL."""
+        if "://" in relative:
+            return Path(relative)
+        candidate = Path(relative).expanduser()
+        return candidate if candidate.is_absolute() else Path(self.run_dir).resolve() / candidate
+
+    @property
+    def tracking_uri(self) -> str:
+        if self.tracking.tracking_uri:
+            return self.tracking.tracking_uri
+        return f"sqlite:///{Path(self.run_dir).resolve() / 'mlflow.db'}"
+
+
+def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> PipelineConfig:
+    """Read a TOML file, apply `section.key=value` overrides (TOML values), validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found; pass --config with a TOML file")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    for override in overrides:
+        _apply_override(raw, override, path)
+    try:
+        return build_dataclass(PipelineConfig, raw, prefix="")
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+
+
+def _apply_override(raw: dict[str, Any], override: str, path: Path) -> None:
+    key, sep, text = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"{path}: override '{override}' is not of the form section.key=value")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text  # a bare word is taken as a string, as a shell user would expect
+    *parents, leaf = key.strip().split(".")
+    node = raw
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{path}: override '{key}': '{part}' is not a section")
+    node[leaf] = value
+
+
+def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
+    """Build dataclass `cls` from a TOML table, checking keys and types on the way down."""
+    where = prefix.rstrip(".") or "config"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a table, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{prefix}{unknown[0]}: unknown key (known keys here: {', '.join(sorted(fields))})"
+        )
+    values = {name: _convert(hints[name], data[name], f"{prefix}{name}") for name in data}
+    try:
+        return cls(**values)
+    except ValueError as error:
+        if isinstance(error, ConfigError):
+            raise
+        raise ConfigError(f"{prefix}{error}") from None
+
+
+def _convert(hint: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return build_dataclass(hint, value, prefix=f"{key}.")
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise ConfigError(f"{key}: must be one of {list(choices)}, got {value!r}")
+        return value
+    if origin is tuple:
+        (item_hint, _ellipsis) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
+        return tuple(_convert(item_hint, item, f"{key}[{i}]") for i, item in enumerate(value))
+    if origin in (typing.Union, types.UnionType):
+        return value
+    return _convert_scalar(hint, value, key)
+
+
+def _convert_scalar(hint: type, value: Any, key: str) -> Any:
+    # bool is a subclass of int in Python: `batch_size = true` must not pass as 1.
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
+        return value
+    raise ConfigError(
+        f"{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}"
+    )
+
+
+def config_as_dict(config: Any) -> dict[str, Any]:
+    """The resolved config as plain data (tuples become lists), for logging and JSON."""
+    return json_ready(dataclasses.asdict(config))
+
+
+def json_ready(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` → `{"a.b": 1}`: MLflow params are flat."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

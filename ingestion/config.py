@@ -1,0 +1,80 @@
+"""Configuration of the data stages: where logs come from, the warehouse, preprocessing.
+
+Validation errors are `ValueError("key: problem")`; the loader prefixes the section path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """The generator of Criteo-format days (demo, tests, benchmarks)."""
+
+    rows_per_day: int = 200_000
+    seed: int = 7
+    # Kaggle Criteo cardinalities times this factor (at least 3 values per feature).
+    cardinality_scale: float = 0.05
+    click_rate: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.rows_per_day <= 0:
+            raise ValueError(f"rows_per_day: must be positive, got {self.rows_per_day}")
+        if not 0.0 < self.cardinality_scale <= 1.0:
+            raise ValueError(f"cardinality_scale: must be in (0, 1], got {self.cardinality_scale}")
+        if not 0.01 <= self.click_rate <= 0.99:
+            raise ValueError(f"click_rate: must be in [0.01, 0.99], got {self.click_rate}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Raw logs and the Parquet warehouse. Relative paths are taken from the run directory."""
+
+    source: Literal["synthetic", "files"] = "synthetic"
+    # Real Criteo files (plain or gzip, local paths or fsspec URLs). A file's day comes from
+    # a `day_N` in its name, otherwise from its position in this list.
+    files: tuple[str, ...] = ()
+    raw_dir: str = "raw"
+    warehouse_dir: str = "warehouse"
+    train_days: tuple[int, ...] = (0, 1)
+    eval_days: tuple[int, ...] = (2,)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def __post_init__(self) -> None:
+        if not self.train_days:
+            raise ValueError("train_days: needs at least one day")
+        if not self.eval_days:
+            raise ValueError("eval_days: needs at least one day")
+        if any(day < 0 for day in (*self.train_days, *self.eval_days)):
+            raise ValueError("train_days: days are non-negative integers")
+        overlap = sorted(set(self.train_days) & set(self.eval_days))
+        if overlap:
+            raise ValueError(f"eval_days: {overlap} also in train_days; held-out days must differ")
+        if self.source == "files" and not self.files:
+            raise ValueError("files: source = 'files' needs a list of Criteo files")
+
+    @property
+    def all_days(self) -> tuple[int, ...]:
+        return tuple(sorted({*self.train_days, *self.eval_days}))
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """DuckDB feature preprocessing: log-transformed dense features, hashed categoricals."""
+
+    # No embedding table has more rows than this (row 0 of each is kept for missing values).
+    hash_size: int = 100_000
+    features_dir: str = "features"
+    duckdb_memory_limit: str = "2GB"
+    duckdb_threads: int = 2
+    row_group_size: int = 131_072
+
+    def __post_init__(self) -> None:
+        if self.hash_size < 2:
+            raise ValueError(f"hash_size: must be at least 2, got {self.hash_size}")
+        if self.duckdb_threads < 1:
+            raise ValueError(f"duckdb_threads: must be at least 1, got {self.duckdb_threads}")
+        if self.row_group_size < 1024:
+            raise ValueError(f"row_group_size: must be at least 1024, got {self.row_group_size}")

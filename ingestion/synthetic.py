@@ -1,0 +1,238 @@
+"""Criteo-format days with realistic statistics and a known ground truth.
+
+Each example's click probability comes from a logistic model over per-value latent effects
+of the categoricals, pairwise categorical interactions and log-scaled dense counts. Because
+the true probability of every row is known, each day also gets its Bayes-optimal NE: the
+best normalized entropy any model can reach on exactly those rows.
+
+Value frequencies follow a power law per feature; cardinalities are Kaggle Criteo's scaled
+by `cardinality_scale`. Every per-value quantity is a hash of (feature, value), so days
+share one ground truth without storing tables of millions of values.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from ingestion.config import SyntheticConfig
+from ingestion.schema import DENSE_COLUMNS, NUM_DENSE, NUM_SPARSE, RAW_COLUMNS, SPARSE_COLUMNS
+
+KAGGLE_CARDINALITIES = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)  # fmt: skip
+CHUNK_ROWS = 131_072
+# Byte value → its two lowercase hex characters, as one little-endian uint16.
+_HEX_PAIRS = np.array(
+    [int.from_bytes(f"{b:02x}".encode(), "little") for b in range(256)], dtype=np.uint16
+)
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+@dataclass(frozen=True)
+class DayStats:
+    """What the generator knows about one day it wrote."""
+
+    day: int
+    rows: int
+    clicks: int
+    click_rate: float
+    bayes_ne: float
+    bayes_log_loss: float
+    dense_empty_fraction: float
+    sparse_empty_fraction: float
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """A bijective 64-bit mixer: decorrelates (feature, value) keys into uniform bits."""
+    x = (x + np.uint64(0x9E3779B97F4A7C15)) & _MASK64
+    x = ((x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _MASK64
+    x = ((x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _MASK64
+    return x ^ (x >> np.uint64(31))
+
+
+def _normal_table(seed: int) -> np.ndarray:
+    """65,536 standard normals: hashed keys index into it instead of drawing per value."""
+    return np.random.default_rng([seed, 0x7AB1E]).standard_normal(1 << 16).astype(np.float32)
+
+
+class GroundTruth:
+    """The fixed generative model behind every day of one seed."""
+
+    def __init__(self, config: SyntheticConfig) -> None:
+        self.config = config
+        rng = np.random.default_rng([config.seed, 0xC1])
+        scaled = np.array(KAGGLE_CARDINALITIES, dtype=np.float64) * config.cardinality_scale
+        self.cardinality = np.maximum(3, np.round(scaled)).astype(np.int64)
+        self.zipf_exponent = rng.uniform(1.05, 1.35, NUM_SPARSE)
+        self.sparse_missing = rng.beta(0.6, 4.8, NUM_SPARSE)  # mean ≈ 0.11
+        self.sparse_scale = rng.choice([0.0, 0.1, 0.25, 0.45], NUM_SPARSE, p=[0.15, 0.3, 0.35, 0.2])
+        self.dense_missing = rng.beta(1.0, 4.0, NUM_DENSE)  # mean ≈ 0.2
+        self.dense_log_mean = rng.uniform(0.0, 4.0, NUM_DENSE)
+        self.dense_log_sd = rng.uniform(0.5, 1.5, NUM_DENSE)
+        self.dense_weight = rng.normal(0.0, 0.25, NUM_DENSE)
+        pairs = rng.choice(NUM_SPARSE, size=(8, 2), replace=True)
+        self.pairs = [(int(a), int(b)) for a, b in pairs if a != b]
+        self.pair_weight = 0.3
+        self.latent_dim = 4
+        self.feature_salt = rng.integers(1, 2**62, NUM_SPARSE, dtype=np.int64)
+        self.normals = _normal_table(config.seed)
+        self.bias = 0.0
+        self.bias = self._calibrate_bias(config.click_rate)
+
+    def sample_ranks(self, rng: np.random.Generator, rows: int) -> np.ndarray:
+        """Power-law value ranks per feature, -1 where the cell is empty. [rows, 26] int64."""
+        ranks = np.empty((rows, NUM_SPARSE), dtype=np.int64)
+        for j in range(NUM_SPARSE):
+            k, s = float(self.cardinality[j]), self.zipf_exponent[j]
+            u = rng.random(rows)
+            # inverse CDF of a continuous power law on [1, k + 1), shifted to ranks 0..k-1
+            x = ((k + 1.0) ** (1.0 - s) - 1.0) * u + 1.0
+            ranks[:, j] = np.minimum(x ** (1.0 / (1.0 - s)) - 1.0, k - 1).astype(np.int64)
+            ranks[rng.random(rows) < self.sparse_missing[j], j] = -1
+        return ranks
+
+    def sample_dense(self, rng: np.random.Generator, rows: int) -> np.ndarray:
+        """Integer counts per feature; I2 can be negative as in real logs; NaN = empty."""
+        logs = rng.normal(self.dense_log_mean, self.dense_log_sd, size=(rows, NUM_DENSE))
+        counts = np.floor(np.expm1(np.maximum(logs, 0.0)))
+        counts[:, 1] -= 3.0
+        counts[rng.random((rows, NUM_DENSE)) < self.dense_missing] = np.nan
+        return counts
+
+    def logits(self, ranks: np.ndarray, dense: np.ndarray) -> np.ndarray:
+        z = np.full(ranks.shape[0], self.bias, dtype=np.float64)
+        value_hash = [self._value_hash(ranks[:, j], j) for j in range(NUM_SPARSE)]
+        for j in range(NUM_SPARSE):
+            if self.sparse_scale[j] > 0:
+                z += self.sparse_scale[j] * self._effect(value_hash[j], ranks[:, j], 0)
+        for a, b in self.pairs:
+            dot = np.zeros(ranks.shape[0], dtype=np.float64)
+            for d in range(self.latent_dim):
+                left = self._effect(value_hash[a], ranks[:, a], 1 + d)
+                dot += left * self._effect(value_hash[b], ranks[:, b], 1 + self.latent_dim + d)
+            z += self.pair_weight * dot / math.sqrt(self.latent_dim)
+        log_dense = np.log1p(np.maximum(np.nan_to_num(dense, nan=0.0), 0.0))
+        z += (log_dense - self.dense_log_mean) @ self.dense_weight
+        return z
+
+    def _value_hash(self, ranks: np.ndarray, feature: int) -> np.ndarray:
+        return _splitmix64(ranks.astype(np.uint64) ^ np.uint64(self.feature_salt[feature]))
+
+    def _effect(self, value_hash: np.ndarray, ranks: np.ndarray, slot: int) -> np.ndarray:
+        """Latent effect number `slot` of each value; an empty cell contributes nothing.
+
+        Slots take different 16-bit windows of one 64-bit hash (rotated for slots > 3).
+        """
+        shift = np.uint64((16 * slot) % 64)
+        rotated = (value_hash >> shift) | (value_hash << (np.uint64(64) - shift)) if shift else value_hash
+        index = (rotated ^ (rotated >> np.uint64(29 + slot))) & np.uint64(0xFFFF)
+        return np.where(ranks >= 0, self.normals[index], np.float32(0.0))
+
+    def hex_ids(self, ranks: np.ndarray, feature: int) -> np.ndarray:
+        """The 32-bit id a value is logged as (Criteo logs hashed ids, not ranks)."""
+        key = ranks.astype(np.uint64) + (np.uint64(self.feature_salt[feature]) << np.uint64(1))
+        return (_splitmix64(key) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+
+    def _calibrate_bias(self, click_rate: float) -> float:
+        """Solve for the bias that gives the target mean click probability on a pilot sample."""
+        rng = np.random.default_rng([self.config.seed, 0xB1A5])
+        z = self.logits(self.sample_ranks(rng, 100_000), self.sample_dense(rng, 100_000))
+        lo, hi = -20.0, 20.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if np.mean(1.0 / (1.0 + np.exp(-(z + mid)))) < click_rate:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+
+def _hex_column(ids: np.ndarray, empty: np.ndarray) -> pa.Array:
+    """uint32 ids → 8 lowercase hex characters, null where empty; vectorised."""
+    big_endian_bytes = ids.astype(">u4").view(np.uint8).reshape(-1, 4)  # [rows, 4]
+    data = pa.py_buffer(_HEX_PAIRS[big_endian_bytes])  # [rows, 4] pairs = 8 chars each
+    offsets = pa.py_buffer(np.arange(0, 8 * (len(ids) + 1), 8, dtype=np.int32))
+    validity = pa.py_buffer(np.packbits(~empty, bitorder="little")) if empty.any() else None
+    return pa.Array.from_buffers(pa.string(), len(ids), [validity, offsets, data])
+
+
+def generate_chunk(truth: GroundTruth, rng: np.random.Generator, rows: int) -> tuple[pa.Table, np.ndarray]:
+    """One chunk of raw rows as an Arrow table of the 40 Criteo fields, and each row's p."""
+    ranks = truth.sample_ranks(rng, rows)
+    dense = truth.sample_dense(rng, rows)
+    probability = 1.0 / (1.0 + np.exp(-truth.logits(ranks, dense)))
+    labels = (rng.random(rows) < probability).astype(np.int8)
+    columns: list[pa.Array] = [pa.array(labels)]
+    for i in range(NUM_DENSE):
+        empty = np.isnan(dense[:, i])
+        columns.append(pa.array(np.nan_to_num(dense[:, i]).astype(np.int64), mask=empty))
+    for j in range(NUM_SPARSE):
+        columns.append(_hex_column(truth.hex_ids(ranks[:, j], j), ranks[:, j] < 0))
+    return pa.Table.from_arrays(columns, names=list(RAW_COLUMNS)), probability
+
+
+def generate_day(config: SyntheticConfig, day: int, out_dir: Path, truth: GroundTruth | None = None) -> DayStats:
+    """Write `day_{day}.tsv.gz` and `day_{day}.stats.json` into `out_dir`."""
+    truth = truth or GroundTruth(config)
+    rng = np.random.default_rng([config.seed, day])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"day_{day}.tsv.gz"
+    partial = target.with_suffix(".gz.partial")
+    sums = np.zeros(5)  # rows, clicks, log loss (nats), empty dense cells, empty sparse cells
+    options = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
+    # gzip level 1 in a second thread (zlib releases the GIL): compression overlaps generation.
+    with gzip.open(partial, "wb", compresslevel=1) as sink, ThreadPoolExecutor(1) as writer:
+        pending = None
+        for start in range(0, config.rows_per_day, CHUNK_ROWS):
+            rows = min(CHUNK_ROWS, config.rows_per_day - start)
+            table, p = generate_chunk(truth, rng, rows)
+            text = pa.BufferOutputStream()
+            pacsv.write_csv(table, text, options)
+            if pending is not None:
+                pending.result()
+            pending = writer.submit(sink.write, text.getvalue())
+            y = table["label"].to_numpy()
+            sums += (
+                rows,
+                y.sum(),
+                -np.sum(np.where(y == 1, np.log(p), np.log1p(-p))),
+                sum(table[c].null_count for c in DENSE_COLUMNS),
+                sum(table[c].null_count for c in SPARSE_COLUMNS),
+            )
+        if pending is not None:
+            pending.result()
+    partial.replace(target)
+    stats = _day_stats(day, sums)
+    (out_dir / f"day_{day}.stats.json").write_text(json.dumps(asdict(stats), indent=2))
+    return stats
+
+
+def _day_stats(day: int, sums: np.ndarray) -> DayStats:
+    rows, clicks, log_loss, dense_empty, sparse_empty = sums
+    ctr = clicks / rows
+    entropy = -(ctr * math.log(ctr) + (1 - ctr) * math.log(1 - ctr)) if 0 < ctr < 1 else float("nan")
+    return DayStats(
+        day=day,
+        rows=int(rows),
+        clicks=int(clicks),
+        click_rate=float(ctr),
+        bayes_ne=float(log_loss / rows / entropy),
+        bayes_log_loss=float(log_loss / rows),
+        dense_empty_fraction=float(dense_empty / (rows * NUM_DENSE)),
+        sparse_empty_fraction=float(sparse_empty / (rows * NUM_SPARSE)),
+    )
+
+
+def read_day_stats(raw_dir: Path, day: int) -> DayStats | None:
+    path = raw_dir / f"day_{day}.stats.json"
+    return DayStats(**json.loads(path.read_text())) if path.is_file() else None

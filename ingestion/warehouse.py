@@ -1,0 +1,285 @@
+"""Raw Criteo files → hive-partitioned Parquet warehouse, with quarantine and manifests.
+
+Layout under the warehouse root:
+
+    day=N/part-00000.parquet ...   typed rows (WAREHOUSE_SCHEMA), zstd, streaming row groups
+    day=N/_manifest.json           sources, sha256, rows read / written / quarantined
+    _quarantine/day=N/*.parquet    bad lines with source, line number, reason and raw bytes
+
+A day is written into `_tmp/` and renamed into place, so a reader sees the old partition or
+the new one, never half of one. Re-ingesting a day replaces it. Files names starting with
+`_` are skipped by Arrow and DuckDB dataset discovery, which keeps manifests out of the data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Iterator, Sequence
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ingestion.raw_parse import parse_block
+from ingestion.schema import QUARANTINE_SCHEMA, SCHEMA_VERSION, WAREHOUSE_SCHEMA
+
+log = logging.getLogger(__name__)
+
+READ_BLOCK_BYTES = 32 << 20
+ROW_GROUP_ROWS = 131_072
+_DAY_IN_NAME = re.compile(r"day_(\d+)")
+
+
+class SourceReadError(RuntimeError):
+    """A raw file could not be read to its end (missing, unreadable, truncated)."""
+
+
+@dataclass
+class FileReport:
+    source: str
+    day: int
+    rows_read: int = 0
+    rows_written: int = 0
+    rows_quarantined: int = 0
+    sha256: str = ""
+    size_bytes: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class DayReport:
+    day: int
+    files: list[FileReport] = field(default_factory=list)
+    skipped: bool = False  # the manifest showed the same sources were already ingested
+
+    @property
+    def rows_read(self) -> int:
+        return sum(f.rows_read for f in self.files if f.error is None)
+
+    @property
+    def rows_written(self) -> int:
+        return sum(f.rows_written for f in self.files if f.error is None)
+
+    @property
+    def rows_quarantined(self) -> int:
+        return sum(f.rows_quarantined for f in self.files if f.error is None)
+
+    @property
+    def files_failed(self) -> list[FileReport]:
+        return [f for f in self.files if f.error is not None]
+
+
+def day_of(source: str, position: int) -> int:
+    """The day a file holds: `day_N` in its name, else its position in the list."""
+    match = _DAY_IN_NAME.search(Path(source).name)
+    return int(match.group(1)) if match else position
+
+
+def partition_dir(warehouse: Path, day: int) -> Path:
+    return warehouse / f"day={day}"
+
+
+def read_manifest(warehouse: Path, day: int) -> dict | None:
+    path = partition_dir(warehouse, day) / "_manifest.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def ingest_day(sources: Sequence[str], day: int, warehouse: Path, force: bool = False) -> DayReport:
+    """Ingest the raw files of one day; publish the partition if at least one file was read."""
+    warehouse.mkdir(parents=True, exist_ok=True)
+    if not force and _already_ingested(sources, day, warehouse):
+        log.info("day %d: already ingested from the same sources, skipping", day)
+        manifest = read_manifest(warehouse, day) or {}
+        return DayReport(day, [FileReport(**f) for f in manifest.get("files", [])], skipped=True)
+    staging = warehouse / "_tmp" / f"day={day}-{uuid.uuid4().hex[:8]}"
+    report = DayReport(day)
+    try:
+        for index, source in enumerate(sources):
+            report.files.append(_ingest_file(source, day, staging, index))
+        if len(report.files_failed) == len(report.files):
+            return report  # nothing readable: keep whatever partition was there
+        _write_manifest(staging / "data", report)
+        _publish(staging / "data", partition_dir(warehouse, day), staging)
+        _publish(staging / "quarantine", warehouse / "_quarantine" / f"day={day}", staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return report
+
+
+def _ingest_file(source: str, day: int, staging: Path, index: int) -> FileReport:
+    report = FileReport(source=source, day=day)
+    started = time.perf_counter()
+    data_dir, quarantine_dir = staging / "data", staging / "quarantine"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    quarantine_dir.mkdir(parents=True, exist_ok=True)
+    data_path = data_dir / f"part-{index:05d}.parquet"
+    quarantine_path = quarantine_dir / f"part-{index:05d}.parquet"
+    digest = hashlib.sha256()
+    try:
+        with _ParquetSink(data_path, WAREHOUSE_SCHEMA) as rows_out, _ParquetSink(
+            quarantine_path, QUARANTINE_SCHEMA
+        ) as bad_out:
+            next_line = 1
+            for block in _read_line_blocks(source, digest, report):
+                parsed = parse_block(block, next_line, source)
+                next_line += parsed.lines
+                rows_out.write(parsed.rows)
+                bad_out.write(parsed.quarantine)
+                report.rows_read += parsed.lines
+                report.rows_written += parsed.rows.num_rows
+                report.rows_quarantined += parsed.quarantine.num_rows
+                log.info(
+                    "day %d: %s: %s rows read, %s quarantined",
+                    day, Path(source).name, f"{report.rows_read:,}", f"{report.rows_quarantined:,}",
+                )  # fmt: skip
+    except SourceReadError as error:
+        report.error = str(error)
+        data_path.unlink(missing_ok=True)
+        quarantine_path.unlink(missing_ok=True)
+        log.error("%s", error)
+    assert report.error or report.rows_read == report.rows_written + report.rows_quarantined
+    report.sha256 = digest.hexdigest()
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _read_line_blocks(source: str, digest: "hashlib._Hash", report: FileReport) -> Iterator[bytes]:
+    """Whole-line blocks of the decompressed file; gzip is detected by its magic bytes."""
+    try:
+        raw = fsspec.open(source, "rb").open()
+    except (OSError, ValueError) as error:
+        raise SourceReadError(f"{source}: cannot open: {error}") from None
+    with raw:
+        decompressor: "zlib._Decompress | None" = None
+        carry = b""
+        lines_done = 0
+        while True:
+            try:
+                chunk = raw.read(READ_BLOCK_BYTES)
+            except OSError as error:
+                raise SourceReadError(f"{source}: read failed after {report.size_bytes:,} bytes: {error}") from None
+            if not chunk:
+                break
+            digest.update(chunk)
+            report.size_bytes += len(chunk)
+            if decompressor is None:
+                gzipped = chunk[:2] == b"\x1f\x8b"
+                decompressor = zlib.decompressobj(wbits=31) if gzipped else None
+            data = _decompress(decompressor, chunk, source, report, lines_done) if decompressor else chunk
+            data = carry + data
+            cut = data.rfind(b"\n") + 1
+            carry = data[cut:]
+            if cut:
+                lines_done += data.count(b"\n", 0, cut)
+                yield data[:cut]
+        if decompressor is not None and not decompressor.eof:
+            raise SourceReadError(
+                f"{source}: truncated gzip: the stream ends without its end marker after "
+                f"{report.size_bytes:,} compressed bytes (near line {lines_done + 1})"
+            )
+        if carry:
+            yield carry + b"\n"  # a last line without its newline is still a line
+
+
+def _decompress(decompressor, chunk: bytes, source: str, report: FileReport, lines_done: int) -> bytes:
+    try:
+        out = decompressor.decompress(chunk)
+        # Concatenated gzip members (as `cat a.gz b.gz` makes) are one valid stream.
+        while decompressor.eof and decompressor.unused_data:
+            rest = decompressor.unused_data
+            decompressor = zlib.decompressobj(wbits=31)
+            out += decompressor.decompress(rest)
+        return out
+    except zlib.error as error:
+        raise SourceReadError(
+            f"{source}: corrupt gzip data after {report.size_bytes:,} compressed bytes "
+            f"(near line {lines_done + 1}): {error}"
+        ) from None
+
+
+class _ParquetSink:
+    """A Parquet writer that buffers small tables into streaming-sized row groups."""
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self.path, self.schema = path, schema
+        self.pending: list[pa.Table] = []
+        self.pending_rows = 0
+        self.writer = pq.ParquetWriter(path, schema, compression="zstd")
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self.pending.append(table)
+            self.pending_rows += table.num_rows
+        if self.pending_rows >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.writer.write_table(pa.concat_tables(self.pending), row_group_size=ROW_GROUP_ROWS)
+            self.pending, self.pending_rows = [], 0
+
+    def __enter__(self) -> "_ParquetSink":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._flush()
+        self.writer.close()
+
+
+def _write_manifest(data_dir: Path, report: DayReport) -> None:
+    manifest = {
+        "day": report.day,
+        "schema_version": SCHEMA_VERSION,
+        "rows_read": report.rows_read,
+        "rows_written": report.rows_written,
+        "rows_quarantined": report.rows_quarantined,
+        "files": [asdict(f) for f in report.files],
+        "source_fingerprints": [_fingerprint(f.source) for f in report.files],
+    }
+    (data_dir / "_manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def _fingerprint(source: str) -> list:
+    """What must be unchanged for an ingested day to count as done: path, size, mtime."""
+    try:
+        info = os.stat(source)
+        return [source, info.st_size, info.st_mtime_ns]
+    except OSError:
+        return [source, None, None]  # a URL: only a forced re-ingest refreshes it
+
+
+def _already_ingested(sources: Sequence[str], day: int, warehouse: Path) -> bool:
+    manifest = read_manifest(warehouse, day)
+    if manifest is None or manifest.get("schema_version") != SCHEMA_VERSION:
+        return False
+    if any(f.get("error") for f in manifest["files"]):
+        return False
+    return manifest["source_fingerprints"] == [_fingerprint(s) for s in sources]
+
+
+def _publish(staged: Path, target: Path, scratch: Path) -> None:
+    """Swap `staged` in as `target` with renames: readers never see a half-written folder.
+
+    The old partition moves into `scratch` (same filesystem), which the caller removes.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        target.rename(scratch / f"retired-{uuid.uuid4().hex[:8]}")
+    staged.rename(target)
+
+
+def warehouse_rows(warehouse: Path, day: int) -> int:
+    """Rows in a published partition, from Parquet footers (no data is read)."""
+    files = sorted(partition_dir(warehouse, day).glob("*.parquet"))
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)

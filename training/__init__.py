@@ -1,0 +1,1 @@
+"""DLRM models, TorchRec sharding, the distributed trainer and its torchrun launcher."""

@@ -1,0 +1,54 @@
+"""A training job: what the launcher hands to every torchrun worker, as one JSON file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from evaluation.config import EvaluationConfig
+from training.config import ModelConfig, ShardingConfig, TrainingConfig
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    model: ModelConfig
+    sharding: ShardingConfig
+    training: TrainingConfig
+    evaluation: EvaluationConfig
+    table_sizes: dict[str, int]
+    train_files: tuple[str, ...]
+    eval_files: tuple[str, ...]
+    out_dir: str
+
+    @property
+    def out(self) -> Path:
+        return Path(self.out_dir)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> "TrainJob":
+        return _from_plain(cls, json.loads(Path(path).read_text()))
+
+
+def _from_plain(cls: type, data: dict[str, Any]) -> Any:
+    """Rebuild a (validated) dataclass from its JSON form: lists back to tuples."""
+    values = {}
+    for f in fields(cls):
+        value = data[f.name]
+        field_type = f.type if isinstance(f.type, type) else _resolve(cls, f.name)
+        if is_dataclass(field_type):
+            value = _from_plain(field_type, value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        values[f.name] = value
+    return cls(**values)
+
+
+def _resolve(cls: type, name: str) -> Any:
+    import typing
+
+    return typing.get_type_hints(cls)[name]

@@ -1,0 +1,106 @@
+"""Launch a training job with torchrun as a subprocess and surface failures clearly.
+
+torchrun starts `nproc` workers (`training.worker`), tees each rank's output into
+`<out>/logs/`, and on failure prints which rank died first. The launcher streams the output
+to a callback (so a Prefect task logs progress live) and turns a failure into one
+`TrainingFailed` naming the rank, its exit code (or signal) and the end of its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+from training.job import TrainJob
+
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+class TrainingFailed(RuntimeError):
+    def __init__(self, message: str, rank: int | None, exit_code: int) -> None:
+        super().__init__(message)
+        self.rank, self.exit_code = rank, exit_code
+
+
+def torchrun_command(job: TrainJob, job_path: Path) -> list[str]:
+    config = job.training
+    multi_node = any(arg.startswith(("--nnodes", "--rdzv")) for arg in config.torchrun_args)
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        *([] if multi_node else ["--standalone"]),
+        f"--nproc-per-node={config.nproc}",
+        f"--max-restarts={config.max_restarts}",
+        f"--log-dir={job.out / 'logs'}",
+        "--tee=3",
+        *config.torchrun_args,
+        "-m", "training.worker", str(job_path),
+    ]  # fmt: skip
+
+
+def launch(job: TrainJob, on_line: Callable[[str], None] = print) -> None:
+    """Run the job to completion; raise `TrainingFailed` if any rank fails."""
+    job.out.mkdir(parents=True, exist_ok=True)
+    for stale in ("logs", "predictions", "metrics.jsonl", "summary.json"):
+        path = job.out / stale
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    job_path = job.out / "job.json"
+    job.save(job_path)
+    env = {**os.environ, "OMP_NUM_THREADS": str(job.training.threads_per_proc), "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_project_root()), env.get("PYTHONPATH")]))
+    process = subprocess.Popen(
+        torchrun_command(job, job_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    output: list[str] = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        line = line.rstrip("\n")
+        output.append(line)
+        if _worth_showing(line):
+            on_line(line)
+    code = process.wait()
+    if code != 0:
+        raise _failure(job, "\n".join(output), code)
+
+
+def _project_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def _worth_showing(line: str) -> bool:
+    """Progress and errors; not the libraries' warnings."""
+    return "[train]" in line or "Error" in line or "Traceback" in line
+
+
+def _failure(job: TrainJob, output: str, launcher_code: int) -> TrainingFailed:
+    match = _ROOT_CAUSE.search(output)
+    if not match:
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        return TrainingFailed(f"training failed (torchrun exit code {launcher_code}):\n{tail}", None, launcher_code)
+    rank, local_rank, code = int(match.group(1)), int(match.group(2)), int(match.group(3))
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    tail = _rank_log_tail(job.out / "logs", local_rank) or _traceback_from(output, rank)
+    message = f"training failed: rank {rank} {how}"
+    if tail:
+        message += f"; the end of its log:\n{tail}"
+    return TrainingFailed(message, rank, code)
+
+
+def _rank_log_tail(log_dir: Path, local_rank: int, lines: int = 15) -> str:
+    """The last lines of a rank's stderr from torchrun's log folder, if it wrote any."""
+    candidates = sorted(log_dir.glob(f"*/attempt_*/{local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
+    if not candidates:
+        return ""
+    text = [ln for ln in candidates[-1].read_text(errors="replace").splitlines() if "Warning" not in ln]
+    return "\n".join(text[-lines:])
+
+
+def _traceback_from(output: str, rank: int) -> str:
+    prefix = f"[rank{rank}]:"
+    lines = [ln[len(prefix):] for ln in output.splitlines() if ln.startswith(prefix)]
+    return "\n".join(lines[-15:])

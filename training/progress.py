@@ -1,0 +1,70 @@
+"""Training progress: console lines with samples/s and ETA, and a metrics file for tracking."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from pathlib import Path
+
+from evaluation.metrics import BinaryState, MetricError, compute_ne
+
+
+class Progress:
+    """Windowed and lifetime NE from summed states; one JSON line per logged step (rank 0)."""
+
+    def __init__(self, total_steps: int, global_batch: int, window: int, metrics_path: Path | None) -> None:
+        self.total_steps, self.global_batch, self.window = total_steps, global_batch, window
+        self.metrics_file = metrics_path.open("a") if metrics_path else None
+        self.started = time.perf_counter()
+        self.interval_started = self.started
+        self.interval_steps = 0
+        self.lifetime = BinaryState()
+        self.recent: deque[BinaryState] = deque()
+        self.recent_state = BinaryState()
+
+    def add(self, state: BinaryState) -> None:
+        """Account one step's global state (already summed over ranks)."""
+        self.lifetime = self.lifetime + state
+        self.recent.append(state)
+        self.recent_state = self.recent_state + state
+        while len(self.recent) > 1 and self.recent_state.count - self.recent[0].count >= self.window:
+            oldest = self.recent.popleft()
+            self.recent_state = BinaryState.from_array(self.recent_state.as_array() - oldest.as_array())
+        self.interval_steps += 1
+
+    def report(self, step: int, loss: float) -> dict:
+        now = time.perf_counter()
+        samples_per_s = self.interval_steps * self.global_batch / max(now - self.interval_started, 1e-9)
+        self.interval_started, self.interval_steps = now, 0
+        elapsed = now - self.started
+        eta = elapsed / step * (self.total_steps - step) if step else float("nan")
+        record = {
+            "step": step,
+            "loss": loss,
+            "train_window_ne": _ne_or_nan(self.recent_state),
+            "train_lifetime_ne": _ne_or_nan(self.lifetime),
+            "samples_per_s": samples_per_s,
+            "elapsed_s": elapsed,
+        }
+        print(
+            f"[train] step {step}/{self.total_steps} ({100 * step / max(self.total_steps, 1):.0f}%) "
+            f"loss {loss:.4f} NE(window) {record['train_window_ne']:.4f} "
+            f"{samples_per_s:,.0f} samples/s ETA {eta:,.0f}s",
+            flush=True,
+        )
+        if self.metrics_file:
+            self.metrics_file.write(json.dumps(record) + "\n")
+            self.metrics_file.flush()
+        return record
+
+    def close(self) -> None:
+        if self.metrics_file:
+            self.metrics_file.close()
+
+
+def _ne_or_nan(state: BinaryState) -> float:
+    try:
+        return compute_ne(state)
+    except MetricError:
+        return float("nan")
