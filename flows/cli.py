@@ -20,6 +20,9 @@ from typing import Any, Sequence
 
 # Our packages log through the standard library; Prefect shows those records in the UI too.
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ingestion,training,evaluation,flows")
+# Prefect keeps its local server's database in PREFECT_HOME but does not create the folder.
+if os.environ.get("PREFECT_HOME"):
+    Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
 
 
 class UserError(Exception):

@@ -17,6 +17,7 @@ from torch import nn
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.types import PlannerError
+from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ShardingPlan
 
 from training.config import ShardingConfig
@@ -70,8 +71,8 @@ def plan_sharding(
     )
     try:
         if group is not None:
-            return planner.collective_plan(model, None, group)
-        return planner.plan(model, [])
+            return planner.collective_plan(model, get_default_sharders(), group)
+        return planner.plan(model, get_default_sharders())
     except PlannerError as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ShardingError(f"no sharding plan fits: {first_line}") from None
@@ -107,8 +108,13 @@ class ShardRow:
     bytes_per_rank: dict[int, int]
 
 
-def describe_plan(plan: ShardingPlan, bytes_per_element: int = 4) -> list[ShardRow]:
-    """Each table's placement: sharding type, kernel, ranks and parameter bytes per rank."""
+def describe_plan(
+    plan: ShardingPlan, table_shapes: dict[str, tuple[int, int]], world_size: int, bytes_per_element: int = 4
+) -> list[ShardRow]:
+    """Each table's placement: sharding type, kernel, ranks and parameter bytes per rank.
+
+    Data-parallel tables have no shards in the plan: every rank holds the whole table.
+    """
     rows = []
     for _module, module_plan in plan.plan.items():
         for table, option in module_plan.items():  # type: ignore[union-attr]
@@ -122,6 +128,10 @@ def describe_plan(plan: ShardingPlan, bytes_per_element: int = 4) -> list[ShardR
                     size *= dim
                 per_rank[rank] = per_rank.get(rank, 0) + size * bytes_per_element
                 shapes.append(list(shard.shard_sizes))
+            if not shards and table in table_shapes:
+                rows_, dim = table_shapes[table]
+                per_rank = {rank: rows_ * dim * bytes_per_element for rank in range(world_size)}
+                shapes = [[rows_, dim]] * world_size
             rows.append(
                 ShardRow(
                     table=table,

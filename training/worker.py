@@ -17,7 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from training.checkpoint import save_checkpoint
 from training.device import backend_for, runtime_device
 from training.job import TrainJob
-from training.model import build_train_model
+from training.model import build_train_model, table_name
 from training.sharding import describe_plan, format_plan, plan_as_json, shard_model
 from training.trainer import attach_embedding_optimizer, build_optimizer, predict, train
 
@@ -31,11 +31,13 @@ def run(job: TrainJob, device: torch.device) -> None:
     attach_embedding_optimizer(model, config)
     sharded, plan = shard_model(model, job.sharding, device, config.batch_size_per_rank)
     if rank == 0:
-        rows = describe_plan(plan)
+        shapes = {table_name(f): (n, job.model.embedding_dim) for f, n in job.table_sizes.items()}
+        rows = describe_plan(plan, shapes, world)
         (job.out / "plan.txt").write_text(format_plan(rows) + "\n")
         (job.out / "plan.json").write_text(json.dumps(plan_as_json(rows), indent=2))
-        print(f"[train] {world} processes on {device.type} ({backend_for(device)}); sharding plan:\n"
-              + format_plan(rows), flush=True)
+        print(f"[train] {world} processes on {device.type} ({backend_for(device)}); sharding plan:", flush=True)
+        for line in format_plan(rows).splitlines():
+            print(f"[train]   {line}", flush=True)
     optimizer = build_optimizer(sharded, config)
     stats = train(sharded, optimizer, job, device)
     checkpoint = save_checkpoint(sharded, job.out / "checkpoints", stats.steps)

@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny generated days, built once per session and reused read-only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ingestion.config import PreprocessConfig, SyntheticConfig
+from ingestion.preprocess import PreprocessState, apply_state, fit_state
+from ingestion.synthetic import GroundTruth, generate_day
+from ingestion.warehouse import ingest_day
+
+TINY_SYNTHETIC = SyntheticConfig(rows_per_day=6000, seed=11, cardinality_scale=0.001)
+TINY_PREPROCESS = PreprocessConfig(hash_size=2000, duckdb_threads=1, row_group_size=2048)
+TINY_DAYS = (0, 1, 2)
+
+
+@pytest.fixture(scope="session")
+def tiny_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three generated Criteo-format days (6,000 rows each) with their stats files."""
+    raw = tmp_path_factory.mktemp("raw")
+    truth = GroundTruth(TINY_SYNTHETIC)
+    for day in TINY_DAYS:
+        generate_day(TINY_SYNTHETIC, day, raw, truth)
+    return raw
+
+
+@pytest.fixture(scope="session")
+def tiny_warehouse(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    warehouse = tmp_path_factory.mktemp("warehouse")
+    for day in TINY_DAYS:
+        ingest_day([str(tiny_raw / f"day_{day}.tsv.gz")], day, warehouse)
+    return warehouse
+
+
+@pytest.fixture(scope="session")
+def tiny_features(tiny_warehouse: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[PreprocessState, dict[int, list[str]]]:
+    """The preprocessing state fitted on days 0–1 and every day's feature files."""
+    root = tmp_path_factory.mktemp("features")
+    state = fit_state(TINY_PREPROCESS, tiny_warehouse, root, (0, 1))
+    files = {
+        day: [str(p) for p in sorted(apply_state(TINY_PREPROCESS, state, tiny_warehouse, root, day).glob("*.parquet"))]
+        for day in TINY_DAYS
+    }
+    return state, files

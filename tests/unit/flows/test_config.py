@@ -1,0 +1,99 @@
+from pathlib import Path
+
+import pytest
+
+from flows.config import ConfigError, PipelineConfig, config_as_dict, flatten, load_config
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("name", ["demo.toml", "tiny.toml"])
+def test_shipped_configs_load(name: str) -> None:
+    config = load_config(ROOT / "configs" / name)
+    assert isinstance(config, PipelineConfig)
+    assert config.model.bottom_mlp[-1] == config.model.embedding_dim
+    assert config.training.batch_size % config.training.nproc == 0
+
+
+def _error(tmp_path: Path, text: str, overrides: tuple[str, ...] = ()) -> str:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, overrides)
+    message = str(caught.value)
+    assert "\n" not in message, "errors are one line"
+    return message
+
+
+def test_unknown_key_names_the_key_and_the_known_ones(tmp_path: Path) -> None:
+    message = _error(tmp_path, "[training]\nbatch_sise = 10\n")
+    assert "training.batch_sise: unknown key" in message
+    assert "batch_size" in message
+
+
+def test_unknown_section_is_named(tmp_path: Path) -> None:
+    assert "trainer: unknown key" in _error(tmp_path, "[trainer]\nnproc = 2\n")
+
+
+def test_wrong_type_names_key_expected_and_got(tmp_path: Path) -> None:
+    message = _error(tmp_path, '[training]\nbatch_size = "big"\n')
+    assert "training.batch_size: expected int, got str 'big'" in message
+
+
+def test_bool_is_not_an_int(tmp_path: Path) -> None:
+    assert "training.nproc: expected int, got bool" in _error(tmp_path, "[training]\nnproc = true\n")
+
+
+def test_int_is_accepted_for_float(tmp_path: Path) -> None:
+    path = tmp_path / "ok.toml"
+    path.write_text("[training]\nembedding_lr = 1\n")
+    assert load_config(path).training.embedding_lr == 1.0
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("[training]\nbatch_size = 0\n", "training.batch_size: must be a positive multiple"),
+        ("[training]\nnproc = 3\nbatch_size = 1024\n", "training.batch_size: must be a positive multiple of nproc (3)"),
+        ("[model]\nembedding_dim = 8\n", "model.bottom_mlp: must end with embedding_dim (8)"),
+        ("[model]\ntop_mlp = [64, 2]\n", "model.top_mlp: must end with 1"),
+        ('[sharding]\nsharding_type = "diagonal"\n', "sharding.sharding_type: must be one of"),
+        ('[sharding]\nsharding_type = "data_parallel"\n', "sharding.compute_kernel: data_parallel tables use"),
+        ("[data]\ntrain_days = [0, 1]\neval_days = [1]\n", "data.eval_days: [1] also in train_days"),
+        ('[data]\nsource = "files"\n', "data.files: source = 'files' needs a list"),
+        ("[data.synthetic]\nrows_per_day = -5\n", "data.synthetic.rows_per_day: must be positive"),
+    ],
+)
+def test_impossible_values_name_the_key(tmp_path: Path, text: str, expected: str) -> None:
+    assert expected in _error(tmp_path, text)
+
+
+def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.toml")
+    assert "not valid TOML" in _error(tmp_path, "[training\n")
+
+
+def test_overrides_are_typed_and_validated(tmp_path: Path) -> None:
+    config = load_config(ROOT / "configs" / "demo.toml", ["training.batch_size=4096", "run_dir=/tmp/x", "model.bottom_mlp=[64, 16]"])
+    assert config.training.batch_size == 4096
+    assert config.run_dir == "/tmp/x"
+    assert config.model.bottom_mlp == (64, 16)
+    with pytest.raises(ConfigError, match="training.batch_size: expected int"):
+        load_config(ROOT / "configs" / "demo.toml", ["training.batch_size=lots"])
+    with pytest.raises(ConfigError, match="is not of the form"):
+        load_config(ROOT / "configs" / "demo.toml", ["training.batch_size"])
+
+
+def test_paths_resolve_against_run_dir(tmp_path: Path) -> None:
+    config = load_config(ROOT / "configs" / "tiny.toml", [f'run_dir="{tmp_path}"'])
+    assert config.path("warehouse") == tmp_path / "warehouse"
+    assert config.path("/abs/elsewhere") == Path("/abs/elsewhere")
+    assert config.tracking_uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_resolved_config_flattens_for_mlflow_params() -> None:
+    flat = flatten(config_as_dict(load_config(ROOT / "configs" / "demo.toml")))
+    assert flat["training.batch_size"] == 2048
+    assert flat["model.bottom_mlp"] == [512, 256, 16]
+    assert flat["data.synthetic.seed"] == 7

@@ -1,0 +1,72 @@
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ingestion.preprocess import PreprocessError, apply_state, fit_state, state_id_for
+from ingestion.schema import DENSE_COLUMNS, FEATURE_SCHEMA, SPARSE_COLUMNS
+from tests.conftest import TINY_PREPROCESS
+
+
+def test_features_match_a_numpy_oracle(tiny_warehouse: Path, tiny_features) -> None:
+    state, files = tiny_features
+    raw = pq.read_table(tiny_warehouse / "day=2")
+    features = pq.read_table(files[2], partitioning=None)
+    assert features.num_rows == raw.num_rows
+    assert [(f.name, f.type) for f in features.schema] == [(f.name, f.type) for f in FEATURE_SCHEMA]
+    expected = {"label": raw["label"].to_numpy()}
+    for name in DENSE_COLUMNS:
+        values = raw[name].to_numpy(zero_copy_only=False).astype(np.float64)  # NaN where empty
+        expected[name] = np.log1p(np.maximum(np.nan_to_num(values, nan=0.0), 0.0)).astype(np.float32)
+    for name in SPARSE_COLUMNS:
+        ids = raw[name].to_numpy(zero_copy_only=False).astype(np.float64)
+        present = ~np.isnan(ids)
+        index = np.zeros(len(ids), dtype=np.int32)
+        index[present] = 1 + ids[present].astype(np.int64) % state.buckets[name]
+        expected[name] = index
+        got = features[name].to_numpy()
+        assert got.min() >= 0 and got.max() < state.table_sizes[name]
+    # DuckDB does not promise row order: compare whole rows after sorting both the same way.
+    order = [(name, "ascending") for name in ("label", *SPARSE_COLUMNS, *DENSE_COLUMNS)]
+    got_rows = features.sort_by(order)
+    want_rows = pa.table(expected).sort_by(order)
+    for name in DENSE_COLUMNS:
+        assert np.allclose(got_rows[name].to_numpy(), want_rows[name].to_numpy(), atol=1e-6), name
+    for name in ("label", *SPARSE_COLUMNS):
+        assert np.array_equal(got_rows[name].to_numpy(), want_rows[name].to_numpy()), name
+
+
+def test_state_fits_on_training_days_only(tiny_warehouse: Path, tiny_features) -> None:
+    state, _ = tiny_features
+    assert state.train_days == (0, 1)
+    assert state.train_rows == 12_000
+    labels = np.concatenate([pq.read_table(tiny_warehouse / f"day={d}")["label"].to_numpy() for d in (0, 1)])
+    assert state.train_click_rate == pytest.approx(labels.mean())
+    for name, rows in state.table_sizes.items():
+        assert 2 <= rows <= TINY_PREPROCESS.hash_size
+
+
+def test_state_is_versioned_and_reused(tiny_warehouse: Path, tmp_path: Path) -> None:
+    first = fit_state(TINY_PREPROCESS, tiny_warehouse, tmp_path, (0, 1))
+    again = fit_state(TINY_PREPROCESS, tiny_warehouse, tmp_path, (0, 1))
+    assert again == first
+    other_days = state_id_for(TINY_PREPROCESS, tiny_warehouse, (0,))
+    assert other_days != first.state_id
+    from dataclasses import replace
+
+    assert state_id_for(replace(TINY_PREPROCESS, hash_size=999), tiny_warehouse, (0, 1)) != first.state_id
+
+
+def test_applying_twice_reuses_the_day(tiny_warehouse: Path, tmp_path: Path) -> None:
+    state = fit_state(TINY_PREPROCESS, tiny_warehouse, tmp_path, (0, 1))
+    folder = apply_state(TINY_PREPROCESS, state, tiny_warehouse, tmp_path, 2)
+    stamp = (folder / "part-00000.parquet").stat().st_mtime_ns
+    assert apply_state(TINY_PREPROCESS, state, tiny_warehouse, tmp_path, 2) == folder
+    assert (folder / "part-00000.parquet").stat().st_mtime_ns == stamp
+
+
+def test_a_missing_day_is_a_clear_error(tiny_warehouse: Path, tmp_path: Path) -> None:
+    with pytest.raises(PreprocessError, match="day 9: no Parquet .* ingest that day first"):
+        fit_state(TINY_PREPROCESS, tiny_warehouse, tmp_path, (9,))

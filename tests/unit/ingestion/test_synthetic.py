@@ -1,0 +1,85 @@
+import gzip
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from evaluation.metrics import binary_state, compute_ne
+from ingestion.config import SyntheticConfig
+from ingestion.synthetic import GroundTruth, generate_chunk, generate_day
+
+HEX8 = re.compile(r"^[0-9a-f]{8}$")
+INTEGER = re.compile(r"^-?[0-9]+$")
+
+
+def _lines(path: Path) -> list[list[str]]:
+    with gzip.open(path, "rt") as handle:
+        return [line.rstrip("\n").split("\t") for line in handle]
+
+
+def test_files_follow_the_criteo_layout(tiny_raw: Path) -> None:
+    rows = _lines(tiny_raw / "day_0.tsv.gz")
+    assert len(rows) == 6000
+    for fields in rows:
+        assert len(fields) == 40
+        assert fields[0] in ("0", "1")
+        assert all(v == "" or INTEGER.match(v) for v in fields[1:14])
+        assert all(v == "" or HEX8.match(v) for v in fields[14:])
+
+
+def test_statistics_are_criteo_like(tiny_raw: Path) -> None:
+    rows = _lines(tiny_raw / "day_1.tsv.gz")
+    labels = np.array([int(f[0]) for f in rows])
+    dense_empty = np.mean([v == "" for f in rows for v in f[1:14]])
+    sparse_empty = np.mean([v == "" for f in rows for v in f[14:]])
+    negatives = sum(v.startswith("-") for f in rows for v in f[1:14])
+    assert 0.2 < labels.mean() < 0.3
+    assert 0.1 < dense_empty < 0.3
+    assert 0.04 < sparse_empty < 0.2
+    assert negatives > 0, "dense counts can be negative, as in real logs"
+    stats = json.loads((tiny_raw / "day_1.stats.json").read_text())
+    assert stats["rows"] == 6000 and stats["clicks"] == labels.sum()
+    assert abs(stats["dense_empty_fraction"] - dense_empty) < 1e-9
+
+
+def test_value_frequencies_follow_a_power_law() -> None:
+    config = SyntheticConfig(rows_per_day=1000, seed=3, cardinality_scale=0.05)
+    truth = GroundTruth(config)
+    ranks = truth.sample_ranks(np.random.default_rng(0), 200_000)
+    feature = int(np.argmax(truth.cardinality))  # millions of values at full scale
+    counts = np.sort(np.bincount(ranks[ranks[:, feature] >= 0, feature]))[::-1]
+    top_share = counts[:100].sum() / counts.sum()
+    assert truth.cardinality.min() >= 3 and truth.cardinality.max() > 100_000
+    assert top_share > 0.2, "a few head values take a large share, as in real logs"
+    assert (counts == 1).sum() > 1000, "and a long tail of values is seen once"
+
+
+def test_same_seed_same_bytes_other_seed_other_data(tmp_path: Path) -> None:
+    config = SyntheticConfig(rows_per_day=3000, seed=5, cardinality_scale=0.001)
+    generate_day(config, 0, tmp_path / "a")
+    generate_day(config, 0, tmp_path / "b")
+    generate_day(SyntheticConfig(rows_per_day=3000, seed=6, cardinality_scale=0.001), 0, tmp_path / "c")
+    read = lambda p: gzip.open(p).read()  # noqa: E731
+    assert read(tmp_path / "a/day_0.tsv.gz") == read(tmp_path / "b/day_0.tsv.gz")
+    assert read(tmp_path / "a/day_0.tsv.gz") != read(tmp_path / "c/day_0.tsv.gz")
+
+
+def test_bayes_ne_is_the_ne_of_the_true_probabilities() -> None:
+    config = SyntheticConfig(rows_per_day=1000, seed=9, cardinality_scale=0.01)
+    truth = GroundTruth(config)
+    table, probability = generate_chunk(truth, np.random.default_rng([9, 0]), 50_000)
+    labels = table["label"].to_numpy()
+    true_ne = compute_ne(binary_state(labels, probability))
+    assert true_ne < 0.9, "the labels carry a learnable signal"
+    # The true probabilities beat any other predictor in expectation, e.g. a shrunk version.
+    shrunk = 0.5 * probability + 0.5 * labels.mean()
+    assert compute_ne(binary_state(labels, shrunk)) > true_ne
+
+
+def test_written_bayes_ne_matches_recomputation(tmp_path: Path) -> None:
+    config = SyntheticConfig(rows_per_day=5000, seed=4, cardinality_scale=0.001)
+    truth = GroundTruth(config)
+    stats = generate_day(config, 2, tmp_path, truth)
+    table, probability = generate_chunk(truth, np.random.default_rng([4, 2]), 5000)
+    assert np.isclose(stats.bayes_ne, compute_ne(binary_state(table["label"].to_numpy(), probability)), rtol=1e-9)
