@@ -45,12 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _is_user_facing(error: Exception) -> bool:
-    from evaluation.metrics import MetricError
-    from flows.config import ConfigError
-    from ingestion.preprocess import PreprocessError
-    from training.sharding import ShardingError
-
-    return isinstance(error, (ConfigError, PreprocessError, ShardingError, MetricError, FileNotFoundError))
+    """Errors the user can act on; matched by class name so no heavy module loads to check."""
+    names = {cls.__name__ for cls in type(error).__mro__}
+    return bool(names & {"ConfigError", "PreprocessError", "ShardingError", "MetricError", "FileNotFoundError"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,7 +86,10 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> int:
     from flows.config import load_config
 
+    from flows.sources import raw_sources
+
     config = load_config(args.config, args.overrides)  # fail fast, before Prefect starts
+    raw_sources(config)
     from flows.pipeline import run_pipeline
 
     summary = run_pipeline(args.config, args.overrides)

@@ -21,9 +21,9 @@ from flows.tasks import (
     generate_task,
     ingest_task,
     preprocess_task,
-    raw_sources,
     train_task,
 )
+from flows.sources import raw_sources
 from flows.tracking import log_pipeline_run, read_metrics_history
 
 

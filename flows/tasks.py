@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -13,10 +13,10 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from evaluation.metrics import BinaryState, binary_state, compute_ne, summarize
-from flows.config import ConfigError, PipelineConfig
+from flows.config import PipelineConfig
 from ingestion.preprocess import PreprocessState, apply_state, fit_state
 from ingestion.synthetic import GroundTruth, generate_day, read_day_stats
-from ingestion.warehouse import day_of, ingest_day
+from ingestion.warehouse import ingest_day
 from training.export import export_model
 from training.job import TrainJob
 from training.launcher import launch
@@ -25,22 +25,6 @@ from training.launcher import launch
 # written for this preprocessing state), which stay right when files change underneath;
 # Prefect's input-hash cache would not.
 STAGE = dict(cache_policy=NO_CACHE)
-
-
-def raw_sources(config: PipelineConfig) -> dict[int, list[str]]:
-    """Raw files per day: the generated days, or the configured Criteo files."""
-    if config.data.source == "synthetic":
-        raw = config.path(config.data.raw_dir)
-        return {day: [str(raw / f"day_{day}.tsv.gz")] for day in config.data.all_days}
-    by_day: dict[int, list[str]] = defaultdict(list)
-    for index, source in enumerate(config.data.files):
-        if "://" not in source and not Path(source).expanduser().exists():
-            raise ConfigError(f"data.files[{index}]: {source} does not exist; fix the path or remove it")
-        by_day[day_of(source, index)].append(str(Path(source).expanduser()) if "://" not in source else source)
-    missing = [day for day in config.data.all_days if day not in by_day]
-    if missing:
-        raise ConfigError(f"data.files: no file for day(s) {missing}; name files day_N or list them in day order")
-    return dict(by_day)
 
 
 @task(name="generate-day", **STAGE)
@@ -100,8 +84,6 @@ def train_task(config: PipelineConfig, state: PreprocessState, files: dict[int, 
     job = build_job(config, state, files)
     logger = get_run_logger()
     launch(job, on_line=logger.info)
-    import json
-
     summary = json.loads((job.out / "summary.json").read_text())
     return {**summary, "out_dir": str(job.out)}
 

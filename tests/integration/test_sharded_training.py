@@ -1,0 +1,80 @@
+"""Real torchrun jobs: 2 gloo processes on CPU, on the tiny generated days."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from evaluation.config import EvaluationConfig
+from evaluation.metrics import summarize
+from ingestion.reader import build_reader
+from training.checkpoint import latest_checkpoint
+from training.config import ModelConfig, ShardingConfig, TrainingConfig
+from training.export import export_model
+from training.job import TrainJob
+from training.launcher import TrainingFailed, launch
+
+pytestmark = pytest.mark.slow
+
+
+def _job(features, out: Path, sharding: ShardingConfig, **training) -> TrainJob:
+    state, files = features
+    return TrainJob(
+        model=ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1)),
+        sharding=sharding,
+        training=TrainingConfig(nproc=2, batch_size=256, embedding_lr=0.1, log_every=5, **training),
+        evaluation=EvaluationConfig(batch_size=1024, ne_window=2048),
+        table_sizes=state.table_sizes,
+        train_files=tuple(files[0] + files[1]),
+        eval_files=tuple(files[2]),
+        out_dir=str(out),
+    )
+
+
+@pytest.mark.parametrize(
+    "sharding",
+    [
+        ShardingConfig("table_wise", "fused"),
+        ShardingConfig("column_wise", "fused"),
+        ShardingConfig("data_parallel", "dense"),
+    ],
+    ids=lambda s: s.sharding_type,
+)
+def test_two_process_training_converges(tiny_features, tmp_path: Path, sharding: ShardingConfig) -> None:
+    job = _job(tiny_features, tmp_path, sharding)
+    lines: list[str] = []
+    launch(job, on_line=lines.append)
+    assert any("samples/s" in line for line in lines), "progress is streamed"
+    predictions = pq.read_table(tmp_path / "predictions")
+    assert predictions.num_rows == 6000, "every eval row is scored once, padding dropped"
+    metrics = summarize(predictions["label"].to_numpy(), predictions["prediction"].to_numpy())
+    assert metrics["ne"] < 0.93 and metrics["auc"] > 0.7
+    plan = (tmp_path / "plan.txt").read_text()
+    assert sharding.sharding_type in plan and "rank 1:" in plan
+
+
+def test_exported_model_reproduces_the_sharded_predictions(tiny_features, tmp_path: Path) -> None:
+    job = _job(tiny_features, tmp_path, ShardingConfig())
+    launch(job, on_line=lambda line: None)
+    model = export_model(job, latest_checkpoint(tmp_path / "checkpoints"))
+    with torch.no_grad():
+        unsharded = np.concatenate([
+            torch.sigmoid(model(b.dense_features, b.sparse_features).squeeze(-1)).numpy()
+            for b in build_reader(job.eval_files, 1000, drop_remainder=False)
+        ])[:6000]  # fmt: skip
+    # Rank files hold consecutive slices of the eval rows, in order.
+    sharded = pq.read_table(sorted((tmp_path / "predictions").glob("*.parquet")))["prediction"].to_numpy()
+    assert np.allclose(unsharded, sharded, atol=1e-5)
+
+
+def test_a_failing_rank_is_named_with_its_error(tiny_features, tmp_path: Path) -> None:
+    job = replace(_job(tiny_features, tmp_path, ShardingConfig()), train_files=(str(tmp_path / "missing.parquet"),))
+    with pytest.raises(TrainingFailed) as caught:
+        launch(job, on_line=lambda line: None)
+    message = str(caught.value)
+    assert message.startswith("training failed: rank ")
+    assert "exited with code 1" in message
+    assert "missing.parquet" in message, "the end of the rank's traceback is shown"

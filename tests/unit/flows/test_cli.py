@@ -1,0 +1,88 @@
+"""The `dlrm` command as a user runs it: one-line errors, JSON outputs."""
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from sklearn.metrics import log_loss, roc_auc_score
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def dlrm(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def _one_line_error(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("dlrm: error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("[training]\nbatch_sise = 4\n", "training.batch_sise: unknown key"),
+        ('[training]\nbatch_size = "4"\n', "training.batch_size: expected int, got str"),
+        ("[model]\nembedding_dim = 0\n", "model.embedding_dim: must be positive"),
+    ],
+)
+def test_bad_config_stops_with_one_line(tmp_path: Path, text: str, needle: str) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(text)
+    line = _one_line_error(dlrm("run", "--config", str(config)))
+    assert needle in line and str(config) in line
+
+
+def test_missing_config_file_and_missing_input_path(tmp_path: Path) -> None:
+    assert "config file not found" in _one_line_error(dlrm("run", "--config", str(tmp_path / "none.toml")))
+    config = tmp_path / "files.toml"
+    config.write_text(f'run_dir = "{tmp_path}"\n[data]\nsource = "files"\nfiles = ["{tmp_path}/day_0.gz"]\n')
+    line = _one_line_error(dlrm("run", "--config", str(config)))
+    assert f"data.files[0]: {tmp_path}/day_0.gz does not exist" in line
+
+
+def test_evaluate_json_matches_scikit_learn(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0.01, 0.99, 4000)
+    y = (rng.random(4000) < p).astype(np.int8)
+    path = tmp_path / "predictions.parquet"
+    pq.write_table(pa.table({"label": y, "prediction": p}), path)
+    result = dlrm("evaluate", "--predictions", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(metrics) == {"ne", "auc", "calibration", "log_loss", "ctr", "count"}
+    assert metrics["auc"] == pytest.approx(roc_auc_score(y, p), rel=1e-12)
+    assert metrics["log_loss"] == pytest.approx(log_loss(y, p), rel=1e-10)
+    assert metrics["count"] == 4000
+
+
+def test_evaluate_rejects_bad_predictions_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"label": [0, 1, 1], "prediction": [0.2, float("nan"), 1.7]}), path)
+    assert "2 of 3 predictions are NaN or outside [0, 1]" in _one_line_error(dlrm("evaluate", "--predictions", str(path)))
+    pq.write_table(pa.table({"label": [0, 1]}), path)
+    assert "missing column(s) ['prediction']" in _one_line_error(dlrm("evaluate", "--predictions", str(path)))
+
+
+def test_ingest_json_reconciles_and_reports_partial(tmp_path: Path) -> None:
+    good = "0\t1\t2\t3\t4\t5\t6\t7\t8\t9\t10\t11\t12\t13\t" + "\t".join(["deadbeef"] * 26)
+    (tmp_path / "day_0.gz").write_bytes(gzip.compress(((good + "\n") * 5 + "oops\n").encode()))
+    (tmp_path / "day_1.gz").write_bytes(gzip.compress(((good + "\n") * 3000).encode())[:200])
+    result = dlrm("ingest", str(tmp_path / "day_0.gz"), str(tmp_path / "day_1.gz"), "--warehouse", str(tmp_path / "wh"), "--json")
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["rows_read"] == report["rows_written"] + report["rows_quarantined"] == 6
+    assert report["rows_quarantined"] == 1
+    assert report["partial"] is True and "day_1.gz" in report["files_failed"][0]
+    assert result.returncode == 1
