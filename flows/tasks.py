@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from evaluation.metrics import BinaryState, binary_state, compute_ne, summarize
 from flows.config import PipelineConfig
 from ingestion.preprocess import PreprocessState, apply_state, fit_state
-from ingestion.synthetic import GroundTruth, generate_day, read_day_stats
+from ingestion.synthetic import GroundTruth, existing_day, generate_day, read_day_stats
 from ingestion.warehouse import ingest_day
 from training.export import export_model
 from training.job import TrainJob
@@ -30,9 +30,9 @@ STAGE = dict(cache_policy=NO_CACHE)
 @task(name="generate-day", **STAGE)
 def generate_task(config: PipelineConfig, day: int) -> dict[str, Any]:
     raw = config.path(config.data.raw_dir)
-    existing = read_day_stats(raw, day)
-    if existing and existing.rows == config.data.synthetic.rows_per_day and (raw / f"day_{day}.tsv.gz").exists():
-        get_run_logger().info("day %d: generated earlier, reusing %s", day, raw / f"day_{day}.tsv.gz")
+    existing = existing_day(config.data.synthetic, raw, day)
+    if existing:
+        get_run_logger().info("day %d: generated earlier with the same settings, reusing it", day)
         return asdict(existing)
     stats = generate_day(config.data.synthetic, day, raw, GroundTruth(config.data.synthetic))
     get_run_logger().info("day %d: generated %s rows, Bayes-optimal NE %.4f", day, f"{stats.rows:,}", stats.bayes_ne)

@@ -16,7 +16,7 @@ import gzip
 import json
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,8 @@ KAGGLE_CARDINALITIES = (
     27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
 )  # fmt: skip
 CHUNK_ROWS = 131_072
+# Bump when the generative model changes: days written by another version are not reused.
+GENERATOR_VERSION = 2
 # Byte value → its two lowercase hex characters, as one little-endian uint16.
 _HEX_PAIRS = np.array(
     [int.from_bytes(f"{b:02x}".encode(), "little") for b in range(256)], dtype=np.uint16
@@ -43,6 +45,7 @@ class DayStats:
     """What the generator knows about one day it wrote."""
 
     day: int
+    generator: str  # version and config the day was written with
     rows: int
     clicks: int
     click_rate: float
@@ -68,6 +71,9 @@ def _normal_table(seed: int) -> np.ndarray:
 class GroundTruth:
     """The fixed generative model behind every day of one seed."""
 
+    NUM_PAIRS = 12  # categorical pairs whose latent vectors interact (what LR cannot learn)
+    PAIR_WEIGHT = 0.45
+
     def __init__(self, config: SyntheticConfig) -> None:
         self.config = config
         rng = np.random.default_rng([config.seed, 0xC1])
@@ -80,9 +86,9 @@ class GroundTruth:
         self.dense_log_mean = rng.uniform(0.0, 4.0, NUM_DENSE)
         self.dense_log_sd = rng.uniform(0.5, 1.5, NUM_DENSE)
         self.dense_weight = rng.normal(0.0, 0.25, NUM_DENSE)
-        pairs = rng.choice(NUM_SPARSE, size=(8, 2), replace=True)
+        pairs = rng.choice(NUM_SPARSE, size=(self.NUM_PAIRS, 2), replace=True)
         self.pairs = [(int(a), int(b)) for a, b in pairs if a != b]
-        self.pair_weight = 0.3
+        self.pair_weight = self.PAIR_WEIGHT
         self.latent_dim = 4
         self.feature_salt = rng.integers(1, 2**62, NUM_SPARSE, dtype=np.int64)
         self.normals = _normal_table(config.seed)
@@ -212,17 +218,22 @@ def generate_day(config: SyntheticConfig, day: int, out_dir: Path, truth: Ground
         if pending is not None:
             pending.result()
     partial.replace(target)
-    stats = _day_stats(day, sums)
+    stats = _day_stats(day, sums, generator_fingerprint(config))
     (out_dir / f"day_{day}.stats.json").write_text(json.dumps(asdict(stats), indent=2))
     return stats
 
 
-def _day_stats(day: int, sums: np.ndarray) -> DayStats:
+def generator_fingerprint(config: SyntheticConfig) -> str:
+    return f"v{GENERATOR_VERSION}:" + json.dumps(asdict(config), sort_keys=True)
+
+
+def _day_stats(day: int, sums: np.ndarray, generator: str) -> DayStats:
     rows, clicks, log_loss, dense_empty, sparse_empty = sums
     ctr = clicks / rows
     entropy = -(ctr * math.log(ctr) + (1 - ctr) * math.log(1 - ctr)) if 0 < ctr < 1 else float("nan")
     return DayStats(
         day=day,
+        generator=generator,
         rows=int(rows),
         clicks=int(clicks),
         click_rate=float(ctr),
@@ -235,4 +246,14 @@ def _day_stats(day: int, sums: np.ndarray) -> DayStats:
 
 def read_day_stats(raw_dir: Path, day: int) -> DayStats | None:
     path = raw_dir / f"day_{day}.stats.json"
-    return DayStats(**json.loads(path.read_text())) if path.is_file() else None
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return DayStats(**data) if set(data) == {f.name for f in fields(DayStats)} else None
+
+
+def existing_day(config: SyntheticConfig, raw_dir: Path, day: int) -> DayStats | None:
+    """The stats of a day already written with exactly this generator and config, if any."""
+    stats = read_day_stats(raw_dir, day)
+    current = stats is not None and stats.generator == generator_fingerprint(config)
+    return stats if current and (raw_dir / f"day_{day}.tsv.gz").is_file() else None

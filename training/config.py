@@ -59,8 +59,8 @@ class TrainingConfig:
     batch_size: int = 2048
     epochs: int = 1
     embedding_lr: float = 0.05
-    dense_lr: float = 0.05
-    dense_optimizer: Literal["adagrad", "adam"] = "adagrad"
+    dense_lr: float = 0.001
+    dense_optimizer: Literal["adagrad", "adam"] = "adam"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads_per_proc: int = 1
     seed: int = 0

@@ -18,6 +18,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
+from evaluation.distributed import all_reduce_state
 from evaluation.metrics import BinaryState
 from ingestion.reader import PAD_LABEL, build_reader
 from training.config import TrainingConfig
@@ -87,8 +88,7 @@ def train(model: nn.Module, optimizer: CombinedOptimizer, job: TrainJob, device:
             pending += _step_state(logits, labels)
             if step % config.log_every == 0 or step == total_steps:
                 # one small all-reduce per logging interval, at the same steps on every rank
-                dist.all_reduce(pending)
-                progress.add(BinaryState.from_array(pending.cpu().numpy()))
+                progress.add(all_reduce_state(BinaryState.from_array(pending.cpu().numpy()), device))
                 pending.zero_()
                 if rank == 0:
                     progress.report(step, float(loss))

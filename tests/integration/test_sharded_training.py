@@ -25,7 +25,9 @@ def _job(features, out: Path, sharding: ShardingConfig, **training) -> TrainJob:
     return TrainJob(
         model=ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1)),
         sharding=sharding,
-        training=TrainingConfig(nproc=2, batch_size=256, embedding_lr=0.1, log_every=5, **training),
+        training=TrainingConfig(
+            nproc=2, batch_size=256, embedding_lr=0.1, dense_lr=0.05, dense_optimizer="adagrad", log_every=5, **training
+        ),
         evaluation=EvaluationConfig(batch_size=1024, ne_window=2048),
         table_sizes=state.table_sizes,
         train_files=tuple(files[0] + files[1]),

@@ -83,3 +83,17 @@ def test_written_bayes_ne_matches_recomputation(tmp_path: Path) -> None:
     stats = generate_day(config, 2, tmp_path, truth)
     table, probability = generate_chunk(truth, np.random.default_rng([4, 2]), 5000)
     assert np.isclose(stats.bayes_ne, compute_ne(binary_state(table["label"].to_numpy(), probability)), rtol=1e-9)
+
+
+def test_days_are_reused_only_when_written_with_the_same_settings(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from ingestion.synthetic import existing_day
+
+    config = SyntheticConfig(rows_per_day=2000, seed=5, cardinality_scale=0.001)
+    generate_day(config, 0, tmp_path)
+    assert existing_day(config, tmp_path, 0) is not None
+    assert existing_day(replace(config, seed=6), tmp_path, 0) is None
+    assert existing_day(replace(config, rows_per_day=2001), tmp_path, 0) is None
+    (tmp_path / "day_0.tsv.gz").unlink()
+    assert existing_day(config, tmp_path, 0) is None
