@@ -25,9 +25,11 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class TrackingConfig:
-    """MLflow. An empty `tracking_uri` means SQLite in the run directory."""
+    """MLflow. An empty `tracking_uri` means SQLite in the run directory, and then a new
+    experiment's artifacts go to `<run_dir>/mlartifacts` unless `artifact_location` says."""
 
     tracking_uri: str = ""
+    artifact_location: str = ""
     experiment: str = "dlrm"
     registered_model: str = "dlrm-ctr"
 
@@ -63,6 +65,15 @@ class PipelineConfig:
             return Path(relative)
         candidate = Path(relative).expanduser()
         return candidate if candidate.is_absolute() else Path(self.run_dir).resolve() / candidate
+
+    @property
+    def artifact_location(self) -> str | None:
+        """Where a new experiment keeps artifacts; None lets a tracking server decide."""
+        if self.tracking.artifact_location:
+            return self.tracking.artifact_location
+        if self.tracking.tracking_uri:
+            return None
+        return str(Path(self.run_dir).resolve() / "mlartifacts")
 
     @property
     def tracking_uri(self) -> str:

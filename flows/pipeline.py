@@ -98,6 +98,7 @@ def _track(config: PipelineConfig, ingest, metrics, training, model):
     }
     return log_pipeline_run(
         tracking_uri=config.tracking_uri,
+        artifact_location=config.artifact_location,
         experiment=config.tracking.experiment,
         run_name=f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}",
         params=flatten(resolved),

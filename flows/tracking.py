@@ -33,8 +33,25 @@ def read_metrics_history(path: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def use_experiment(tracking_uri: str, experiment: str, artifact_location: str | None) -> str:
+    """Point MLflow at the store and the experiment; a new experiment keeps its artifacts
+    at `artifact_location` (the run folder, for the embedded SQLite store)."""
+    mlflow.set_tracking_uri(tracking_uri)
+    existing = mlflow.get_experiment_by_name(experiment)
+    if existing is not None:
+        mlflow.set_experiment(experiment_id=existing.experiment_id)
+        return existing.experiment_id
+    try:
+        experiment_id = mlflow.create_experiment(experiment, artifact_location=artifact_location)
+    except mlflow.exceptions.MlflowException:
+        experiment_id = mlflow.get_experiment_by_name(experiment).experiment_id  # created meanwhile
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id
+
+
 def log_pipeline_run(
     tracking_uri: str,
+    artifact_location: str | None,
     experiment: str,
     run_name: str,
     params: dict[str, Any],
@@ -48,8 +65,7 @@ def log_pipeline_run(
     tags: dict[str, str] | None = None,
 ) -> TrackedRun:
     """Log everything of one pipeline run; register the model if one is given."""
-    mlflow.set_tracking_uri(tracking_uri)
-    experiment_id = mlflow.set_experiment(experiment).experiment_id
+    experiment_id = use_experiment(tracking_uri, experiment, artifact_location)
     with mlflow.start_run(run_name=run_name, tags=tags or {}) as run:
         mlflow.log_params({k: _param_value(v) for k, v in params.items()})
         mlflow.log_dict(config, "config/resolved_config.json")

@@ -61,6 +61,7 @@ def test_mlflow_run_has_metrics_params_plan_and_plots(pipeline_run) -> None:
     assert {"training/plan.txt", "training/plan.json"} <= artifacts
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert {"plots/ne_curve.png", "plots/reliability.png"} <= plots
+    assert run.info.artifact_uri.startswith(str(config.path("mlartifacts"))), "artifacts stay in the run folder"
 
 
 def test_model_is_registered_and_loads(pipeline_run) -> None:
