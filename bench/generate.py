@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ingestion.config import SyntheticConfig  # noqa: E402
-from ingestion.synthetic import GroundTruth, generate_day  # noqa: E402
+from ingestion.config import SyntheticConfig
+from ingestion.synthetic import GroundTruth, generate_day
 
 
 def main(rows: int = 1_000_000) -> dict[str, float]:

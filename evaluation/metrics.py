@@ -32,7 +32,7 @@ class BinaryState:
     prediction_sum: float = 0.0  # Σ w·p
     cross_entropy_sum: float = 0.0  # Σ w·(−y ln p − (1 − y) ln(1 − p)), p clamped
 
-    def __add__(self, other: "BinaryState") -> "BinaryState":
+    def __add__(self, other: BinaryState) -> BinaryState:
         return BinaryState(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     def as_array(self) -> np.ndarray:
@@ -40,7 +40,7 @@ class BinaryState:
         return np.array([getattr(self, f.name) for f in fields(self)], dtype=np.float64)
 
     @classmethod
-    def from_array(cls, values: np.ndarray) -> "BinaryState":
+    def from_array(cls, values: np.ndarray) -> BinaryState:
         return cls(*(float(v) for v in values))
 
 

@@ -15,8 +15,9 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 # Our packages log through the standard library; Prefect shows those records in the UI too.
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ingestion,training,evaluation,flows")
@@ -37,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as error:
         print(f"dlrm: error: {error}", file=sys.stderr)
         return 2
-    except Exception as error:  # noqa: BLE001 - only the known user-facing kinds become one line
+    except Exception as error:
         if _is_user_facing(error):
             print(f"dlrm: error: {error}", file=sys.stderr)
             return 2
@@ -85,7 +86,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     from flows.config import load_config
-
     from flows.sources import raw_sources
 
     config = load_config(args.config, args.overrides)  # fail fast, before Prefect starts
@@ -103,19 +103,21 @@ def _run(args: argparse.Namespace) -> int:
 def format_summary(summary: dict[str, Any], config) -> str:
     run_dir = Path(config.run_dir).resolve()
     bayes = summary.get("bayes_ne")
+    bayes_note = f"   (Bayes-optimal {bayes:.4f}, gap {summary['ne_gap_to_bayes_pct']:.1f} %)" if bayes else ""
     lines = [
         "",
         f"DLRM pipeline '{config.name}' finished",
         f"  rows ingested        {summary['rows_ingested']:,}  (quarantined: {summary['rows_quarantined']:,})",
         f"  held-out days        {list(config.data.eval_days)}  ({int(summary['eval_count']):,} examples)",
-        f"  NE                   {summary['eval_ne']:.4f}"
-        + (f"   (Bayes-optimal {bayes:.4f}, gap {summary['ne_gap_to_bayes_pct']:.1f} %)" if bayes else ""),
+        f"  NE                   {summary['eval_ne']:.4f}{bayes_note}",
         f"  NE, constant CTR     {summary['baseline_constant_ne']:.4f}",
         f"  AUC                  {summary['eval_auc']:.4f}",
         f"  calibration          {summary['eval_calibration']:.3f}",
         f"  log loss             {summary['eval_log_loss']:.4f}",
-        f"  training throughput  {summary['train_samples_per_s']:,.0f} samples/s "
-        f"({config.training.nproc} processes, {config.sharding.sharding_type})",
+        (
+            f"  training throughput  {summary['train_samples_per_s']:,.0f} samples/s "
+            f"({config.training.nproc} processes, {config.sharding.sharding_type})"
+        ),
         f"  MLflow run           {summary['mlflow_run_id']}  (model version {summary['model_version']})",
         "",
         "Open the UIs on this run's data:",

@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.config import PipelineConfig, config_as_dict, flatten, load_config
+from flows.sources import raw_sources
 from flows.tasks import (
     evaluate_task,
     export_task,
@@ -23,7 +24,6 @@ from flows.tasks import (
     preprocess_task,
     train_task,
 )
-from flows.sources import raw_sources
 from flows.tracking import log_pipeline_run, read_metrics_history
 
 

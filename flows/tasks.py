@@ -24,7 +24,7 @@ from training.launcher import launch
 # Work is skipped by the stages' own manifests (a day already ingested, features already
 # written for this preprocessing state), which stay right when files change underneath;
 # Prefect's input-hash cache would not.
-STAGE = dict(cache_policy=NO_CACHE)
+STAGE = {"cache_policy": NO_CACHE}
 
 
 @task(name="generate-day", **STAGE)

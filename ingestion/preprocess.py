@@ -17,9 +17,9 @@ import json
 import logging
 import shutil
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
 
 import duckdb
 
@@ -53,7 +53,7 @@ class PreprocessState:
         path.write_text(json.dumps(asdict(self), indent=2))
 
     @classmethod
-    def load(cls, path: Path) -> "PreprocessState":
+    def load(cls, path: Path) -> PreprocessState:
         data = json.loads(path.read_text())
         return cls(**{**data, "train_days": tuple(data["train_days"])})
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import math
 import queue
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -234,7 +234,7 @@ def _prefetched(source: Iterator[Batch], depth: int) -> Iterator[Batch]:
                 if stop.is_set():
                     return
             items.put(_DONE)
-        except BaseException as error:  # handed to the consumer, raised there
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer, raised there
             items.put(error)
 
     worker = threading.Thread(target=produce, name="batch-prefetch", daemon=True)

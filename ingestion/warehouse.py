@@ -22,9 +22,10 @@ import shutil
 import time
 import uuid
 import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Iterator, Sequence
+from typing import Self
 
 import fsspec
 import pyarrow as pa
@@ -154,14 +155,14 @@ def _ingest_file(source: str, day: int, staging: Path, index: int) -> FileReport
     return report
 
 
-def _read_line_blocks(source: str, digest: "hashlib._Hash", report: FileReport) -> Iterator[bytes]:
+def _read_line_blocks(source: str, digest: hashlib._Hash, report: FileReport) -> Iterator[bytes]:
     """Whole-line blocks of the decompressed file; gzip is detected by its magic bytes."""
     try:
         raw = fsspec.open(source, "rb").open()
     except (OSError, ValueError) as error:
         raise SourceReadError(f"{source}: cannot open: {error}") from None
     with raw:
-        decompressor: "zlib._Decompress | None" = None
+        decompressor: zlib._Decompress | None = None
         carry = b""
         lines_done = 0
         while True:
@@ -229,7 +230,7 @@ class _ParquetSink:
             self.writer.write_table(pa.concat_tables(self.pending), row_group_size=ROW_GROUP_ROWS)
             self.pending, self.pending_rows = [], 0
 
-    def __enter__(self) -> "_ParquetSink":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

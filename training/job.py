@@ -30,7 +30,7 @@ class TrainJob:
         path.write_text(json.dumps(asdict(self), indent=2))
 
     @classmethod
-    def load(cls, path: Path) -> "TrainJob":
+    def load(cls, path: Path) -> TrainJob:
         return _from_plain(cls, json.loads(Path(path).read_text()))
 
 

@@ -10,7 +10,8 @@ one it is built on (`meta` when sharding will materialise it).
 
 from __future__ import annotations
 
-from typing import Mapping
+import itertools
+from collections.abc import Mapping
 
 import torch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
@@ -41,13 +42,13 @@ def embedding_tables(config: ModelConfig, table_sizes: Mapping[str, int]) -> lis
 def build_dlrm(config: ModelConfig, table_sizes: Mapping[str, int], device: torch.device) -> DLRM:
     """The DLRM (or DLRM-DCN) of `config`; its forward takes (dense [B, 13], KJT) → logits [B, 1]."""
     bags = EmbeddingBagCollection(tables=embedding_tables(config, table_sizes), device=device)
-    common = dict(
-        embedding_bag_collection=bags,
-        dense_in_features=NUM_DENSE,
-        dense_arch_layer_sizes=list(config.bottom_mlp),
-        over_arch_layer_sizes=list(config.top_mlp),
-        dense_device=device,
-    )
+    common = {
+        "embedding_bag_collection": bags,
+        "dense_in_features": NUM_DENSE,
+        "dense_arch_layer_sizes": list(config.bottom_mlp),
+        "over_arch_layer_sizes": list(config.top_mlp),
+        "dense_device": device,
+    }
     if config.arch == "dlrm_dcn":
         return DLRM_DCN(dcn_num_layers=config.dcn_num_layers, dcn_low_rank_dim=config.dcn_low_rank_dim, **common)
     return DLRM(**common)
@@ -61,7 +62,7 @@ def build_train_model(config: ModelConfig, table_sizes: Mapping[str, int], devic
 def training_flops_per_sample(config: ModelConfig, num_tables: int) -> float:
     """Multiply-adds ×2 of the MLPs and the dot interaction, forward + backward (≈ 3× forward)."""
     def mlp(sizes: list[int]) -> float:
-        return sum(2.0 * a * b for a, b in zip(sizes[:-1], sizes[1:]))
+        return sum(2.0 * a * b for a, b in itertools.pairwise(sizes))
 
     vectors = num_tables + 1
     interactions = vectors * (vectors - 1) // 2

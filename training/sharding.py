@@ -116,7 +116,7 @@ def describe_plan(
     Data-parallel tables have no shards in the plan: every rank holds the whole table.
     """
     rows = []
-    for _module, module_plan in plan.plan.items():
+    for module_plan in plan.plan.values():
         for table, option in module_plan.items():  # type: ignore[union-attr]
             shards = option.sharding_spec.shards if option.sharding_spec is not None else []
             per_rank: dict[int, int] = {}

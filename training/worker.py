@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) != 1:
         raise SystemExit("usage: python -m training.worker JOB.json")
     job = TrainJob.load(Path(args[0]))
-    device = runtime_device(job.training.device, int(os.environ.get("LOCAL_RANK", 0)))
+    device = runtime_device(job.training.device, int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend_for(device))
     try:
         run(job, device)

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def dlrm(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "flows.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False
     )
 
 

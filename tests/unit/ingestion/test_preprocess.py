@@ -44,7 +44,7 @@ def test_state_fits_on_training_days_only(tiny_warehouse: Path, tiny_features) -
     assert state.train_rows == 12_000
     labels = np.concatenate([pq.read_table(tiny_warehouse / f"day={d}")["label"].to_numpy() for d in (0, 1)])
     assert state.train_click_rate == pytest.approx(labels.mean())
-    for name, rows in state.table_sizes.items():
+    for rows in state.table_sizes.values():
         assert 2 <= rows <= TINY_PREPROCESS.hash_size
 
 

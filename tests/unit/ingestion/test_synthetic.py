@@ -60,7 +60,10 @@ def test_same_seed_same_bytes_other_seed_other_data(tmp_path: Path) -> None:
     generate_day(config, 0, tmp_path / "a")
     generate_day(config, 0, tmp_path / "b")
     generate_day(SyntheticConfig(rows_per_day=3000, seed=6, cardinality_scale=0.001), 0, tmp_path / "c")
-    read = lambda p: gzip.open(p).read()  # noqa: E731
+    def read(path: Path) -> bytes:
+        with gzip.open(path) as handle:
+            return handle.read()
+
     assert read(tmp_path / "a/day_0.tsv.gz") == read(tmp_path / "b/day_0.tsv.gz")
     assert read(tmp_path / "a/day_0.tsv.gz") != read(tmp_path / "c/day_0.tsv.gz")
 

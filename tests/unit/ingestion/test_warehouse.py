@@ -88,7 +88,7 @@ def test_unreadable_only_file_leaves_the_old_partition(tmp_path: Path) -> None:
 def test_interrupted_ingest_never_shows_a_half_partition(tmp_path: Path, monkeypatch) -> None:
     source = _write(tmp_path / "day_5.gz", [GOOD] * 9)
     ingest_day([source], 5, tmp_path / "wh")
-    import ingestion.warehouse as warehouse
+    from ingestion import warehouse
 
     def crash(*args, **kwargs):
         raise KeyboardInterrupt

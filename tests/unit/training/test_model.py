@@ -3,7 +3,12 @@ import torch
 
 from ingestion.reader import build_reader
 from training.config import ModelConfig
-from training.model import build_dlrm, build_train_model, embedding_tables, training_flops_per_sample
+from training.model import (
+    build_dlrm,
+    build_train_model,
+    embedding_tables,
+    training_flops_per_sample,
+)
 
 
 @pytest.mark.parametrize("arch", ["dlrm", "dlrm_dcn"])

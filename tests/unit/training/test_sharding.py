@@ -6,7 +6,13 @@ from torchrec.distributed.planner import Topology
 
 from training.config import ShardingConfig
 from training.model import build_train_model, table_name
-from training.sharding import ShardingError, check_supported, describe_plan, format_plan, plan_sharding
+from training.sharding import (
+    ShardingError,
+    check_supported,
+    describe_plan,
+    format_plan,
+    plan_sharding,
+)
 
 SIZES = {f"C{i}": 1000 + 100 * i for i in range(1, 27)}
 
