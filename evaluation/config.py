@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+_CATEGORICAL = re.compile(r"^C([1-9]|1[0-9]|2[0-6])$")
 
 
 @dataclass(frozen=True)
@@ -10,8 +13,25 @@ class EvaluationConfig:
     batch_size: int = 8192
     # Windowed NE during training covers this many most recent samples.
     ne_window: int = 100_000
+    # NE is also reported per value of this categorical feature, for its most frequent values.
+    # Every this many steps, NE on the first `heldout_batches` batches of the eval days (0: off).
+    heldout_every_steps: int = 0
+    heldout_batches: int = 4
+    slice_feature: str = "C17"
+    slice_top_k: int = 5
+    # A new model becomes champion only if its NE is lower than the champion's by this
+    # fraction, on the same evaluation days (0.001: at least 0.1 % better).
+    promotion_margin: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.heldout_every_steps < 0 or self.heldout_batches < 1:
+            raise ValueError("heldout_every_steps: must be ≥ 0, with heldout_batches ≥ 1")
+        if not _CATEGORICAL.match(self.slice_feature):
+            raise ValueError(f"slice_feature: must name a categorical feature C1..C26, got {self.slice_feature!r}")
+        if self.slice_top_k < 1:
+            raise ValueError(f"slice_top_k: must be at least 1, got {self.slice_top_k}")
+        if not 0.0 <= self.promotion_margin < 1.0:
+            raise ValueError(f"promotion_margin: must be in [0, 1), got {self.promotion_margin}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be positive, got {self.batch_size}")
         if self.ne_window < 1:

@@ -18,10 +18,15 @@ def ne_curve(
     window_ne: Sequence[float],
     eval_ne: float | None = None,
     bayes_ne: float | None = None,
+    heldout_steps: Sequence[int] = (),
+    heldout_ne: Sequence[float] = (),
 ) -> Figure:
-    """Windowed training NE per step, with the held-out NE and the best reachable NE as lines."""
+    """Windowed training NE per step and held-out NE during training; the final eval NE and
+    the best reachable NE as lines."""
     figure, axis = plt.subplots(figsize=(7, 4))
     axis.plot(steps, window_ne, label="train NE (window)")
+    if len(heldout_steps):
+        axis.plot(heldout_steps, heldout_ne, marker="o", label="held-out NE (sample)")
     if eval_ne is not None:
         axis.axhline(eval_ne, color="tab:orange", linestyle="--", label=f"eval NE {eval_ne:.4f}")
     if bayes_ne is not None:
@@ -55,6 +60,29 @@ def reliability_curve(labels: np.ndarray, predictions: np.ndarray, bins: int = 2
     axis.set_xlabel("mean predicted click probability")
     axis.set_ylabel("observed click rate")
     axis.set_title(f"Reliability ({bins} quantile bins)")
+    axis.legend()
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def relative_ne_curve(history: Sequence[dict], baseline: Sequence[dict]) -> Figure:
+    """(NE / baseline NE − 1) in % at equal samples seen: the batch-size accuracy-gap view.
+
+    Both histories hold `samples_seen` and `train_window_ne` per logged step; the baseline
+    is interpolated at this run's sample counts, within the range both cover.
+    """
+    seen = np.array([row["samples_seen"] for row in history], dtype=np.float64)
+    ne = np.array([row["train_window_ne"] for row in history], dtype=np.float64)
+    base_seen = np.array([row["samples_seen"] for row in baseline], dtype=np.float64)
+    base_ne = np.array([row["train_window_ne"] for row in baseline], dtype=np.float64)
+    inside = (seen >= base_seen.min()) & (seen <= base_seen.max())
+    gap = 100.0 * (ne[inside] / np.interp(seen[inside], base_seen, base_ne) - 1.0)
+    figure, axis = plt.subplots(figsize=(7, 4))
+    axis.plot(seen[inside], gap, label="this run vs the champion's run")
+    axis.axhline(0.0, color="grey", linewidth=0.8)
+    axis.set_xlabel("training samples seen")
+    axis.set_ylabel("NE relative to champion run (%), lower is better")
     axis.legend()
     axis.grid(alpha=0.3)
     figure.tight_layout()

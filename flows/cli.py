@@ -21,6 +21,8 @@ from typing import Any
 
 # Our packages log through the standard library; Prefect shows those records in the UI too.
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ingestion,training,evaluation,flows")
+# The local server's usage telemetry needs the internet and only adds errors without it.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # Prefect keeps its local server's database in PREFECT_HOME but does not create the folder.
 if os.environ.get("PREFECT_HOME"):
     Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
@@ -102,15 +104,27 @@ def _run(args: argparse.Namespace) -> int:
 
 def format_summary(summary: dict[str, Any], config) -> str:
     run_dir = Path(config.run_dir).resolve()
-    bayes = summary.get("bayes_ne")
-    bayes_note = f"   (Bayes-optimal {bayes:.4f}, gap {summary['ne_gap_to_bayes_pct']:.1f} %)" if bayes else ""
+    ne = summary["eval_ne"]
+
+    def reference(name: str, label: str) -> str:
+        if f"{name}_ne" not in summary:
+            return ""
+        return f"  {label:<21}{summary[f'{name}_ne']:.4f}   (model {summary[f'ne_gain_vs_{name}_pct']:+.2f} % better)\n"
+
+    bayes = (
+        f"  Bayes-optimal NE     {summary['bayes_ne']:.4f}   (the best reachable; the model is "
+        f"{-summary['ne_gain_vs_bayes_pct']:.1f} % above it)\n"
+        if "bayes_ne" in summary else ""
+    )
+    champion = summary.get("champion_ne_same_days")
     lines = [
         "",
         f"DLRM pipeline '{config.name}' finished",
         f"  rows ingested        {summary['rows_ingested']:,}  (quarantined: {summary['rows_quarantined']:,})",
         f"  held-out days        {list(config.data.eval_days)}  ({int(summary['eval_count']):,} examples)",
-        f"  NE                   {summary['eval_ne']:.4f}{bayes_note}",
-        f"  NE, constant CTR     {summary['baseline_constant_ne']:.4f}",
+        f"  NE                   {ne:.4f}",
+        (bayes + reference("logistic_regression", "logistic regression")
+         + reference("baseline_constant", "constant click rate")).rstrip("\n"),
         f"  AUC                  {summary['eval_auc']:.4f}",
         f"  calibration          {summary['eval_calibration']:.3f}",
         f"  log loss             {summary['eval_log_loss']:.4f}",
@@ -119,6 +133,8 @@ def format_summary(summary: dict[str, Any], config) -> str:
             f"({config.training.nproc} processes, {config.sharding.sharding_type})"
         ),
         f"  MLflow run           {summary['mlflow_run_id']}  (model version {summary['model_version']})",
+        f"  champion             {'promoted: ' if summary['promoted'] else 'kept: '}{summary['promotion_reason']}"
+        + (f" (champion NE on these days {champion:.4f})" if champion is not None and not summary["promoted"] else ""),
         "",
         "Open the UIs on this run's data:",
         f"  MLflow:  .venv/bin/mlflow ui --backend-store-uri {config.tracking_uri} --port 5000",

@@ -30,6 +30,9 @@ class TrackingConfig:
 
     tracking_uri: str = ""
     artifact_location: str = ""
+    # Serialises promotions: empty means a file lock beside a SQLite store; set a
+    # postgresql:// URL when runs on several hosts share one registry.
+    promotion_lock: str = ""
     experiment: str = "dlrm"
     registered_model: str = "dlrm-ctr"
 

@@ -1,57 +1,71 @@
-"""The `pipeline` flow: generate (demo) → ingest → preprocess → train → evaluate → track."""
+"""The `pipeline` flow: generate (demo) → ingest → preprocess → train → evaluate → track → promote."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow.parquet as pq
+from mlflow.tracking import MlflowClient
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from evaluation.promotion import PromotionDecision
+from evaluation.report import EvalReport, Scores, report_markdown
 from flows.config import PipelineConfig, config_as_dict, flatten, load_config
+from flows.registry import current_champion
 from flows.sources import raw_sources
 from flows.tasks import (
+    baseline_task,
     evaluate_task,
     export_task,
     fit_task,
     generate_task,
     ingest_task,
     preprocess_task,
+    promote_task,
+    read_predictions,
     train_task,
 )
-from flows.tracking import log_pipeline_run, read_metrics_history
+from flows.tracking import (
+    RunRecord,
+    TrackedRun,
+    log_pipeline_run,
+    read_metrics_history,
+    run_history,
+)
+from ingestion.preprocess import PreprocessState
 
 
 @dataclass(frozen=True)
 class PipelineResult:
     config: PipelineConfig
     ingest: list[dict[str, Any]]
-    metrics: dict[str, float]
+    report: EvalReport
     training: dict[str, Any]
-    run_id: str
-    experiment_id: str
-    model_version: str | None
+    tracked: TrackedRun
+    decision: PromotionDecision | None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "rows_ingested": sum(r["rows_written"] for r in self.ingest),
             "rows_quarantined": sum(r["rows_quarantined"] for r in self.ingest),
             "files_failed": [e for r in self.ingest for e in r["files_failed"]],
-            **self.metrics,
+            **self.report.flat_metrics(),
             "train_samples_per_s": self.training["samples_per_s"],
-            "mlflow_run_id": self.run_id,
-            "model_version": self.model_version,
+            "mlflow_run_id": self.tracked.run_id,
+            "model_version": self.tracked.model_version,
+            "promoted": bool(self.decision and self.decision.promote),
+            "promotion_reason": self.decision.reason if self.decision else "no model registered",
+            "champion_ne_same_days": self.decision.champion_ne if self.decision else None,
         }
 
 
 @flow(name="pipeline", log_prints=True)
 def pipeline(config_path: str = "configs/demo.toml", overrides: list[str] | None = None) -> dict[str, Any]:
-    """The whole slice on one config; returns the summary (also published as an artifact)."""
+    """The whole slice on one config; returns the summary (also published as artifacts)."""
     return run_stages(load_config(config_path, overrides or [])).as_dict()
 
 
@@ -66,65 +80,105 @@ def run_stages(config: PipelineConfig) -> PipelineResult:
     ingest = ingest_task.map(config, days, [sources[d] for d in days]).result()
     _require_ingested(ingest)
     state = fit_task(config)
-    feature_files = dict(zip(days, preprocess_task.map(config, state, days).result()))
+    feature_files = dict(zip(days, preprocess_task.map(config, state, days).result(), strict=True))
     training = train_task(config, state, feature_files)
-    metrics = evaluate_task(config, state, training["out_dir"])
+    lr_scores = baseline_task(config, state, feature_files)
+    report = evaluate_task(config, state, training["out_dir"], lr_scores)
     model = export_task(config, state, feature_files, training["checkpoint"])
-    tracked = _track(config, ingest, metrics, training, model)
-    result = PipelineResult(config, ingest, metrics, training, tracked.run_id, tracked.experiment_id, tracked.model_version)
-    _publish_summary(result)
+    tracked = _track(config, state, ingest, report, training, model)
+    decision = None
+    if tracked.model_version is not None:
+        decision = promote_task(config, tracked.run_id, tracked.model_version, report)
+    result = PipelineResult(config, ingest, report, training, tracked, decision)
+    _publish_artifacts(result)
     logger.info("pipeline finished in %.0f s; MLflow run %s", time.perf_counter() - started, tracked.run_id)
     return result
+
+
+class IngestError(RuntimeError):
+    """No readable rows for a day the run needs."""
 
 
 def _require_ingested(ingest: list[dict[str, Any]]) -> None:
     empty = [r["day"] for r in ingest if r["rows_written"] == 0 and not r["skipped"]]
     if empty:
         errors = "; ".join(e for r in ingest for e in r["files_failed"]) or "no valid rows"
-        raise RuntimeError(f"day(s) {empty} have no ingested rows: {errors}")
+        raise IngestError(f"day(s) {empty} have no ingested rows: {errors}")
 
 
-def _track(config: PipelineConfig, ingest, metrics, training, model):
+def _track(config: PipelineConfig, state: PreprocessState, ingest, report: EvalReport, training, model) -> TrackedRun:
     out = Path(training["out_dir"])
-    table = pq.read_table(out / "predictions")
     resolved = config_as_dict(config)
-    run_metrics = {
-        **metrics,
-        "rows_ingested": float(sum(r["rows_written"] for r in ingest)),
-        "rows_quarantined": float(sum(r["rows_quarantined"] for r in ingest)),
-        "train_samples_per_s_overall": training["samples_per_s"],
-        "train_steps": float(training["steps"]),
-        "train_seconds": training["seconds"],
-    }
-    return log_pipeline_run(
-        tracking_uri=config.tracking_uri,
-        artifact_location=config.artifact_location,
-        experiment=config.tracking.experiment,
+    everything = Scores.concat([_eval_scores(out, day) for day in config.data.eval_days])
+    record = RunRecord(
         run_name=f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}",
         params=flatten(resolved),
         config=resolved,
-        metrics=run_metrics,
+        metrics={
+            **report.flat_metrics(),
+            "rows_ingested": float(sum(r["rows_written"] for r in ingest)),
+            "rows_quarantined": float(sum(r["rows_quarantined"] for r in ingest)),
+            "train_samples_per_s_overall": training["samples_per_s"],
+            "train_steps": float(training["steps"]),
+            "train_seconds": training["seconds"],
+        },
         history=read_metrics_history(out / "metrics.jsonl"),
-        artifacts=[out / "plan.txt", out / "plan.json", out / "summary.json"],
-        eval_predictions=(table["label"].to_numpy().astype(np.float64), table["prediction"].to_numpy().astype(np.float64)),
-        model=model,
-        registered_model=config.tracking.registered_model,
-        tags={"pipeline.config": config.name, "training.world_size": str(training["world_size"]),
-              "training.device": training["device"]},
+        artifacts={"training": [out / "plan.txt", out / "plan.json", out / "summary.json"]},
+        documents={
+            "preprocessing/state.json": asdict(state),
+            "evaluation/slices.json": report.slices,
+            "evaluation/per_day.json": {str(d): m for d, m in report.per_day.items()},
+        },
+        texts={"evaluation/report.md": report_markdown(report, f"Evaluation: {config.name}")},
+        eval_predictions=(everything.labels.astype(float), everything.predictions.astype(float)),
+        baseline_history=_champion_history(config),
+        tags={
+            "pipeline.config": config.name,
+            "training.world_size": str(training["world_size"]),
+            "training.device": training["device"],
+            "evaluation.days": ",".join(map(str, config.data.eval_days)),
+        },
+    )
+    return log_pipeline_run(
+        config.tracking_uri, config.artifact_location, config.tracking.experiment,
+        record, model, config.tracking.registered_model,
     )  # fmt: skip
 
 
-def _publish_summary(result: PipelineResult) -> None:
-    summary = result.as_dict()
-    rows = "\n".join(
-        f"| {key} | {value:.4f} |" if isinstance(value, float) else f"| {key} | {value} |"
-        for key, value in summary.items()
-        if not isinstance(value, list)
+def _eval_scores(out: Path, day: int) -> Scores:
+    return read_predictions(out / "predictions" / f"day={day}")
+
+
+def _champion_history(config: PipelineConfig) -> list[dict[str, float]] | None:
+    """The current champion's training history, for the relative-NE plot (None if none)."""
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    try:
+        champion = current_champion(client, config.tracking.registered_model)
+    except Exception:  # noqa: BLE001 - a missing registry only means there is nothing to compare with
+        return None
+    return run_history(config.tracking_uri, champion.run_id) if champion and champion.run_id else None
+
+
+def _publish_artifacts(result: PipelineResult) -> None:
+    """Prefect artifacts: the per-day table and a Markdown summary with the decision."""
+    create_table_artifact(
+        key="evaluation-by-day",
+        table=[{"day": day, **{k: round(v, 6) for k, v in m.items()}} for day, m in result.report.per_day.items()],
+        description="Held-out metrics per evaluation day",
     )
+    champion = result.decision.champion_ne if result.decision else None
+    decision = f"\n**Promotion:** {result.as_dict()['promotion_reason']}\n" if result.decision else ""
+    summary = result.as_dict()
     create_markdown_artifact(
         key="pipeline-summary",
-        markdown=f"# DLRM pipeline: {result.config.name}\n\n| metric | value |\n|---|---|\n{rows}\n",
-        description="Held-out quality, throughput and the MLflow run of this pipeline run",
+        markdown=(
+            report_markdown(result.report, f"DLRM pipeline: {result.config.name}", champion)
+            + decision
+            + f"\n**Training:** {summary['train_samples_per_s']:,.0f} samples/s, "
+            f"{result.training['world_size']} processes on {result.training['device']}\n"
+            + f"\n**MLflow run:** `{result.tracked.run_id}` (model version {result.tracked.model_version})\n"
+        ),
+        description="Held-out quality against references and the champion, throughput, MLflow run",
     )
 
 

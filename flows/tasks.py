@@ -7,19 +7,29 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import mlflow
 import numpy as np
 import pyarrow.parquet as pq
+import torch
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from evaluation.metrics import BinaryState, binary_state, compute_ne, summarize
+from evaluation.metrics import BinaryState, binary_state, compute_ne
+from evaluation.promotion import PromotionDecision
+from evaluation.report import EvalReport, Scores, build_report
 from flows.config import PipelineConfig
+from flows.registry import promote_if_better, promotion_lock
 from ingestion.preprocess import PreprocessState, apply_state, fit_state
 from ingestion.synthetic import GroundTruth, existing_day, generate_day, read_day_stats
 from ingestion.warehouse import ingest_day
+from training.baselines import train_logistic_regression
 from training.export import export_model
 from training.job import TrainJob
 from training.launcher import launch
+from training.scoring import dlrm_logits, score_files
 
 # Work is skipped by the stages' own manifests (a day already ingested, features already
 # written for this preprocessing state), which stay right when files change underneath;
@@ -96,50 +106,105 @@ def build_job(config: PipelineConfig, state: PreprocessState, files: dict[int, l
         evaluation=config.evaluation,
         table_sizes=state.table_sizes,
         train_files=tuple(f for day in config.data.train_days for f in files[day]),
-        eval_files=tuple(f for day in config.data.eval_days for f in files[day]),
+        eval_files={str(day): tuple(files[day]) for day in config.data.eval_days},
         out_dir=str(config.path("train")),
     )
 
 
+@task(name="baseline-logistic-regression", **STAGE)
+def baseline_task(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]]) -> dict[int, Scores]:
+    """The hashed logistic regression, trained on the same days, scored on the same days."""
+    torch.set_num_threads(max(1, config.training.nproc * config.training.threads_per_proc))
+    train_files = [f for day in config.data.train_days for f in files[day]]
+    model = train_logistic_regression(state.table_sizes, train_files, seed=config.training.seed)
+    return {day: score_files(model, files[day], config.evaluation.slice_feature) for day in config.data.eval_days}
+
+
 @task(name="evaluate", **STAGE)
-def evaluate_task(config: PipelineConfig, state: PreprocessState, train_out: str) -> dict[str, float]:
-    """NE, AUC, calibration, log loss on the held-out days, beside two reference points."""
-    table = pq.read_table(Path(train_out) / "predictions")
-    labels = table["label"].to_numpy().astype(np.float64)
-    predictions = table["prediction"].to_numpy().astype(np.float64)
-    metrics = {f"eval_{k}": v for k, v in summarize(labels, predictions).items()}
-    # The constant predictor: every example gets the training days' click rate.
-    constant = binary_state(labels, np.full_like(labels, state.train_click_rate))
-    metrics["baseline_constant_ne"] = compute_ne(constant)
-    bayes = _bayes_ne(config)
-    if bayes is not None:
-        metrics["bayes_ne"] = bayes
-        metrics["ne_gap_to_bayes_pct"] = 100.0 * (metrics["eval_ne"] - bayes) / bayes
+def evaluate_task(
+    config: PipelineConfig, state: PreprocessState, train_out: str, lr_scores: dict[int, Scores]
+) -> EvalReport:
+    """The model's report on the held-out days, beside the reference predictors."""
+    scores = {day: read_predictions(Path(train_out) / "predictions" / f"day={day}") for day in config.data.eval_days}
+    constant = {
+        day: Scores(s.labels, np.full(s.labels.shape, state.train_click_rate)) for day, s in scores.items()
+    }  # every example gets the training days' click rate
+    bayes = _bayes_state(config)
+    report = build_report(
+        scores,
+        config.evaluation.slice_top_k,
+        reference_scores={"baseline_constant": constant, "logistic_regression": lr_scores},
+        reference_states={"bayes": bayes} if bayes else None,
+    )
     get_run_logger().info(
-        "eval days %s: NE %.4f  AUC %.4f  calibration %.3f  (Bayes-optimal NE %s)",
-        list(config.data.eval_days), metrics["eval_ne"], metrics["eval_auc"], metrics["eval_calibration"],
-        f"{bayes:.4f}" if bayes is not None else "n/a",
+        "eval days %s: NE %.4f  AUC %.4f  calibration %.3f | logistic regression NE %.4f | Bayes-optimal NE %s",
+        list(config.data.eval_days), report.overall["ne"], report.overall["auc"], report.overall["calibration"],
+        report.references["logistic_regression_ne"],
+        f"{report.references['bayes_ne']:.4f}" if bayes else "n/a",
     )  # fmt: skip
-    return metrics
+    return report
 
 
-def _bayes_ne(config: PipelineConfig) -> float | None:
-    """The generator's Bayes-optimal NE over the eval days (generated data only)."""
+def read_predictions(folder: Path) -> Scores:
+    table = pq.read_table(sorted(folder.glob("*.parquet")), partitioning=None)
+    return Scores(table["label"].to_numpy(), table["prediction"].to_numpy(), table["slice"].to_numpy())
+
+
+def _bayes_state(config: PipelineConfig) -> BinaryState | None:
+    """The generator's Bayes-optimal predictions on the eval days, as a summed state."""
     if config.data.source != "synthetic":
         return None
     raw = config.path(config.data.raw_dir)
     stats = [read_day_stats(raw, day) for day in config.data.eval_days]
     if any(s is None for s in stats):
         return None
-    # NE of the union: summed log loss over summed entropy normaliser.
-    state = BinaryState(
+    return BinaryState(
         count=sum(s.rows for s in stats),
         label_sum=sum(s.clicks for s in stats),
         cross_entropy_sum=sum(s.bayes_log_loss * s.rows for s in stats),
     )
-    return compute_ne(state)
 
 
 @task(name="export-model", **STAGE)
 def export_task(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]], checkpoint: str):
     return export_model(build_job(config, state, files), Path(checkpoint))
+
+
+@task(name="promote", retries=2, retry_delay_seconds=5, **STAGE)
+def promote_task(config: PipelineConfig, run_id: str, version: str, report: EvalReport) -> PromotionDecision:
+    """Make the new version the champion if it beats the current one on the same days."""
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    name = config.tracking.registered_model
+    decision = promote_if_better(
+        client, name, version, report.overall["ne"], tuple(config.data.eval_days),
+        config.evaluation.promotion_margin,
+        champion_ne_on_days=lambda champion: champion_ne(config, champion),
+        lock=promotion_lock(config.tracking_uri, config.tracking.promotion_lock, name),
+    )  # fmt: skip
+    client.log_dict(run_id, decision.as_dict(), "promotion/decision.json")
+    client.set_tag(run_id, "promotion.decision", "promoted" if decision.promote else "kept champion")
+    if decision.champion_ne is not None:
+        client.log_metric(run_id, "champion_ne_same_days", decision.champion_ne)
+    get_run_logger().info("promotion: %s (%s)", "promoted" if decision.promote else "not promoted", decision.reason)
+    return decision
+
+
+def champion_ne(config: PipelineConfig, champion: ModelVersion) -> float | None:
+    """The champion's NE on this run's eval days, with its own preprocessing state."""
+    try:
+        state_file = mlflow.artifacts.download_artifacts(
+            run_id=champion.run_id, artifact_path="preprocessing/state.json", tracking_uri=config.tracking_uri
+        )
+    except MlflowException:
+        return None  # a champion without its preprocessing state cannot score new days
+    state = PreprocessState.load(Path(state_file))
+    mlflow.set_tracking_uri(config.tracking_uri)
+    model = mlflow.pytorch.load_model(f"models:/{config.tracking.registered_model}/{champion.version}")
+    warehouse, features_root = config.path(config.data.warehouse_dir), config.path(config.preprocess.features_dir)
+    parts = []
+    for day in config.data.eval_days:
+        folder = apply_state(config.preprocess, state, warehouse, features_root, day)
+        files = [str(p) for p in sorted(folder.glob("*.parquet"))]
+        parts.append(score_files(dlrm_logits(model), files, config.evaluation.slice_feature))
+    joined = Scores.concat(parts)
+    return compute_ne(binary_state(joined.labels, joined.predictions))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import numpy as np
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from evaluation.plots import ne_curve, reliability_curve
+from evaluation.plots import ne_curve, relative_ne_curve, reliability_curve
 
 log = logging.getLogger(__name__)
 MODEL_REQUIREMENTS = ["torch==2.13.0", "torchrec==1.8.0", "fbgemm-gpu-cpu==1.8.0"]
@@ -25,6 +25,23 @@ class TrackedRun:
     run_id: str
     experiment_id: str
     model_version: str | None
+
+
+@dataclass
+class RunRecord:
+    """Everything one pipeline run logs."""
+
+    run_name: str
+    params: dict[str, Any]
+    config: dict[str, Any]
+    metrics: dict[str, float]
+    history: list[dict[str, float]]
+    artifacts: dict[str, list[Path]]  # MLflow artifact folder → local files
+    documents: dict[str, Any] = field(default_factory=dict)  # artifact file → JSON-able object
+    texts: dict[str, str] = field(default_factory=dict)  # artifact file → text
+    eval_predictions: tuple[np.ndarray, np.ndarray] | None = None
+    baseline_history: list[dict[str, float]] | None = None  # another run's history, for relative NE
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 def read_metrics_history(path: Path) -> list[dict[str, float]]:
@@ -53,28 +70,26 @@ def log_pipeline_run(
     tracking_uri: str,
     artifact_location: str | None,
     experiment: str,
-    run_name: str,
-    params: dict[str, Any],
-    config: dict[str, Any],
-    metrics: dict[str, float],
-    history: list[dict[str, float]],
-    artifacts: list[Path],
-    eval_predictions: tuple[np.ndarray, np.ndarray] | None,
+    record: RunRecord,
     model: Any | None,
     registered_model: str | None,
-    tags: dict[str, str] | None = None,
 ) -> TrackedRun:
     """Log everything of one pipeline run; register the model if one is given."""
     experiment_id = use_experiment(tracking_uri, experiment, artifact_location)
-    with mlflow.start_run(run_name=run_name, tags=tags or {}) as run:
-        mlflow.log_params({k: _param_value(v) for k, v in params.items()})
-        mlflow.log_dict(config, "config/resolved_config.json")
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None and np.isfinite(v)})
-        _log_history(run.info.run_id, history)
-        for path in artifacts:
-            if path.exists():
-                mlflow.log_artifact(str(path), artifact_path="training")
-        _log_figures(history, metrics, eval_predictions)
+    with mlflow.start_run(run_name=record.run_name, tags=record.tags) as run:
+        mlflow.log_params({k: _param_value(v) for k, v in record.params.items()})
+        mlflow.log_dict(record.config, "config/resolved_config.json")
+        mlflow.log_metrics({k: float(v) for k, v in record.metrics.items() if v is not None and np.isfinite(v)})
+        _log_history(run.info.run_id, record.history)
+        for folder, paths in record.artifacts.items():
+            for path in paths:
+                if path.exists():
+                    mlflow.log_artifact(str(path), artifact_path=folder)
+        for name, document in record.documents.items():
+            mlflow.log_dict(document, name)
+        for name, text in record.texts.items():
+            mlflow.log_text(text, name)
+        _log_figures(record)
         version = None
         if model is not None:
             info = mlflow.pytorch.log_model(
@@ -90,6 +105,14 @@ def log_pipeline_run(
     return TrackedRun(run.info.run_id, experiment_id, version)
 
 
+def run_history(tracking_uri: str, run_id: str) -> list[dict[str, float]]:
+    """A logged run's training history (samples seen and windowed NE per step)."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    ne = {m.step: m.value for m in client.get_metric_history(run_id, "train_window_ne")}
+    seen = {m.step: m.value for m in client.get_metric_history(run_id, "train_samples_seen")}
+    return [{"step": s, "samples_seen": seen[s], "train_window_ne": ne[s]} for s in sorted(ne) if s in seen]
+
+
 def _param_value(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (list, tuple, dict)) else str(value)
 
@@ -98,7 +121,7 @@ def _log_history(run_id: str, history: list[dict[str, float]]) -> None:
     """Per-step training metrics, in batches of at most 1000 (MLflow's limit per call)."""
     client = MlflowClient()
     entries = [
-        Metric(f"train_{key}" if not key.startswith("train_") else key, float(value), 0, int(row["step"]))
+        Metric(key if key.startswith(("train_", "heldout_")) else f"train_{key}", float(value), 0, int(row["step"]))
         for row in history
         for key, value in row.items()
         if key != "step" and value is not None and np.isfinite(value)
@@ -107,21 +130,21 @@ def _log_history(run_id: str, history: list[dict[str, float]]) -> None:
         client.log_batch(run_id, metrics=entries[start : start + 1000])
 
 
-def _log_figures(
-    history: list[dict[str, float]],
-    metrics: dict[str, float],
-    eval_predictions: tuple[np.ndarray, np.ndarray] | None,
-) -> None:
-    if history:
-        figure = ne_curve(
-            [row["step"] for row in history],
-            [row["train_window_ne"] for row in history],
-            metrics.get("eval_ne"),
-            metrics.get("bayes_ne"),
-        )
-        mlflow.log_figure(figure, "plots/ne_curve.png")
-        plt.close(figure)
-    if eval_predictions is not None and len(eval_predictions[0]):
-        figure = reliability_curve(*eval_predictions)
-        mlflow.log_figure(figure, "plots/reliability.png")
+def _log_figures(record: RunRecord) -> None:
+    history, metrics = record.history, record.metrics
+    figures = []
+    train = [row for row in history if "train_window_ne" in row]
+    heldout = [row for row in history if "heldout_ne" in row]
+    if train:
+        figures.append((ne_curve(
+            [row["step"] for row in train], [row["train_window_ne"] for row in train],
+            metrics.get("eval_ne"), metrics.get("bayes_ne"),
+            heldout_steps=[row["step"] for row in heldout], heldout_ne=[row["heldout_ne"] for row in heldout],
+        ), "plots/ne_curve.png"))  # fmt: skip
+    if record.eval_predictions is not None and len(record.eval_predictions[0]):
+        figures.append((reliability_curve(*record.eval_predictions), "plots/reliability.png"))
+    if train and record.baseline_history:
+        figures.append((relative_ne_curve(train, record.baseline_history), "plots/ne_relative_to_champion.png"))
+    for figure, name in figures:
+        mlflow.log_figure(figure, name)
         plt.close(figure)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# Before Prefect is imported anywhere: no usage telemetry from the test server (no internet).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 import pytest
 

@@ -19,7 +19,7 @@ class TrainJob:
     evaluation: EvaluationConfig
     table_sizes: dict[str, int]
     train_files: tuple[str, ...]
-    eval_files: tuple[str, ...]
+    eval_files: dict[str, tuple[str, ...]]  # day (as text, for JSON) → that day's feature files
     out_dir: str
 
     @property
@@ -42,6 +42,8 @@ def _from_plain(cls: type, data: dict[str, Any]) -> Any:
         field_type = f.type if isinstance(f.type, type) else _resolve(cls, f.name)
         if is_dataclass(field_type):
             value = _from_plain(field_type, value)
+        elif isinstance(value, dict):
+            value = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
         elif isinstance(value, list):
             value = tuple(value)
         values[f.name] = value

@@ -33,6 +33,13 @@ class Progress:
             self.recent_state = BinaryState.from_array(self.recent_state.as_array() - oldest.as_array())
         self.interval_steps += 1
 
+    def add_heldout(self, step: int, state: BinaryState) -> None:
+        """NE on a fixed sample of the held-out days at this step (rank 0 writes it)."""
+        if self.metrics_file:
+            record = {"step": step, "samples_seen": step * self.global_batch, "heldout_ne": _ne_or_nan(state)}
+            self.metrics_file.write(json.dumps(record) + "\n")
+            self.metrics_file.flush()
+
     def report(self, step: int, loss: float) -> dict:
         now = time.perf_counter()
         samples_per_s = self.interval_steps * self.global_batch / max(now - self.interval_started, 1e-9)
@@ -41,6 +48,7 @@ class Progress:
         eta = elapsed / step * (self.total_steps - step) if step else float("nan")
         record = {
             "step": step,
+            "samples_seen": step * self.global_batch,
             "loss": loss,
             "train_window_ne": _ne_or_nan(self.recent_state),
             "train_lifetime_ne": _ne_or_nan(self.lifetime),

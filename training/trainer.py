@@ -21,6 +21,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from evaluation.distributed import all_reduce_state
 from evaluation.metrics import BinaryState
 from ingestion.reader import PAD_LABEL, build_reader
+from ingestion.schema import SPARSE_COLUMNS
 from training.config import TrainingConfig
 from training.job import TrainJob
 from training.progress import Progress
@@ -86,6 +87,9 @@ def train(model: nn.Module, optimizer: CombinedOptimizer, job: TrainJob, device:
             optimizer.step()
             step += 1
             pending += _step_state(logits, labels)
+            every = job.evaluation.heldout_every_steps
+            if every and (step % every == 0 or step == total_steps):
+                progress.add_heldout(step, heldout_state(model, job, device))
             if step % config.log_every == 0 or step == total_steps:
                 # one small all-reduce per logging interval, at the same steps on every rank
                 progress.add(all_reduce_state(BinaryState.from_array(pending.cpu().numpy()), device))
@@ -98,20 +102,45 @@ def train(model: nn.Module, optimizer: CombinedOptimizer, job: TrainJob, device:
 
 
 @torch.no_grad()
-def predict(model: nn.Module, job: TrainJob, device: torch.device, out_path: Path) -> int:
-    """Score this rank's share of the evaluation files; write label + prediction to Parquet."""
+def heldout_state(model: nn.Module, job: TrainJob, device: torch.device) -> BinaryState:
+    """The summed state of the first few eval batches on every rank (same count everywhere)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    reader = build_reader(job.eval_files, job.evaluation.batch_size, rank, world, drop_remainder=False)
+    files = [f for day_files in job.eval_files.values() for f in day_files]
+    reader = build_reader(files, job.evaluation.batch_size, rank, world, drop_remainder=False, prefetch=0)
     model.eval()
-    labels_out, predictions_out = [], []
-    for batch in reader:
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    for index, batch in enumerate(reader):
+        if index == job.evaluation.heldout_batches:
+            break
         _, (_, logits, labels) = model(batch.to(device, non_blocking=True))
         keep = labels != PAD_LABEL
-        labels_out.append(labels[keep].cpu().numpy())
-        predictions_out.append(torch.sigmoid(logits[keep].float()).cpu().numpy())
-    labels_all = np.concatenate(labels_out) if labels_out else np.zeros(0, np.float32)
-    predictions_all = np.concatenate(predictions_out) if predictions_out else np.zeros(0, np.float32)
-    table = pa.table({"label": labels_all.astype(np.int8), "prediction": predictions_all.astype(np.float32)})
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, out_path)
-    return table.num_rows
+        sums += _step_state(logits[keep], labels[keep])
+    model.train()
+    return all_reduce_state(BinaryState.from_array(sums.cpu().numpy()), device)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, job: TrainJob, device: torch.device, out_dir: Path) -> int:
+    """Score this rank's share of each evaluation day into `out_dir/day=N/rank-R.parquet`.
+
+    Columns: label, prediction, and `slice`, the row's index of the slice feature.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    slice_position = SPARSE_COLUMNS.index(job.evaluation.slice_feature)  # the KJT's key order
+    model.eval()
+    rows = 0
+    for day, files in job.eval_files.items():
+        columns: dict[str, list[np.ndarray]] = {"label": [], "prediction": [], "slice": []}
+        for batch in build_reader(files, job.evaluation.batch_size, rank, world, drop_remainder=False):
+            _, (_, logits, labels) = model(batch.to(device, non_blocking=True))
+            keep = (labels != PAD_LABEL).cpu()
+            ids = batch.sparse_features.values().view(len(SPARSE_COLUMNS), -1)[slice_position]
+            columns["label"].append(labels.cpu()[keep].numpy().astype(np.int8))
+            columns["prediction"].append(torch.sigmoid(logits.float()).cpu()[keep].numpy())
+            columns["slice"].append(ids[keep].numpy().astype(np.int32))
+        table = pa.table({name: np.concatenate(parts) for name, parts in columns.items()})
+        path = out_dir / f"day={day}" / f"rank-{rank:05d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path)
+        rows += table.num_rows
+    return rows

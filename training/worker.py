@@ -41,7 +41,7 @@ def run(job: TrainJob, device: torch.device) -> None:
     optimizer = build_optimizer(sharded, config)
     stats = train(sharded, optimizer, job, device)
     checkpoint = save_checkpoint(sharded, job.out / "checkpoints", stats.steps)
-    rows = predict(sharded, job, device, job.out / "predictions" / f"rank-{rank:05d}.parquet")
+    rows = predict(sharded, job, device, job.out / "predictions")
     if rank == 0:
         summary = {
             "steps": stats.steps,

@@ -31,7 +31,7 @@ def _job(features, out: Path, sharding: ShardingConfig, **training) -> TrainJob:
         evaluation=EvaluationConfig(batch_size=1024, ne_window=2048),
         table_sizes=state.table_sizes,
         train_files=tuple(files[0] + files[1]),
-        eval_files=tuple(files[2]),
+        eval_files={"2": tuple(files[2])},
         out_dir=str(out),
     )
 
@@ -50,7 +50,7 @@ def test_two_process_training_converges(tiny_features, tmp_path: Path, sharding:
     lines: list[str] = []
     launch(job, on_line=lines.append)
     assert any("samples/s" in line for line in lines), "progress is streamed"
-    predictions = pq.read_table(tmp_path / "predictions")
+    predictions = pq.read_table(sorted((tmp_path / "predictions" / "day=2").glob("*.parquet")))
     assert predictions.num_rows == 6000, "every eval row is scored once, padding dropped"
     metrics = summarize(predictions["label"].to_numpy(), predictions["prediction"].to_numpy())
     assert metrics["ne"] < 0.93 and metrics["auc"] > 0.7
@@ -65,10 +65,10 @@ def test_exported_model_reproduces_the_sharded_predictions(tiny_features, tmp_pa
     with torch.no_grad():
         unsharded = np.concatenate([
             torch.sigmoid(model(b.dense_features, b.sparse_features).squeeze(-1)).numpy()
-            for b in build_reader(job.eval_files, 1000, drop_remainder=False)
+            for b in build_reader(job.eval_files["2"], 1000, drop_remainder=False)
         ])[:6000]  # fmt: skip
     # Rank files hold consecutive slices of the eval rows, in order.
-    sharded = pq.read_table(sorted((tmp_path / "predictions").glob("*.parquet")))["prediction"].to_numpy()
+    sharded = pq.read_table(sorted((tmp_path / "predictions" / "day=2").glob("*.parquet")))["prediction"].to_numpy()
     assert np.allclose(unsharded, sharded, atol=1e-5)
 
 

@@ -1,0 +1,111 @@
+"""The model registry's `champion` alias, moved only under a lock (compare-and-set).
+
+Reading the champion, scoring it and moving the alias happen inside one critical section,
+so two runs finishing at once are serialised: the second compares itself with whatever
+the first left as champion, never with a stale one. The lock lives where the registry
+lives: a file lock beside a SQLite store, a PostgreSQL advisory lock for a shared stack.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from evaluation.promotion import PromotionDecision, decide_promotion
+from flows.config import ConfigError
+
+CHAMPION_ALIAS = "champion"
+
+
+@contextlib.contextmanager
+def promotion_lock(tracking_uri: str, lock_uri: str, model_name: str) -> Iterator[None]:
+    """Exclusive per registered model, across processes and hosts sharing the store."""
+    target = lock_uri or tracking_uri
+    if target.startswith("postgresql"):
+        with _advisory_lock(target, model_name):
+            yield
+        return
+    if target.startswith(("sqlite:///", "file:")) or "://" not in target:
+        path = Path(target.removeprefix("sqlite:///").removeprefix("file://"))
+        lock_file = path.parent / f"{path.name}.{_slug(model_name)}.promotion.lock"
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock_file, "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        return
+    raise ConfigError(
+        f"tracking.promotion_lock: promotions through {target.split('://')[0]}:// need a shared lock; "
+        "set it to the postgresql:// URL of a database every trainer can reach"
+    )
+
+
+@contextlib.contextmanager
+def _advisory_lock(url: str, model_name: str) -> Iterator[None]:
+    import sqlalchemy
+
+    key = int.from_bytes(hashlib.sha256(model_name.encode()).digest()[:8], "big", signed=True)
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    with engine.connect() as connection:
+        connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": key})
+        try:
+            yield
+        finally:
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+    engine.dispose()
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
+def current_champion(client: MlflowClient, model_name: str) -> ModelVersion | None:
+    try:
+        return client.get_model_version_by_alias(model_name, CHAMPION_ALIAS)
+    except MlflowException:
+        return None
+
+
+def promote_if_better(
+    client: MlflowClient,
+    model_name: str,
+    candidate_version: str,
+    candidate_ne: float,
+    days: tuple[int, ...],
+    margin: float,
+    champion_ne_on_days: Callable[[ModelVersion], float | None],
+    lock: contextlib.AbstractContextManager,
+) -> PromotionDecision:
+    """Compare with the champion on the same days and move the alias, all under `lock`.
+
+    `champion_ne_on_days` scores the champion on `days`; None means it cannot be scored
+    there, and then the candidate is not promoted (no comparison, no promotion).
+    """
+    with lock:
+        champion = current_champion(client, model_name)
+        if champion is None or str(champion.version) == str(candidate_version):
+            decision = decide_promotion(candidate_ne, None, margin, days)
+        else:
+            champion_ne = champion_ne_on_days(champion)
+            if champion_ne is None:
+                decision = PromotionDecision(
+                    False, f"champion version {champion.version} cannot be scored on days {list(days)}",
+                    candidate_ne, None, margin, days, str(champion.version),
+                )  # fmt: skip
+            else:
+                decision = decide_promotion(candidate_ne, champion_ne, margin, days, str(champion.version))
+        if decision.promote:
+            client.set_registered_model_alias(model_name, CHAMPION_ALIAS, candidate_version)
+        client.set_model_version_tag(model_name, candidate_version, "promotion.decision",
+                                     "promoted" if decision.promote else "kept champion")  # fmt: skip
+        client.set_model_version_tag(model_name, candidate_version, "promotion.reason", decision.reason)
+    return decision
