@@ -18,7 +18,7 @@ class Progress:
         self.metrics_file = metrics_path.open("a") if metrics_path else None
         self.started = time.perf_counter()
         self.interval_started = self.started
-        self.interval_steps = 0
+        self.interval_start_step = 0
         self.lifetime = BinaryState()
         self.recent: deque[BinaryState] = deque()
         self.recent_state = BinaryState()
@@ -31,7 +31,6 @@ class Progress:
         while len(self.recent) > 1 and self.recent_state.count - self.recent[0].count >= self.window:
             oldest = self.recent.popleft()
             self.recent_state = BinaryState.from_array(self.recent_state.as_array() - oldest.as_array())
-        self.interval_steps += 1
 
     def add_heldout(self, step: int, state: BinaryState) -> None:
         """NE on a fixed sample of the held-out days at this step (rank 0 writes it)."""
@@ -42,8 +41,9 @@ class Progress:
 
     def report(self, step: int, loss: float) -> dict:
         now = time.perf_counter()
-        samples_per_s = self.interval_steps * self.global_batch / max(now - self.interval_started, 1e-9)
-        self.interval_started, self.interval_steps = now, 0
+        steps = step - self.interval_start_step
+        samples_per_s = steps * self.global_batch / max(now - self.interval_started, 1e-9)
+        self.interval_started, self.interval_start_step = now, step
         elapsed = now - self.started
         eta = elapsed / step * (self.total_steps - step) if step else float("nan")
         record = {

@@ -76,7 +76,7 @@ def train(model: nn.Module, optimizer: CombinedOptimizer, job: TrainJob, device:
     metrics_path = job.out / "metrics.jsonl" if rank == 0 else None
     progress = Progress(total_steps, config.batch_size, job.evaluation.ne_window, metrics_path)
     model.train()
-    step, started = 0, time.perf_counter()
+    step, started, evaluating = 0, time.perf_counter(), 0.0
     pending = torch.zeros(4, dtype=torch.float64, device=device)
     for reader in readers:
         for batch in reader:
@@ -89,7 +89,9 @@ def train(model: nn.Module, optimizer: CombinedOptimizer, job: TrainJob, device:
             pending += _step_state(logits, labels)
             every = job.evaluation.heldout_every_steps
             if every and (step % every == 0 or step == total_steps):
+                paused = time.perf_counter()
                 progress.add_heldout(step, heldout_state(model, job, device))
+                evaluating += time.perf_counter() - paused  # not training time
             if step % config.log_every == 0 or step == total_steps:
                 # one small all-reduce per logging interval, at the same steps on every rank
                 progress.add(all_reduce_state(BinaryState.from_array(pending.cpu().numpy()), device))
@@ -97,7 +99,7 @@ def train(model: nn.Module, optimizer: CombinedOptimizer, job: TrainJob, device:
                 if rank == 0:
                     progress.report(step, float(loss))
     progress.close()
-    seconds = time.perf_counter() - started
+    seconds = time.perf_counter() - started - evaluating
     return TrainStats(steps=step, samples=step * config.batch_size, seconds=seconds)
 
 
