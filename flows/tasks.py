@@ -16,6 +16,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
 from evaluation.metrics import BinaryState, binary_state, compute_ne
 from evaluation.promotion import PromotionDecision
@@ -88,17 +89,23 @@ def preprocess_task(config: PipelineConfig, state: PreprocessState, day: int) ->
     return [str(p) for p in sorted(folder.glob("*.parquet"))]
 
 
-@task(name="train", **STAGE)
+@task(name="train", retries=1, retry_delay_seconds=2, **STAGE)
 def train_task(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]]) -> dict[str, Any]:
-    """Sharded training with torchrun; returns the job's summary (and where its outputs are)."""
-    job = build_job(config, state, files)
+    """Sharded training with torchrun; returns the job's summary (and where its outputs are).
+
+    A retry of this task belongs to the same flow run, so it resumes from the run's last
+    checkpoint; a new flow run trains from scratch.
+    """
+    job = build_job(config, state, files, run_id=str(flow_run.id or "local"))
     logger = get_run_logger()
     launch(job, on_line=logger.info)
     summary = json.loads((job.out / "summary.json").read_text())
     return {**summary, "out_dir": str(job.out)}
 
 
-def build_job(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]]) -> TrainJob:
+def build_job(
+    config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]], run_id: str = "export"
+) -> TrainJob:
     return TrainJob(
         model=config.model,
         sharding=config.sharding,
@@ -108,6 +115,7 @@ def build_job(config: PipelineConfig, state: PreprocessState, files: dict[int, l
         train_files=tuple(f for day in config.data.train_days for f in files[day]),
         eval_files={str(day): tuple(files[day]) for day in config.data.eval_days},
         out_dir=str(config.path("train")),
+        run_id=run_id,
     )
 
 

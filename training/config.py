@@ -61,10 +61,17 @@ class TrainingConfig:
     embedding_lr: float = 0.05
     dense_lr: float = 0.001
     dense_optimizer: Literal["adagrad", "adam"] = "adam"
+    warmup_steps: int = 0
+    lr_decay: Literal["none", "linear", "cosine"] = "none"
+    min_lr_fraction: float = 0.0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads_per_proc: int = 1
     seed: int = 0
     log_every: int = 20
+    # Sharded checkpoints every this many steps (0: only at the end); the last K are kept.
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    # A failed launch is relaunched this many times; each relaunch resumes from a checkpoint.
     max_restarts: int = 0
     # Extra torchrun arguments for multi-node runs (e.g. ["--nnodes=2", "--rdzv-endpoint=h:29400"]).
     torchrun_args: tuple[str, ...] = ()
@@ -86,6 +93,14 @@ class TrainingConfig:
             raise ValueError(f"threads_per_proc: must be at least 1, got {self.threads_per_proc}")
         if self.log_every < 1:
             raise ValueError(f"log_every: must be at least 1, got {self.log_every}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps: must be ≥ 0, got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_fraction <= 1.0:
+            raise ValueError(f"min_lr_fraction: must be in [0, 1], got {self.min_lr_fraction}")
+        if self.checkpoint_every < 0 or self.keep_checkpoints < 1:
+            raise ValueError("checkpoint_every: must be ≥ 0, with keep_checkpoints ≥ 1")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts: must be ≥ 0, got {self.max_restarts}")
 
     @property
     def batch_size_per_rank(self) -> int:

@@ -21,10 +21,19 @@ class TrainJob:
     train_files: tuple[str, ...]
     eval_files: dict[str, tuple[str, ...]]  # day (as text, for JSON) → that day's feature files
     out_dir: str
+    # Checkpoints of one run live under out_dir/checkpoints/<run_id>: a relaunch of the same
+    # run (torchrun restart, task retry) resumes from them; a new run starts fresh.
+    run_id: str = "default"
+    # Start from this checkpoint's weights (any world size), e.g. to warm-start a new run.
+    init_checkpoint: str = ""
 
     @property
     def out(self) -> Path:
         return Path(self.out_dir)
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.out / "checkpoints" / self.run_id
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))

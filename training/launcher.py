@@ -19,7 +19,7 @@ from pathlib import Path
 
 from training.job import TrainJob
 
-_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
+FAILURE_RECORD = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
 class TrainingFailed(RuntimeError):
@@ -35,7 +35,7 @@ def torchrun_command(job: TrainJob, job_path: Path) -> list[str]:
         sys.executable, "-m", "torch.distributed.run",
         *([] if multi_node else ["--standalone"]),
         f"--nproc-per-node={config.nproc}",
-        f"--max-restarts={config.max_restarts}",
+        "--max-restarts=0",  # restarts are fresh launches, see `launch`
         f"--log-dir={job.out / 'logs'}",
         "--tee=3",
         *config.torchrun_args,
@@ -44,9 +44,30 @@ def torchrun_command(job: TrainJob, job_path: Path) -> list[str]:
 
 
 def launch(job: TrainJob, on_line: Callable[[str], None] = print) -> None:
-    """Run the job to completion; raise `TrainingFailed` if any rank fails."""
+    """Run the job to completion; raise `TrainingFailed` if it still fails after its restarts.
+
+    A failed attempt is relaunched as a fresh torchrun (a new rendezvous) up to
+    `training.max_restarts` times; each relaunch resumes from the run's last checkpoint.
+    torchrun's own in-place restart is not used: with gloo it can rejoin a dead peer's
+    stale address and hang.
+    """
+    attempts = job.training.max_restarts + 1
+    for attempt in range(1, attempts + 1):
+        try:
+            _launch_once(job, on_line)
+            return
+        except TrainingFailed as failure:
+            if attempt == attempts:
+                raise
+            on_line(f"[train] {failure}")
+            on_line(f"[train] relaunching (restart {attempt} of {job.training.max_restarts}); "
+                    "it resumes from the last checkpoint")  # fmt: skip
+
+
+def _launch_once(job: TrainJob, on_line: Callable[[str], None]) -> None:
     job.out.mkdir(parents=True, exist_ok=True)
-    for stale in ("logs", "predictions", "metrics.jsonl", "summary.json"):
+    # Checkpoints and metrics stay: a relaunch of the same run resumes from them.
+    for stale in ("logs", "predictions", "summary.json"):
         path = job.out / stale
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     job_path = job.out / "job.json"
@@ -77,15 +98,36 @@ def _worth_showing(line: str) -> bool:
     return "[train]" in line or "Error" in line or "Traceback" in line
 
 
+def first_cause(output: str) -> tuple[int, int, int] | None:
+    """(rank, local rank, exit code) of the worker that caused a failure, from torchrun's report.
+
+    torchrun stops the surviving workers with SIGTERM once one fails, and its "first
+    observed failure" can be one of those; a worker that raised, or that died of another
+    signal, is the cause.
+    """
+    failures = [(int(m[1]), int(m[2]), int(m[3])) for m in FAILURE_RECORD.finditer(output)]
+
+    def blame(failure: tuple[int, int, int]) -> int:
+        code = failure[2]
+        return 0 if code > 0 else 1 if code != -signal.SIGTERM else 2
+
+    return min(failures, key=blame) if failures else None
+
+
 def _failure(job: TrainJob, output: str, launcher_code: int) -> TrainingFailed:
-    match = _ROOT_CAUSE.search(output)
-    if not match:
+    cause = first_cause(output)
+    if cause is None:
         tail = "\n".join(output.strip().splitlines()[-15:])
         return TrainingFailed(f"training failed (torchrun exit code {launcher_code}):\n{tail}", None, launcher_code)
-    rank, local_rank, code = int(match.group(1)), int(match.group(2)), int(match.group(3))
-    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    rank, local_rank, code = cause
+    if code < 0:
+        # A signal leaves no traceback: the process was stopped from outside.
+        name = signal.Signals(-code).name
+        message = f"training failed: rank {rank} was killed by {name} (no traceback: stopped from outside, "
+        message += "e.g. by the out-of-memory killer or an operator)"
+        return TrainingFailed(message, rank, code)
     tail = _rank_log_tail(job.out / "logs", local_rank) or _traceback_from(output, rank)
-    message = f"training failed: rank {rank} {how}"
+    message = f"training failed: rank {rank} exited with code {code}"
     if tail:
         message += f"; the end of its log:\n{tail}"
     return TrainingFailed(message, rank, code)

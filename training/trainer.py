@@ -22,16 +22,20 @@ from evaluation.distributed import all_reduce_state
 from evaluation.metrics import BinaryState
 from ingestion.reader import PAD_LABEL, build_reader
 from ingestion.schema import SPARSE_COLUMNS
+from training.checkpoint import RowLedger, TrainPosition, save_checkpoint
 from training.config import TrainingConfig
 from training.job import TrainJob
 from training.progress import Progress
+from training.schedule import LRSchedule
 
 
 @dataclass(frozen=True)
 class TrainStats:
-    steps: int
-    samples: int
+    steps: int  # the step training ended at (counting steps before a resume)
+    samples: int  # samples trained by this launch
     seconds: float
+    ledger: RowLedger
+    position: TrainPosition
 
     @property
     def samples_per_s(self) -> float:
@@ -42,6 +46,12 @@ def attach_embedding_optimizer(model: nn.Module, config: TrainingConfig) -> None
     """Row-wise Adagrad fused into the embedding backward (applied before sharding)."""
     embedding_params = [p for n, p in model.named_parameters() if "embedding_bags" in n]
     apply_optimizer_in_backward(RowWiseAdagrad, embedding_params, {"lr": config.embedding_lr})
+
+
+def build_schedule(model: nn.Module, optimizer: CombinedOptimizer, config: TrainingConfig) -> LRSchedule:
+    """The learning-rate schedule over both optimizers (build it before loading a checkpoint)."""
+    fused = model.fused_optimizer  # type: ignore[attr-defined]
+    return LRSchedule(optimizer, config.warmup_steps, config.lr_decay, config.min_lr_fraction, push=fused.step)
 
 
 def build_optimizer(model: nn.Module, config: TrainingConfig) -> CombinedOptimizer:
@@ -64,22 +74,47 @@ def _step_state(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     ])  # fmt: skip
 
 
-def train(model: nn.Module, optimizer: CombinedOptimizer, job: TrainJob, device: torch.device) -> TrainStats:
-    """Epochs over the training files; every rank takes the same number of steps."""
+def row_hashes(batch) -> torch.Tensor:
+    """A 64-bit hash per row of a batch (ids and label), for the trained-rows fingerprint."""
+    ids = batch.sparse_features.values().view(len(SPARSE_COLUMNS), -1)  # [26, B]
+    weights = torch.arange(1, len(SPARSE_COLUMNS) + 1, dtype=torch.int64).mul_(0x9E3779B1)[:, None]
+    return (ids.to(torch.int64) * weights).sum(0) * 31 + batch.labels.to(torch.int64)  # wraps mod 2**64
+
+
+def train(
+    model: nn.Module,
+    optimizer: CombinedOptimizer,
+    job: TrainJob,
+    device: torch.device,
+    schedule: LRSchedule,
+    start: TrainPosition | None = None,
+    ledger: RowLedger | None = None,
+) -> TrainStats:
+    """Epochs over the training files from `start`; every rank takes the same steps.
+
+    Checkpoints every `checkpoint_every` steps; returns when the last epoch is done.
+    """
     rank, world = dist.get_rank(), dist.get_world_size()
     config = job.training
-    readers = [
-        build_reader(job.train_files, config.batch_size_per_rank, rank, world, shuffle_seed=config.seed, epoch=e)
-        for e in range(config.epochs)
-    ]
-    total_steps = sum(len(r) for r in readers)
+    start = start or TrainPosition(step=0, epoch=0, batch=0)
+    ledger = ledger or RowLedger()
+
+    def reader(epoch: int, first_batch: int = 0):
+        return build_reader(job.train_files, config.batch_size_per_rank, rank, world,
+                            shuffle_seed=config.seed, epoch=epoch, start_batch=first_batch)  # fmt: skip
+
+    steps_per_epoch = reader(0).num_batches
+    total_steps = steps_per_epoch * config.epochs
     metrics_path = job.out / "metrics.jsonl" if rank == 0 else None
     progress = Progress(total_steps, config.batch_size, job.evaluation.ne_window, metrics_path)
     model.train()
-    step, started, evaluating = 0, time.perf_counter(), 0.0
+    step, started, evaluating = start.step, time.perf_counter(), 0.0
     pending = torch.zeros(4, dtype=torch.float64, device=device)
-    for reader in readers:
-        for batch in reader:
+    for epoch in range(start.epoch, config.epochs):
+        first = start.batch if epoch == start.epoch else 0
+        for index, batch in enumerate(reader(epoch, first), start=first):
+            schedule.apply(step, total_steps)
+            ledger.add(row_hashes(batch))
             batch = batch.to(device, non_blocking=True)
             loss, (_, logits, labels) = model(batch)
             optimizer.zero_grad()
@@ -97,10 +132,17 @@ def train(model: nn.Module, optimizer: CombinedOptimizer, job: TrainJob, device:
                 progress.add(all_reduce_state(BinaryState.from_array(pending.cpu().numpy()), device))
                 pending.zero_()
                 if rank == 0:
-                    progress.report(step, float(loss))
+                    progress.report(step, float(loss.detach()))
+            if config.checkpoint_every and step % config.checkpoint_every == 0 and step < total_steps:
+                paused = time.perf_counter()
+                position = TrainPosition(step, epoch, index + 1) if index + 1 < steps_per_epoch else TrainPosition(step, epoch + 1, 0)
+                save_checkpoint(model, optimizer, job.checkpoint_root, position, ledger, config.keep_checkpoints)
+                evaluating += time.perf_counter() - paused
     progress.close()
     seconds = time.perf_counter() - started - evaluating
-    return TrainStats(steps=step, samples=step * config.batch_size, seconds=seconds)
+    trained = step - start.step
+    return TrainStats(steps=step, samples=trained * config.batch_size, seconds=seconds, ledger=ledger,
+                      position=TrainPosition(step, config.epochs, 0))  # fmt: skip
 
 
 @torch.no_grad()

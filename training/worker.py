@@ -14,12 +14,24 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from training.checkpoint import save_checkpoint
+from training.checkpoint import (
+    RowLedger,
+    TrainPosition,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from training.device import backend_for, runtime_device
 from training.job import TrainJob
 from training.model import build_train_model, table_name
 from training.sharding import describe_plan, format_plan, plan_as_json, shard_model
-from training.trainer import attach_embedding_optimizer, build_optimizer, predict, train
+from training.trainer import (
+    attach_embedding_optimizer,
+    build_optimizer,
+    build_schedule,
+    predict,
+    train,
+)
 
 
 def run(job: TrainJob, device: torch.device) -> None:
@@ -31,16 +43,16 @@ def run(job: TrainJob, device: torch.device) -> None:
     attach_embedding_optimizer(model, config)
     sharded, plan = shard_model(model, job.sharding, device, config.batch_size_per_rank)
     if rank == 0:
-        shapes = {table_name(f): (n, job.model.embedding_dim) for f, n in job.table_sizes.items()}
-        rows = describe_plan(plan, shapes, world)
-        (job.out / "plan.txt").write_text(format_plan(rows) + "\n")
-        (job.out / "plan.json").write_text(json.dumps(plan_as_json(rows), indent=2))
-        print(f"[train] {world} processes on {device.type} ({backend_for(device)}); sharding plan:", flush=True)
-        for line in format_plan(rows).splitlines():
-            print(f"[train]   {line}", flush=True)
+        _write_plan(job, plan, world, device)
     optimizer = build_optimizer(sharded, config)
-    stats = train(sharded, optimizer, job, device)
-    checkpoint = save_checkpoint(sharded, job.out / "checkpoints", stats.steps)
+    schedule = build_schedule(sharded, optimizer, config)
+    start, ledger = _restore(sharded, optimizer, job)
+    if rank == 0:
+        _keep_metrics_up_to(job.out / "metrics.jsonl", start.step if start else 0)
+    stats = train(sharded, optimizer, job, device, schedule, start, ledger)
+    checkpoint = save_checkpoint(sharded, optimizer, job.checkpoint_root, stats.position, stats.ledger,
+                                 config.keep_checkpoints)  # fmt: skip
+    rows_trained, fingerprint = _all_reduce_ledger(stats.ledger, device)
     rows = predict(sharded, job, device, job.out / "predictions")
     if rank == 0:
         summary = {
@@ -48,6 +60,9 @@ def run(job: TrainJob, device: torch.device) -> None:
             "samples": stats.samples,
             "seconds": stats.seconds,
             "samples_per_s": stats.samples_per_s,
+            "rows_trained": rows_trained,
+            "rows_fingerprint": fingerprint,
+            "resumed_from_step": start.step if start else 0,
             "world_size": world,
             "device": device.type,
             "backend": backend_for(device),
@@ -55,8 +70,50 @@ def run(job: TrainJob, device: torch.device) -> None:
             "eval_rows_rank0": rows,
         }
         (job.out / "summary.json").write_text(json.dumps(summary, indent=2))
-        print(f"[train] done: {stats.steps} steps, {stats.samples:,} samples, "
+        print(f"[train] done: {stats.steps} steps, {rows_trained:,} rows trained, "
               f"{stats.samples_per_s:,.0f} samples/s", flush=True)
+
+
+def _restore(model, optimizer, job: TrainJob) -> tuple[TrainPosition | None, RowLedger | None]:
+    """Resume this run from its newest checkpoint, or start from `init_checkpoint`'s weights."""
+    latest = latest_checkpoint(job.checkpoint_root)
+    if latest is not None:
+        position, ledger = load_checkpoint(model, optimizer, latest)
+        if dist.get_rank() == 0:
+            print(f"[train] resuming from {latest} (step {position.step})", flush=True)
+        return position, ledger
+    if job.init_checkpoint:
+        load_checkpoint(model, None, Path(job.init_checkpoint))
+        if dist.get_rank() == 0:
+            print(f"[train] starting from the weights of {job.init_checkpoint}", flush=True)
+    return None, None
+
+
+def _keep_metrics_up_to(path: Path, step: int) -> None:
+    """Drop metric records past the resumed step: those steps are trained (and logged) again."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def _all_reduce_ledger(ledger: RowLedger, device: torch.device) -> tuple[int, int]:
+    """Rows trained by all ranks, and the sum of their fingerprints (mod 2**64)."""
+    signed = ledger.fingerprint - 2**64 if ledger.fingerprint >= 2**63 else ledger.fingerprint
+    values = torch.tensor([ledger.rows, signed], dtype=torch.int64, device=device)
+    dist.all_reduce(values)  # int64 addition wraps, which is the mod 2**64 we want
+    rows, total = (int(v) for v in values.cpu())
+    return rows, total % 2**64
+
+
+def _write_plan(job: TrainJob, plan, world: int, device: torch.device) -> None:
+    shapes = {table_name(f): (n, job.model.embedding_dim) for f, n in job.table_sizes.items()}
+    rows = describe_plan(plan, shapes, world)
+    (job.out / "plan.txt").write_text(format_plan(rows) + "\n")
+    (job.out / "plan.json").write_text(json.dumps(plan_as_json(rows), indent=2))
+    print(f"[train] {world} processes on {device.type} ({backend_for(device)}); sharding plan:", flush=True)
+    for line in format_plan(rows).splitlines():
+        print(f"[train]   {line}", flush=True)
 
 
 @record

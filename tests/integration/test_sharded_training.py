@@ -61,7 +61,7 @@ def test_two_process_training_converges(tiny_features, tmp_path: Path, sharding:
 def test_exported_model_reproduces_the_sharded_predictions(tiny_features, tmp_path: Path) -> None:
     job = _job(tiny_features, tmp_path, ShardingConfig())
     launch(job, on_line=lambda line: None)
-    model = export_model(job, latest_checkpoint(tmp_path / "checkpoints"))
+    model = export_model(job, latest_checkpoint(job.checkpoint_root))
     with torch.no_grad():
         unsharded = np.concatenate([
             torch.sigmoid(model(b.dense_features, b.sparse_features).squeeze(-1)).numpy()

@@ -1,0 +1,130 @@
+"""Checkpoints survive a killed worker, and load across world sizes."""
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from evaluation.config import EvaluationConfig
+from training.checkpoint import latest_checkpoint
+from training.config import ModelConfig, ShardingConfig, TrainingConfig
+from training.export import export_model
+from training.job import TrainJob
+from training.launcher import TrainingFailed, launch
+
+pytestmark = pytest.mark.slow
+
+
+def _job(features, out: Path, **training) -> TrainJob:
+    state, files = features
+    settings = {"nproc": 2, "batch_size": 256, "embedding_lr": 0.1, "dense_lr": 0.05, "dense_optimizer": "adam",
+                "warmup_steps": 5, "lr_decay": "cosine", "epochs": 3, "log_every": 5, "checkpoint_every": 10}
+    return TrainJob(
+        model=ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1)),
+        sharding=ShardingConfig(),
+        training=TrainingConfig(**{**settings, **training}),
+        evaluation=EvaluationConfig(batch_size=1024, ne_window=2048),
+        table_sizes=state.table_sizes,
+        train_files=tuple(files[0] + files[1]),
+        eval_files={"2": tuple(files[2])},
+        out_dir=str(out),
+        run_id="run-1",
+    )
+
+
+def _worker_of_rank(job_path: Path, rank: int) -> int | None:
+    found = subprocess.run(["pgrep", "-f", f"training.worker {job_path}"], capture_output=True, text=True, check=False)
+    for pid in map(int, found.stdout.split()):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ:
+            return pid
+    return None
+
+
+def _kill_one_worker_after(job: TrainJob, step: int) -> threading.Thread:
+    """SIGKILL rank 1's process once the run has logged `step`."""
+    def watch() -> None:
+        metrics = job.out / "metrics.jsonl"
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if metrics.is_file() and any(json.loads(l)["step"] >= step for l in metrics.read_text().splitlines() if l):
+                pid = _worker_of_rank(job.out / "job.json", rank=1)
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _params(job: TrainJob) -> dict[str, torch.Tensor]:
+    return export_model(job, latest_checkpoint(job.checkpoint_root)).state_dict()
+
+
+def test_killed_worker_resumes_to_the_same_parameters(tiny_features, tmp_path: Path) -> None:
+    reference = _job(tiny_features, tmp_path / "uninterrupted")
+    launch(reference, on_line=lambda line: None)
+    expected = json.loads((reference.out / "summary.json").read_text())
+
+    job = _job(tiny_features, tmp_path / "killed")
+    watcher = _kill_one_worker_after(job, step=25)
+    with pytest.raises(TrainingFailed) as caught:
+        launch(job, on_line=lambda line: None)
+    watcher.join()
+    assert "rank 1" in str(caught.value) and "SIGKILL" in str(caught.value)
+    survived = int(latest_checkpoint(job.checkpoint_root).name.split("-")[1])
+    assert 20 <= survived < expected["steps"], "killed mid-run, after some checkpoints"
+
+    lines: list[str] = []
+    launch(job, on_line=lines.append)  # the relaunch of the same run resumes
+    resumed = json.loads((job.out / "summary.json").read_text())
+    assert any("resuming from" in line for line in lines)
+    assert resumed["resumed_from_step"] == survived
+    assert resumed["steps"] == expected["steps"]
+    # Every sample trained exactly once: same count, same multiset of rows.
+    assert resumed["rows_trained"] == expected["rows_trained"] == expected["steps"] * 256
+    assert resumed["rows_fingerprint"] == expected["rows_fingerprint"]
+    for name, value in _params(reference).items():
+        assert torch.allclose(_params(job)[name], value, atol=1e-6), name
+
+
+def test_a_failed_launch_is_relaunched_and_resumes(tiny_features, tmp_path: Path) -> None:
+    job = _job(tiny_features, tmp_path / "restarted", max_restarts=1)
+    watcher = _kill_one_worker_after(job, step=25)
+    lines: list[str] = []
+    launch(job, on_line=lines.append)
+    watcher.join()
+    summary = json.loads((job.out / "summary.json").read_text())
+    assert any("rank 1 was killed by SIGKILL" in line for line in lines), "the failure is reported"
+    assert any("relaunching (restart 1 of 1)" in line for line in lines)
+    assert summary["resumed_from_step"] >= 20 and any("resuming from" in line for line in lines)
+    assert summary["rows_trained"] == summary["steps"] * 256
+
+
+def test_checkpoints_load_across_world_sizes(tiny_features, tmp_path: Path) -> None:
+    two = _job(tiny_features, tmp_path / "two", epochs=1, checkpoint_every=0)
+    launch(two, on_line=lambda line: None)
+    two_params = _params(two)
+    # 2 → 1: a one-process run starts from the two-process checkpoint's weights.
+    one = replace(_job(tiny_features, tmp_path / "one", epochs=1, checkpoint_every=0, nproc=1, embedding_lr=1e-12,
+                       dense_lr=1e-12), init_checkpoint=str(latest_checkpoint(two.checkpoint_root)))  # fmt: skip
+    launch(one, on_line=lambda line: None)
+    # 1 → 2: and back, into two processes again.
+    back = replace(_job(tiny_features, tmp_path / "back", epochs=1, checkpoint_every=0, embedding_lr=1e-12,
+                        dense_lr=1e-12), init_checkpoint=str(latest_checkpoint(one.checkpoint_root)))  # fmt: skip
+    launch(back, on_line=lambda line: None)
+    for params in (_params(one), _params(back)):
+        for name, value in two_params.items():
+            assert torch.allclose(params[name], value, atol=1e-4), name  # lr 1e-12: the weights barely move

@@ -1,0 +1,53 @@
+"""Learning-rate schedule: linear warm-up, then constant, linear or cosine decay.
+
+A pure function of the step, so a resumed run continues the schedule exactly without
+saving any scheduler state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from torch.optim import Optimizer
+
+
+def lr_multiplier(step: int, total_steps: int, warmup_steps: int, decay: str, min_fraction: float) -> float:
+    """The factor on every base learning rate at `step` (0-based)."""
+    if warmup_steps and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if decay == "none" or total_steps <= warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if decay == "linear":
+        shape = 1.0 - progress
+    elif decay == "cosine":
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        raise ValueError(f"unknown decay {decay!r}")
+    return min_fraction + (1.0 - min_fraction) * shape
+
+
+class LRSchedule:
+    """Scales each param group's learning rate from its configured base.
+
+    Create it before loading a checkpoint: the base rates are read from the groups once,
+    and a checkpoint restores groups at an already-scaled rate. `push` runs after every
+    change; fused embedding optimizers take the new rate into their kernels there, before
+    the backward pass that applies it.
+    """
+
+    def __init__(self, optimizer: Optimizer, warmup_steps: int, decay: str, min_fraction: float,
+                 push: Callable[[], None] | None = None) -> None:  # fmt: skip
+        self.optimizer = optimizer
+        self.base = [group["lr"] for group in optimizer.param_groups]
+        self.warmup_steps, self.decay, self.min_fraction = warmup_steps, decay, min_fraction
+        self.push = push
+
+    def apply(self, step: int, total_steps: int) -> float:
+        factor = lr_multiplier(step, total_steps, self.warmup_steps, self.decay, self.min_fraction)
+        for group, base in zip(self.optimizer.param_groups, self.base, strict=True):
+            group["lr"] = base * factor
+        if self.push is not None:
+            self.push()
+        return factor
