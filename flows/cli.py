@@ -79,6 +79,13 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("--json", action="store_true")
     ingest.set_defaults(handler=_ingest)
 
+    plan = commands.add_parser("plan", help="plan the sharding of a model for a cluster, here or declared")
+    plan.add_argument("--config", default="configs/demo.toml")
+    plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    plan.add_argument("--cluster", help="cluster TOML (default: this machine with training.nproc processes)")
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(handler=_plan)
+
     evaluate = commands.add_parser("evaluate", help="NE, AUC, calibration of a predictions file")
     evaluate.add_argument("--predictions", required=True, help="Parquet with label, prediction[, weight]")
     evaluate.add_argument("--json", action="store_true")
@@ -159,6 +166,28 @@ def _generate(args: argparse.Namespace) -> int:
         stats = generate_day(config.data.synthetic, day, out, truth)
         print(f"day {day}: {stats.rows:,} rows, click rate {stats.click_rate:.3f}, "
               f"Bayes-optimal NE {stats.bayes_ne:.4f} → {out / f'day_{day}.tsv.gz'}")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import time
+
+    from flows.config import ClusterConfig, load_cluster, load_config
+    from flows.planning import plan_report
+
+    config = load_config(args.config, args.overrides)
+    if args.cluster:
+        cluster = load_cluster(args.cluster)
+    else:
+        cluster = ClusterConfig(name="this machine", hosts=1, devices_per_host=config.training.nproc, compute_device="cpu")
+    started = time.perf_counter()
+    report = plan_report(config, cluster)
+    report["planner_seconds"] = round(time.perf_counter() - started, 2)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "text"}))
+    else:
+        print(report["text"])
+        print(f"\nplanned in {report['planner_seconds']:.1f} s")
     return 0
 
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from evaluation.config import EvaluationConfig
 from ingestion.config import DataConfig, PreprocessConfig
-from training.config import ModelConfig, ShardingConfig, TrainingConfig
+from training.config import ClusterConfig, ModelConfig, ShardingConfig, TrainingConfig
 
 
 class ConfigError(ValueError):
@@ -149,6 +149,11 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         if value not in choices:
             raise ConfigError(f"{key}: must be one of {list(choices)}, got {value!r}")
         return value
+    if origin is dict:
+        _, value_hint = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table, got {type(value).__name__} {value!r}")
+        return {name: _convert(value_hint, item, f"{key}.{name}") for name, item in value.items()}
     if origin is tuple:
         (item_hint, _ellipsis) = typing.get_args(hint)
         if not isinstance(value, list):
@@ -168,6 +173,19 @@ def _convert_scalar(hint: type, value: Any, key: str) -> Any:
     raise ConfigError(
         f"{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}"
     )
+
+
+def load_cluster(path: str | Path) -> ClusterConfig:
+    """A declared cluster from TOML, validated like a run config."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: cluster file not found; pass --cluster with a TOML file")
+    try:
+        return build_dataclass(ClusterConfig, tomllib.loads(path.read_text()), prefix="")
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
 
 
 def config_as_dict(config: Any) -> dict[str, Any]:

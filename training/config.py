@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
@@ -19,6 +19,8 @@ class ModelConfig:
     top_mlp: tuple[int, ...] = (512, 256, 1)
     dcn_num_layers: int = 3
     dcn_low_rank_dim: int = 64
+    # Tables declared by shape, for planning a model without its data (empty: from the data).
+    declared_tables: DeclaredTables = field(default_factory=lambda: DeclaredTables())
 
     def __post_init__(self) -> None:
         if self.embedding_dim <= 0:
@@ -34,21 +36,100 @@ class ModelConfig:
             raise ValueError("bottom_mlp: layer widths must be positive")
 
 
-@dataclass(frozen=True)
-class ShardingConfig:
-    """How the planner may place embedding tables (one rule for every table)."""
+ShardingType = Literal["auto", "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]
+ComputeKernel = Literal["auto", "fused", "fused_uvm", "fused_uvm_caching", "dense"]
 
-    sharding_type: Literal[
-        "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"
-    ] = "table_wise"
-    compute_kernel: Literal["fused", "fused_uvm", "fused_uvm_caching", "dense"] = "fused"
+
+def _check_pair(sharding_type: str, compute_kernel: str) -> None:
+    if "auto" in (sharding_type, compute_kernel):
+        return
+    if (sharding_type == "data_parallel") != (compute_kernel == "dense"):
+        raise ValueError(
+            "compute_kernel: data_parallel tables use the 'dense' kernel and only they do "
+            f"(got {sharding_type} with {compute_kernel})"
+        )
+
+
+@dataclass(frozen=True)
+class TableSharding:
+    """A per-table override of the sharding rule ("auto" here keeps the global value)."""
+
+    sharding_type: ShardingType = "auto"
+    compute_kernel: ComputeKernel = "auto"
 
     def __post_init__(self) -> None:
-        if (self.sharding_type == "data_parallel") != (self.compute_kernel == "dense"):
-            raise ValueError(
-                "compute_kernel: data_parallel tables use the 'dense' kernel and only they do "
-                f"(got {self.sharding_type} with {self.compute_kernel})"
-            )
+        _check_pair(self.sharding_type, self.compute_kernel)
+
+
+@dataclass(frozen=True)
+class ShardingConfig:
+    """Where the planner may place embedding tables.
+
+    `sharding_type` and `compute_kernel` apply to every table; "auto" lets the planner choose
+    among what the device supports (on GPUs: row-wise splits and host-memory placement of
+    large tables). `tables` overrides the rule per table, e.g. `[sharding.tables.t_C3]`.
+    """
+
+    sharding_type: ShardingType = "table_wise"
+    compute_kernel: ComputeKernel = "fused"
+    tables: dict[str, TableSharding] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_pair(self.sharding_type, self.compute_kernel)
+
+    def for_table(self, table: str) -> TableSharding:
+        override = self.tables.get(table, TableSharding())
+        return TableSharding(
+            override.sharding_type if override.sharding_type != "auto" else self.sharding_type,
+            override.compute_kernel if override.compute_kernel != "auto" else self.compute_kernel,
+        )
+
+
+@dataclass(frozen=True)
+class DeclaredTables:
+    """Embedding tables declared by shape rather than fitted from data (`dlrm plan`).
+
+    `count` tables whose rows fall along a power law from `max_rows` down to `min_rows`.
+    """
+
+    count: int = 0
+    max_rows: int = 20_000_000
+    min_rows: int = 1_000
+    pooling_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.count < 0 or self.min_rows < 1 or self.max_rows < self.min_rows:
+            raise ValueError("count: needs count ≥ 0 and 1 ≤ min_rows ≤ max_rows")
+        if self.pooling_factor <= 0:
+            raise ValueError(f"pooling_factor: must be positive, got {self.pooling_factor}")
+
+    def table_sizes(self) -> dict[str, int]:
+        if self.count == 0:
+            return {}
+        ratio = (self.min_rows / self.max_rows) ** (1.0 / max(1, self.count - 1))
+        return {f"f{i:03d}": max(self.min_rows, round(self.max_rows * ratio**i)) for i in range(self.count)}
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """A cluster to plan for, which need not be this machine (`dlrm plan --cluster`)."""
+
+    name: str = "cluster"
+    hosts: int = 1
+    devices_per_host: int = 8
+    compute_device: Literal["cuda", "cpu"] = "cuda"
+    device_memory_gb: float = 80.0
+    host_memory_gb: float = 1024.0
+
+    def __post_init__(self) -> None:
+        if self.hosts < 1 or self.devices_per_host < 1:
+            raise ValueError("hosts: hosts and devices_per_host must be at least 1")
+        if self.device_memory_gb <= 0 or self.host_memory_gb <= 0:
+            raise ValueError("device_memory_gb: memory sizes must be positive")
+
+    @property
+    def world_size(self) -> int:
+        return self.hosts * self.devices_per_host
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import typing
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -45,21 +46,14 @@ class TrainJob:
 
 def _from_plain(cls: type, data: dict[str, Any]) -> Any:
     """Rebuild a (validated) dataclass from its JSON form: lists back to tuples."""
-    values = {}
-    for f in fields(cls):
-        value = data[f.name]
-        field_type = f.type if isinstance(f.type, type) else _resolve(cls, f.name)
-        if is_dataclass(field_type):
-            value = _from_plain(field_type, value)
-        elif isinstance(value, dict):
-            value = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
-        elif isinstance(value, list):
-            value = tuple(value)
-        values[f.name] = value
-    return cls(**values)
+    hints = typing.get_type_hints(cls)
+    return cls(**{f.name: _rebuild(hints[f.name], data[f.name]) for f in fields(cls)})
 
 
-def _resolve(cls: type, name: str) -> Any:
-    import typing
-
-    return typing.get_type_hints(cls)[name]
+def _rebuild(hint: Any, value: Any) -> Any:
+    if is_dataclass(hint):
+        return _from_plain(hint, value)
+    if typing.get_origin(hint) is dict:
+        _, value_hint = typing.get_args(hint)
+        return {key: _rebuild(value_hint, item) for key, item in value.items()}
+    return tuple(value) if isinstance(value, list) else value

@@ -20,38 +20,79 @@ from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ShardingPlan
 
-from training.config import ShardingConfig
+from training.config import ClusterConfig, ShardingConfig
 
 CUDA_ONLY_SHARDING = {"row_wise", "table_row_wise"}
 CUDA_ONLY_KERNELS = {"fused_uvm", "fused_uvm_caching"}
+SUPPORTED = {
+    "cpu": (("table_wise", "column_wise", "data_parallel"), ("fused", "dense")),
+    "cuda": (("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"),
+             ("fused", "fused_uvm", "fused_uvm_caching", "dense")),
+}  # fmt: skip
 
 
 class ShardingError(RuntimeError):
     """No valid plan: a constraint this hardware cannot meet, or tables that do not fit."""
 
 
-def check_supported(config: ShardingConfig, device_type: str) -> None:
-    if device_type != "cuda" and config.sharding_type in CUDA_ONLY_SHARDING:
-        raise ShardingError(
-            f"sharding.sharding_type = '{config.sharding_type}' needs CUDA devices; on CPU use "
-            "table_wise, column_wise or data_parallel"
-        )
-    if device_type != "cuda" and config.compute_kernel in CUDA_ONLY_KERNELS:
-        raise ShardingError(
-            f"sharding.compute_kernel = '{config.compute_kernel}' places tables in host memory "
-            "for a GPU and needs CUDA; on CPU use 'fused'"
-        )
+@dataclass(frozen=True)
+class RankEstimate:
+    """The planner's estimate for one rank: bytes in device (HBM) and host (DDR) memory, cost."""
+
+    rank: int
+    hbm_bytes: int
+    ddr_bytes: int
+    perf_ms: float
 
 
-def constraints_for(model: nn.Module, config: ShardingConfig) -> dict[str, ParameterConstraints]:
-    """The same sharding type and kernel for every embedding table of `model`."""
-    names = [name.split(".")[-2] for name, _ in model.named_parameters() if "embedding_bags" in name]
-    return {
-        name: ParameterConstraints(
-            sharding_types=[config.sharding_type], compute_kernels=[config.compute_kernel]
+def check_supported(config: ShardingConfig, device_type: str, tables: list[str] | None = None) -> None:
+    """Refuse, in one line, a choice that needs CUDA on a CPU topology."""
+    if device_type == "cuda":
+        return
+    for table in [None, *(tables or [])]:
+        rule = config.for_table(table) if table else config
+        where = f"sharding.tables.{table}." if table and table in config.tables else "sharding."
+        if rule.sharding_type in CUDA_ONLY_SHARDING:
+            raise ShardingError(
+                f"{where}sharding_type = '{rule.sharding_type}' needs CUDA devices; on CPU use "
+                "table_wise, column_wise or data_parallel"
+            )
+        if rule.compute_kernel in CUDA_ONLY_KERNELS:
+            raise ShardingError(
+                f"{where}compute_kernel = '{rule.compute_kernel}' places tables in host memory "
+                "for a GPU and needs CUDA; on CPU use 'fused'"
+            )
+
+
+def table_names(model: nn.Module) -> list[str]:
+    return [name.split(".")[-2] for name, _ in model.named_parameters() if "embedding_bags" in name]
+
+
+def constraints_for(
+    model: nn.Module, config: ShardingConfig, device_type: str, pooling_factor: float = 1.0
+) -> dict[str, ParameterConstraints]:
+    """Per table: the configured sharding type and kernel, or every one the device supports."""
+    sharding_types, kernels = SUPPORTED["cuda" if device_type == "cuda" else "cpu"]
+    constraints = {}
+    for name in table_names(model):
+        rule = config.for_table(name)
+        constraints[name] = ParameterConstraints(
+            sharding_types=list(sharding_types) if rule.sharding_type == "auto" else [rule.sharding_type],
+            compute_kernels=list(kernels) if rule.compute_kernel == "auto" else [rule.compute_kernel],
+            pooling_factors=[pooling_factor],
         )
-        for name in names
-    }
+    return constraints
+
+
+def cluster_topology(cluster: ClusterConfig) -> Topology:
+    """A topology for a declared cluster; host memory is shared by the devices of a host."""
+    return Topology(
+        world_size=cluster.world_size,
+        local_world_size=cluster.devices_per_host,
+        compute_device=cluster.compute_device,
+        hbm_cap=int(cluster.device_memory_gb * 2**30) if cluster.compute_device == "cuda" else None,
+        ddr_cap=int(cluster.host_memory_gb * 2**30 / cluster.devices_per_host),
+    )
 
 
 def plan_sharding(
@@ -60,22 +101,70 @@ def plan_sharding(
     topology: Topology,
     batch_size_per_rank: int,
     group: dist.ProcessGroup | None = None,
-) -> ShardingPlan:
-    """Plan with the planner; collectively (same plan on every rank) when `group` is given."""
-    check_supported(config, topology.compute_device)
+    pooling_factor: float = 1.0,
+) -> tuple[ShardingPlan, list[RankEstimate]]:
+    """Plan with the planner (collectively when `group` is given); also its per-rank estimates."""
+    check_supported(config, topology.compute_device, table_names(model))
+    chosen: list = []
+
+    def keep_best(options: list) -> list:
+        chosen[:] = options
+        return options
+
     planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=batch_size_per_rank,
-        constraints=constraints_for(model, config),
+        constraints=constraints_for(model, config, topology.compute_device, pooling_factor),
         debug=False,
+        callbacks=[keep_best],
     )
     try:
         if group is not None:
-            return planner.collective_plan(model, get_default_sharders(), group)
-        return planner.plan(model, get_default_sharders())
-    except PlannerError as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ShardingError(f"no sharding plan fits: {first_line}") from None
+            plan = planner.collective_plan(model, get_default_sharders(), group)
+        else:
+            plan = planner.plan(model, get_default_sharders())
+    except PlannerError:
+        raise ShardingError(_no_fit_message(model, topology)) from None
+    return plan, _rank_estimates(chosen, topology.world_size)
+
+
+def _rank_estimates(options: list, world_size: int) -> list[RankEstimate]:
+    totals = {rank: [0, 0, 0.0] for rank in range(world_size)}
+    for option in options:
+        for shard in option.shards:
+            if shard.rank is None or shard.storage is None:
+                continue
+            totals[shard.rank][0] += shard.storage.hbm
+            totals[shard.rank][1] += shard.storage.ddr
+            totals[shard.rank][2] += shard.perf.total if shard.perf is not None else 0.0
+    return [RankEstimate(rank, int(h), int(d), float(p)) for rank, (h, d, p) in sorted(totals.items())]
+
+
+def _no_fit_message(model: nn.Module, topology: Topology) -> str:
+    """Name the table and the memory that is missing (weights plus row-wise optimizer state)."""
+    need = {
+        name.split(".")[-2]: param.numel() * 4 + param.shape[0] * 4
+        for name, param in model.named_parameters() if "embedding_bags" in name
+    }  # fmt: skip
+    device = topology.devices[0].storage
+    per_device = device.hbm if topology.compute_device == "cuda" else device.ddr
+    total_capacity = sum(
+        (d.storage.hbm + d.storage.ddr) if topology.compute_device == "cuda" else d.storage.ddr for d in topology.devices
+    )
+    largest = max(need, key=need.get)
+    gib = 2**30
+    if sum(need.values()) > total_capacity:
+        return (
+            f"no sharding plan fits: the tables need {sum(need.values()) / gib:.1f} GiB and the "
+            f"{topology.world_size} devices hold {total_capacity / gib:.1f} GiB "
+            f"({(sum(need.values()) - total_capacity) / gib:.1f} GiB missing; largest table {largest}, "
+            f"{need[largest] / gib:.1f} GiB); add devices or lower preprocess.hash_size"
+        )
+    return (
+        f"no sharding plan fits: table {largest} needs {need[largest] / gib:.2f} GiB and one device holds "
+        f"{per_device / gib:.2f} GiB ({max(0, need[largest] - per_device) / gib:.2f} GiB missing); allow row_wise or "
+        "column_wise sharding, or a host-memory kernel (fused_uvm_caching) for it"
+    )
 
 
 def shard_model(
@@ -88,7 +177,7 @@ def shard_model(
         compute_device=device.type,
         local_world_size=_local_world_size(world_size),
     )
-    plan = plan_sharding(model, config, topology, batch_size_per_rank, dist.GroupMember.WORLD)
+    plan, _ = plan_sharding(model, config, topology, batch_size_per_rank, dist.GroupMember.WORLD)
     return DistributedModelParallel(model, device=device, plan=plan), plan
 
 

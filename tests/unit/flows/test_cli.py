@@ -86,3 +86,21 @@ def test_ingest_json_reconciles_and_reports_partial(tmp_path: Path) -> None:
     assert report["rows_quarantined"] == 1
     assert report["partial"] is True and "day_1.gz" in report["files_failed"][0]
     assert result.returncode == 1
+
+
+@pytest.mark.slow
+def test_plan_of_scaled_m3_on_a_declared_gpu_cluster() -> None:
+    result = dlrm("plan", "--config", "configs/m3-scaled.toml", "--cluster", "configs/clusters/h100-2x8.toml", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["tables"] == 127 and report["embedding_gib"] > 1000, "far larger than one 80 GB GPU"
+    assert len(report["per_rank"]) == 16
+    largest = [f"t_f{i:03d}" for i in range(5)]
+    assert set(largest) <= set(report["host_memory_tables"]), "the largest tables live in host memory"
+    assert report["row_wise_tables"], "some tables are split row-wise"
+    assert all(rank["hbm_bytes"] <= 80 * 2**30 for rank in report["per_rank"])
+
+
+def test_plan_without_tables_is_a_one_line_error(tmp_path: Path) -> None:
+    line = _one_line_error(dlrm("plan", "--config", "configs/tiny.toml", "--set", f'run_dir="{tmp_path}"'))
+    assert "model.declared_tables: no tables to plan" in line

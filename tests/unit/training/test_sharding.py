@@ -28,7 +28,8 @@ def _shapes():
 
 
 def test_table_wise_plan_balances_tables_over_two_ranks() -> None:
-    plan = plan_sharding(_model(), ShardingConfig(), Topology(world_size=2, compute_device="cpu"), 1024)
+    plan, estimates = plan_sharding(_model(), ShardingConfig(), Topology(world_size=2, compute_device="cpu"), 1024)
+    assert [e.rank for e in estimates] == [0, 1] and all(e.ddr_bytes > 0 for e in estimates)
     rows = describe_plan(plan, _shapes(), 2)
     assert len(rows) == 26
     assert {r.sharding_type for r in rows} == {"table_wise"}
@@ -42,7 +43,7 @@ def test_table_wise_plan_balances_tables_over_two_ranks() -> None:
 
 def test_data_parallel_tables_are_on_every_rank() -> None:
     config = ShardingConfig(sharding_type="data_parallel", compute_kernel="dense")
-    plan = plan_sharding(_model(), config, Topology(world_size=2, compute_device="cpu"), 1024)
+    plan, _ = plan_sharding(_model(), config, Topology(world_size=2, compute_device="cpu"), 1024)
     rows = describe_plan(plan, _shapes(), 2)
     assert all(r.ranks == [0, 1] for r in rows)
     assert all(r.bytes_per_rank[0] == r.bytes_per_rank[1] > 0 for r in rows)
@@ -51,7 +52,7 @@ def test_data_parallel_tables_are_on_every_rank() -> None:
 def test_row_wise_is_planned_for_a_gpu_cluster_that_is_not_here() -> None:
     config = ShardingConfig(sharding_type="row_wise")
     topology = Topology(world_size=8, compute_device="cuda", local_world_size=8, hbm_cap=80 * 2**30)
-    rows = describe_plan(plan_sharding(_model(), config, topology, 4096), _shapes(), 8)
+    rows = describe_plan(plan_sharding(_model(), config, topology, 4096)[0], _shapes(), 8)
     assert {r.sharding_type for r in rows} == {"row_wise"}
     assert all(len(r.ranks) > 1 for r in rows), "row-wise tables are spread over several GPUs"
 
@@ -71,7 +72,42 @@ def test_cuda_only_choices_fail_clearly_on_cpu(config: ShardingConfig, needle: s
     check_supported(config, "cuda")  # accepted where they can run
 
 
-def test_tables_that_cannot_fit_give_one_clear_error() -> None:
-    topology = Topology(world_size=2, compute_device="cpu", ddr_cap=1024, hbm_cap=1024)
-    with pytest.raises(ShardingError, match="no sharding plan fits"):
+def test_tables_that_cannot_fit_name_the_table_and_the_missing_memory() -> None:
+    # t_C26 is the largest table: 3,600 rows × 16 × 4 B + 3,600 × 4 B of optimizer state = 244,800 B.
+    topology = Topology(world_size=2, compute_device="cpu", ddr_cap=200_000)
+    with pytest.raises(ShardingError) as caught:
         plan_sharding(_model(), ShardingConfig(), topology, 1024)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "no sharding plan fits" in message and "t_C26" in message and "GiB" in message
+
+
+def test_per_table_overrides_and_auto() -> None:
+    from training.config import TableSharding
+
+    config = ShardingConfig(sharding_type="auto", compute_kernel="auto",
+                            tables={"t_C3": TableSharding("column_wise", "fused")})  # fmt: skip
+    plan, _ = plan_sharding(_model(), config, Topology(world_size=2, compute_device="cpu"), 1024)
+    rows = {r.table: r for r in describe_plan(plan, _shapes(), 2)}
+    assert rows["t_C3"].sharding_type == "column_wise"
+    assert {r.sharding_type for r in rows.values()} <= {"table_wise", "column_wise", "data_parallel"}, "auto on CPU"
+    with pytest.raises(ShardingError, match="sharding.tables.t_C5.sharding_type = 'row_wise' needs CUDA"):
+        bad = ShardingConfig(tables={"t_C5": TableSharding("row_wise", "fused")})
+        plan_sharding(_model(), bad, Topology(world_size=2, compute_device="cpu"), 1024)
+
+
+def test_a_declared_cluster_puts_the_largest_tables_in_host_memory() -> None:
+    from training.config import ClusterConfig, ModelConfig
+    from training.sharding import cluster_topology
+
+    sizes = {f"f{i}": rows for i, rows in enumerate([4_000_000, 3_000_000] + [50_000] * 8)}
+    model = build_train_model(ModelConfig(embedding_dim=64, bottom_mlp=(64,), top_mlp=(64, 1)), sizes, torch.device("meta"))
+    cluster = ClusterConfig(hosts=1, devices_per_host=2, device_memory_gb=1.0, host_memory_gb=64)
+    config = ShardingConfig(sharding_type="auto", compute_kernel="auto")
+    plan, estimates = plan_sharding(model, config, cluster_topology(cluster), 512)
+    shapes = {table_name(f): (rows, 64) for f, rows in sizes.items()}
+    rows = {r.table: r for r in describe_plan(plan, shapes, 2)}
+    # 4 M × 64 × 4 B = 0.95 GiB: no room on a 1 GiB device beside the rest; the planner uses host memory.
+    assert rows["t_f0"].compute_kernel in ("fused_uvm", "fused_uvm_caching")
+    assert all(rows[f"t_f{i}"].compute_kernel == "fused" for i in range(2, 10))
+    assert sum(e.ddr_bytes for e in estimates) > 0

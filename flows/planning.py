@@ -1,0 +1,80 @@
+"""`dlrm plan`: where each table of a model would go on a cluster, and what it would cost."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+from flows.config import ClusterConfig, ConfigError, PipelineConfig
+from ingestion.preprocess import PreprocessState
+from training.model import build_train_model, table_name
+from training.sharding import (
+    cluster_topology,
+    describe_plan,
+    format_plan,
+    plan_as_json,
+    plan_sharding,
+)
+
+HOST_MEMORY_KERNELS = {"fused_uvm", "fused_uvm_caching"}
+
+
+def table_sizes_for(config: PipelineConfig) -> dict[str, int]:
+    """Declared tables if the config declares them, else the run's fitted preprocessing state."""
+    declared = config.model.declared_tables.table_sizes()
+    if declared:
+        return declared
+    states = sorted(config.path(config.preprocess.features_dir).glob("*/state.json"), key=lambda p: p.stat().st_mtime)
+    if not states:
+        raise ConfigError(
+            "model.declared_tables: no tables to plan; declare them in the config or run the pipeline first"
+        )
+    return PreprocessState.load(states[-1]).table_sizes
+
+
+def plan_report(config: PipelineConfig, cluster: ClusterConfig) -> dict[str, Any]:
+    """Plan the config's model for `cluster` on the meta device (nothing is allocated)."""
+    sizes = table_sizes_for(config)
+    model = build_train_model(config.model, sizes, torch.device("meta"))
+    per_rank_batch = max(1, config.training.batch_size // cluster.world_size)
+    plan, estimates = plan_sharding(
+        model, config.sharding, cluster_topology(cluster), per_rank_batch,
+        pooling_factor=config.model.declared_tables.pooling_factor,
+    )  # fmt: skip
+    shapes = {table_name(f): (rows, config.model.embedding_dim) for f, rows in sizes.items()}
+    rows = describe_plan(plan, shapes, cluster.world_size)
+    by_type = Counter(r.sharding_type for r in rows)
+    by_kernel = Counter(r.compute_kernel for r in rows)
+    in_host_memory = [r.table for r in rows if r.compute_kernel in HOST_MEMORY_KERNELS]
+    row_wise = [r.table for r in rows if r.sharding_type in ("row_wise", "table_row_wise")]
+    gib = 2**30
+    total = sum(rows_ * config.model.embedding_dim * 4 for rows_, _ in shapes.values())
+    lines = [
+        (
+            f"Sharding plan of '{config.name}' ({len(rows)} tables, {total / gib:,.1f} GiB of embeddings) "
+            f"for {cluster.name}: {cluster.hosts} host(s) × {cluster.devices_per_host} {cluster.compute_device} devices"
+        ),
+        "",
+        format_plan(rows),
+        "",
+        "sharding types: " + ", ".join(f"{k} {v}" for k, v in by_type.most_common()),
+        "kernels:        " + ", ".join(f"{k} {v}" for k, v in by_kernel.most_common()),
+        f"row-wise split ({len(row_wise)}): " + (", ".join(row_wise) or "none"),
+        f"in host memory ({len(in_host_memory)}): " + (", ".join(in_host_memory) or "none"),
+        "",
+        "planner's estimate per rank:  device memory GiB | host memory GiB | cost (ms per step)",
+    ]
+    lines += [f"  rank {e.rank:>3}: {e.hbm_bytes / gib:>10.1f} | {e.ddr_bytes / gib:>10.1f} | {e.perf_ms:>8.2f}" for e in estimates]
+    return {
+        "text": "\n".join(lines),
+        "tables": len(rows),
+        "embedding_gib": total / gib,
+        "sharding_types": dict(by_type),
+        "compute_kernels": dict(by_kernel),
+        "row_wise_tables": row_wise,
+        "host_memory_tables": in_host_memory,
+        "per_rank": [e.__dict__ for e in estimates],
+        "plan": plan_as_json(rows),
+    }
