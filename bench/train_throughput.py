@@ -54,16 +54,16 @@ def prepare(folder: Path) -> list[str]:
     return [str(p) for p in sorted(apply_state(preprocess, state, folder / "warehouse", folder / "features", 0).glob("*.parquet"))]
 
 
-def this_trainer(files: list[str], folder: Path, nproc: int, threads: int) -> float:
+def this_trainer(files: list[str], folder: Path, nproc: int, threads: int, precision: str) -> float:
     job = TrainJob(
         model=MODEL,
         sharding=ShardingConfig(),
-        training=TrainingConfig(nproc=nproc, threads_per_proc=threads, batch_size=BATCH, log_every=50),
+        training=TrainingConfig(nproc=nproc, threads_per_proc=threads, batch_size=BATCH, log_every=50, precision=precision),
         evaluation=EvaluationConfig(batch_size=8192),
         table_sizes={name: TABLE_ROWS for name in SPARSE_COLUMNS},
         train_files=tuple(files),
         eval_files={"0": tuple(files[:1])},
-        out_dir=str(folder / f"train-{nproc}x{threads}"),
+        out_dir=str(folder / f"train-{nproc}x{threads}-{precision}"),
     )
     launch(job, on_line=lambda line: None)
     return json.loads((job.out / "summary.json").read_text())["samples_per_s"]
@@ -118,12 +118,12 @@ def classic_baseline(files: list[str]) -> float:
     return samples / (time.perf_counter() - started)
 
 
-def gemm_flops_per_s() -> float:
-    """Sustained fp32 GEMM rate with every core, at the MLPs' shapes."""
+def gemm_flops_per_s(dtype: torch.dtype) -> float:
+    """Sustained GEMM rate with every core, at the MLPs' shapes."""
     torch.set_num_threads(os.cpu_count() or 1)
     best = 0.0
     for m, k, n in ((BATCH, 512, 512), (BATCH, 367, 512), (BATCH, 512, 256)):
-        a, b = torch.randn(m, k), torch.randn(k, n)
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         for _ in range(3):
             a @ b
         repeats = 30
@@ -140,26 +140,34 @@ def main() -> dict[str, float]:
         folder = Path(tmp)
         files = prepare(folder)
         layouts = [(n, max(1, cores // n)) for n in (1, 2) if n <= cores]
-        trainer = {f"{n}x{t}": this_trainer(files, folder, n, t) for n, t in layouts}
+        trainer = {
+            f"{n}x{t}-{precision}": this_trainer(files, folder, n, t, precision)
+            for precision in ("fp32", "bf16") for n, t in layouts
+        }  # fmt: skip
         baseline = classic_baseline(files)
-    flops = gemm_flops_per_s()
-    roofline = flops / training_flops_per_sample(MODEL, len(SPARSE_COLUMNS))
+    flops = {"fp32": gemm_flops_per_s(torch.float32), "bf16": gemm_flops_per_s(torch.bfloat16)}
+    per_sample = training_flops_per_sample(MODEL, len(SPARSE_COLUMNS))
+    roofline = {precision: rate / per_sample for precision, rate in flops.items()}
     best_layout = max(trainer, key=trainer.get)
-    best = trainer[best_layout]
+    best, best_precision = trainer[best_layout], best_layout.rsplit("-", 1)[1]
     for layout, value in trainer.items():
-        print(f"this trainer, {layout} (processes x threads): {value:,.0f} samples/s")
-    print(f"classic PyTorch DLRM (EmbeddingBag + Adagrad): {baseline:,.0f} samples/s")
-    print(f"GEMM {flops / 1e9:,.0f} GFLOP/s → roofline {roofline:,.0f} samples/s")
-    scaling = trainer.get("2x1", 0.0) / trainer["1x1"] if "1x1" in trainer else trainer.get("2x1", 0.0) / trainer.get(f"1x{cores}", 1.0)
+        print(f"this trainer, {layout} (processes x threads - precision): {value:,.0f} samples/s")
+    print(f"classic PyTorch DLRM (EmbeddingBag + Adagrad, fp32): {baseline:,.0f} samples/s")
+    for precision, rate in flops.items():
+        print(f"GEMM {precision} {rate / 1e9:,.0f} GFLOP/s → roofline {roofline[precision]:,.0f} samples/s")
+    one, two = trainer.get(f"1x{cores}-{best_precision}"), trainer.get(f"2x{max(1, cores // 2)}-{best_precision}")
     return {
         "samples_per_s": round(best),
         "best_layout": best_layout,
         "baseline_samples_per_s": round(baseline),
         "speedup": round(best / baseline, 3),
-        "roofline_samples_per_s": round(roofline),
-        "roofline_fraction": round(best / roofline, 3),
-        "gemm_gflops": round(flops / 1e9, 1),
-        "scaling_1_to_2_processes": round(scaling, 3),
+        # the roofline at the precision the fastest layout computes in
+        "roofline_samples_per_s": round(roofline[best_precision]),
+        "roofline_fraction": round(best / roofline[best_precision], 3),
+        "roofline_samples_per_s_fp32": round(roofline["fp32"]),
+        "gemm_gflops_fp32": round(flops["fp32"] / 1e9, 1),
+        "gemm_gflops_bf16": round(flops["bf16"] / 1e9, 1),
+        "scaling_1_to_2_processes": round(two / one, 3) if one and two else None,
         **{f"samples_per_s_{k}": round(v) for k, v in trainer.items()},
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,22 @@ def _step_state(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     ])  # fmt: skip
 
 
+def autocast(config: TrainingConfig, device: torch.device) -> torch.autocast:
+    """The forward pass's precision context (a no-op for fp32)."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
+
+
+def reader_prefetch(config: TrainingConfig) -> int:
+    """Batches to decode ahead in a background thread: only when a core is free for it.
+
+    Measured on 2 cores with 2 compute threads: a reader thread beside them cut training
+    throughput from 38.8k to 29.8k samples/s; reading in the training thread kept 38.8k.
+    """
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", config.nproc))
+    spare_cores = (os.cpu_count() or 1) - local_processes * config.threads_per_proc
+    return 4 if spare_cores >= 1 else 0
+
+
 def row_hashes(batch) -> torch.Tensor:
     """A 64-bit hash per row of a batch (ids and label), for the trained-rows fingerprint."""
     ids = batch.sparse_features.values().view(len(SPARSE_COLUMNS), -1)  # [26, B]
@@ -99,9 +116,11 @@ def train(
     start = start or TrainPosition(step=0, epoch=0, batch=0)
     ledger = ledger or RowLedger()
 
+    prefetch = reader_prefetch(config)
+
     def reader(epoch: int, first_batch: int = 0):
-        return build_reader(job.train_files, config.batch_size_per_rank, rank, world,
-                            shuffle_seed=config.seed, epoch=epoch, start_batch=first_batch)  # fmt: skip
+        return build_reader(job.train_files, config.batch_size_per_rank, rank, world, shuffle_seed=config.seed,
+                            epoch=epoch, start_batch=first_batch, prefetch=prefetch)  # fmt: skip
 
     steps_per_epoch = reader(0).num_batches
     total_steps = steps_per_epoch * config.epochs
@@ -116,7 +135,8 @@ def train(
             schedule.apply(step, total_steps)
             ledger.add(row_hashes(batch))
             batch = batch.to(device, non_blocking=True)
-            loss, (_, logits, labels) = model(batch)
+            with autocast(config, device):
+                loss, (_, logits, labels) = model(batch)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -156,7 +176,8 @@ def heldout_state(model: nn.Module, job: TrainJob, device: torch.device) -> Bina
     for index, batch in enumerate(reader):
         if index == job.evaluation.heldout_batches:
             break
-        _, (_, logits, labels) = model(batch.to(device, non_blocking=True))
+        with autocast(job.training, device):
+            _, (_, logits, labels) = model(batch.to(device, non_blocking=True))
         keep = labels != PAD_LABEL
         sums += _step_state(logits[keep], labels[keep])
     model.train()
@@ -176,7 +197,8 @@ def predict(model: nn.Module, job: TrainJob, device: torch.device, out_dir: Path
     for day, files in job.eval_files.items():
         columns: dict[str, list[np.ndarray]] = {"label": [], "prediction": [], "slice": []}
         for batch in build_reader(files, job.evaluation.batch_size, rank, world, drop_remainder=False):
-            _, (_, logits, labels) = model(batch.to(device, non_blocking=True))
+            with autocast(job.training, device):
+                _, (_, logits, labels) = model(batch.to(device, non_blocking=True))
             keep = (labels != PAD_LABEL).cpu()
             ids = batch.sparse_features.values().view(len(SPARSE_COLUMNS), -1)[slice_position]
             columns["label"].append(labels.cpu()[keep].numpy().astype(np.int8))

@@ -58,6 +58,17 @@ def test_two_process_training_converges(tiny_features, tmp_path: Path, sharding:
     assert sharding.sharding_type in plan and "rank 1:" in plan
 
 
+def test_bf16_training_converges_like_fp32(tiny_features, tmp_path: Path) -> None:
+    results = {}
+    for precision in ("fp32", "bf16"):
+        job = _job(tiny_features, tmp_path / precision, ShardingConfig(), precision=precision)
+        launch(job, on_line=lambda line: None)
+        table = pq.read_table(sorted((job.out / "predictions" / "day=2").glob("*.parquet")))
+        results[precision] = summarize(table["label"].to_numpy(), table["prediction"].to_numpy())["ne"]
+    assert results["bf16"] < 0.93
+    assert abs(results["bf16"] - results["fp32"]) / results["fp32"] < 0.02
+
+
 def test_exported_model_reproduces_the_sharded_predictions(tiny_features, tmp_path: Path) -> None:
     job = _job(tiny_features, tmp_path, ShardingConfig())
     launch(job, on_line=lambda line: None)
