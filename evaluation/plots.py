@@ -32,8 +32,12 @@ def ne_curve(
     if bayes_ne is not None:
         axis.axhline(bayes_ne, color="tab:green", linestyle=":", label=f"Bayes-optimal NE {bayes_ne:.4f}")
     axis.axhline(1.0, color="grey", linewidth=0.8)
-    axis.set_xlabel("step")
-    axis.set_ylabel("normalized entropy (lower is better)")
+    return _finish(figure, axis, "step", "normalized entropy (lower is better)")
+
+
+def _finish(figure: Figure, axis, xlabel: str, ylabel: str) -> Figure:
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
     axis.legend()
     axis.grid(alpha=0.3)
     figure.tight_layout()
@@ -57,13 +61,8 @@ def reliability_curve(labels: np.ndarray, predictions: np.ndarray, bins: int = 2
     top = float(np.nanmax([mean_prediction.max(), click_rate.max(), 0.01])) * 1.05
     axis.plot([0, top], [0, top], color="grey", linewidth=0.8, label="calibrated")
     axis.plot(mean_prediction, click_rate, marker="o", label="model")
-    axis.set_xlabel("mean predicted click probability")
-    axis.set_ylabel("observed click rate")
     axis.set_title(f"Reliability ({bins} quantile bins)")
-    axis.legend()
-    axis.grid(alpha=0.3)
-    figure.tight_layout()
-    return figure
+    return _finish(figure, axis, "mean predicted click probability", "observed click rate")
 
 
 def relative_ne_curve(history: Sequence[dict], baseline: Sequence[dict]) -> Figure:
@@ -81,9 +80,4 @@ def relative_ne_curve(history: Sequence[dict], baseline: Sequence[dict]) -> Figu
     figure, axis = plt.subplots(figsize=(7, 4))
     axis.plot(seen[inside], gap, label="this run vs the champion's run")
     axis.axhline(0.0, color="grey", linewidth=0.8)
-    axis.set_xlabel("training samples seen")
-    axis.set_ylabel("NE relative to champion run (%), lower is better")
-    axis.legend()
-    axis.grid(alpha=0.3)
-    figure.tight_layout()
-    return figure
+    return _finish(figure, axis, "training samples seen", "NE relative to champion run (%), lower is better")

@@ -6,7 +6,7 @@ import torch
 
 
 class DeviceError(RuntimeError):
-    pass
+    """The configured device is not available on this host."""
 
 
 def runtime_device(preference: str, local_rank: int) -> torch.device:

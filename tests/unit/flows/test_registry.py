@@ -111,8 +111,8 @@ def test_postgres_advisory_lock_is_exclusive() -> None:
 
 
 def test_a_tracking_server_without_a_shared_lock_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="tracking.promotion_lock"), promotion_lock("http://mlflow:5000", "", "ctr"):
-        pass
+    with pytest.raises(ConfigError, match="tracking.promotion_lock"):
+        promotion_lock("http://mlflow:5000", "", "ctr").__enter__()
 
 
 def test_alias_name() -> None:

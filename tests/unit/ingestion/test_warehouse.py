@@ -3,6 +3,7 @@ import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from ingestion.schema import WAREHOUSE_SCHEMA
 from ingestion.warehouse import day_of, ingest_day, read_manifest, warehouse_rows
@@ -95,10 +96,8 @@ def test_interrupted_ingest_never_shows_a_half_partition(tmp_path: Path, monkeyp
 
     monkeypatch.setattr(warehouse, "_write_manifest", crash)
     _write(tmp_path / "day_5.gz", [GOOD] * 2)
-    try:
+    with pytest.raises(KeyboardInterrupt):
         ingest_day([source], 5, tmp_path / "wh")
-    except KeyboardInterrupt:
-        pass
     assert warehouse_rows(tmp_path / "wh", 5) == 9, "the old partition is intact"
     assert read_manifest(tmp_path / "wh", 5)["rows_written"] == 9
     shutil.rmtree(tmp_path / "wh")
