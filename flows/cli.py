@@ -3,6 +3,8 @@
     dlrm run --config configs/demo.toml [--set section.key=value ...]
     dlrm generate --config FILE [--days 0 1 2]
     dlrm ingest SOURCE... --warehouse DIR [--day N] [--json]
+    dlrm preprocess --config FILE [--days 0 1 2] [--json]
+    dlrm plan --config FILE [--cluster CLUSTER.toml] [--json]
     dlrm evaluate --predictions FILE.parquet [--json]
 
 A problem the user can fix (a bad config, a missing file) ends with one line on stderr and
@@ -78,6 +80,13 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("--force", action="store_true", help="re-ingest even if the manifest matches")
     ingest.add_argument("--json", action="store_true")
     ingest.set_defaults(handler=_ingest)
+
+    preprocess = commands.add_parser("preprocess", help="warehouse days → features (DuckDB), fitted on the train days")
+    preprocess.add_argument("--config", default="configs/demo.toml")
+    preprocess.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    preprocess.add_argument("--days", type=int, nargs="*", help="days to write (default: the config's)")
+    preprocess.add_argument("--json", action="store_true")
+    preprocess.set_defaults(handler=_preprocess)
 
     plan = commands.add_parser("plan", help="plan the sharding of a model for a cluster, here or declared")
     plan.add_argument("--config", default="configs/demo.toml")
@@ -166,6 +175,26 @@ def _generate(args: argparse.Namespace) -> int:
         stats = generate_day(config.data.synthetic, day, out, truth)
         print(f"day {day}: {stats.rows:,} rows, click rate {stats.click_rate:.3f}, "
               f"Bayes-optimal NE {stats.bayes_ne:.4f} → {out / f'day_{day}.tsv.gz'}")
+    return 0
+
+
+def _preprocess(args: argparse.Namespace) -> int:
+    from flows.config import load_config
+    from ingestion.preprocess import apply_state, fit_state
+
+    config = load_config(args.config, args.overrides)
+    warehouse, features = config.path(config.data.warehouse_dir), config.path(config.preprocess.features_dir)
+    state = fit_state(config.preprocess, warehouse, features, config.data.train_days)
+    days = args.days if args.days is not None else list(config.data.all_days)
+    written = {day: str(apply_state(config.preprocess, state, warehouse, features, day)) for day in days}
+    if args.json:
+        print(json.dumps({"state_id": state.state_id, "table_sizes": state.table_sizes,
+                          "train_rows": state.train_rows, "days": written}))  # fmt: skip
+    else:
+        print(f"preprocessing state {state.state_id}: fitted on days {list(state.train_days)} "
+              f"({state.train_rows:,} rows, click rate {state.train_click_rate:.4f})")
+        for day, folder in written.items():
+            print(f"day {day} → {folder}")
     return 0
 
 

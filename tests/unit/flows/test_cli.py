@@ -104,3 +104,22 @@ def test_plan_of_scaled_m3_on_a_declared_gpu_cluster() -> None:
 def test_plan_without_tables_is_a_one_line_error(tmp_path: Path) -> None:
     line = _one_line_error(dlrm("plan", "--config", "configs/tiny.toml", "--set", f'run_dir="{tmp_path}"'))
     assert "model.declared_tables: no tables to plan" in line
+
+
+def test_stage_commands_chain_generate_ingest_preprocess(tmp_path: Path) -> None:
+    run_dir = f'run_dir="{tmp_path}"'
+    assert dlrm("generate", "--config", "configs/tiny.toml", "--set", run_dir).returncode == 0
+    raw = sorted(str(p) for p in (tmp_path / "raw").glob("day_*.tsv.gz"))
+    ingested = dlrm("ingest", *raw, "--warehouse", str(tmp_path / "warehouse"), "--json")
+    assert json.loads(ingested.stdout.strip().splitlines()[-1])["rows_written"] == 18_000
+    result = dlrm("preprocess", "--config", "configs/tiny.toml", "--set", run_dir, "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["train_rows"] == 12_000 and len(report["table_sizes"]) == 26
+    for folder in report["days"].values():
+        assert pq.read_table(sorted(Path(folder).glob("*.parquet")), partitioning=None).num_rows == 6000
+
+
+def test_preprocess_before_ingest_is_a_one_line_error(tmp_path: Path) -> None:
+    line = _one_line_error(dlrm("preprocess", "--config", "configs/tiny.toml", "--set", f'run_dir="{tmp_path}"'))
+    assert "no Parquet" in line and "ingest that day first" in line
