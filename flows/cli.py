@@ -60,15 +60,12 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run the whole pipeline as a Prefect flow")
-    run.add_argument("--config", default="configs/demo.toml", help="TOML config (default: %(default)s)")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config value, e.g. --set training.batch_size=4096")
+    _add_config_arguments(run)
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     run.set_defaults(handler=_run)
 
     generate = commands.add_parser("generate", help="write Criteo-format days of synthetic data")
-    generate.add_argument("--config", default="configs/demo.toml")
-    generate.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    _add_config_arguments(generate)
     generate.add_argument("--days", type=int, nargs="*", help="days to write (default: the config's)")
     generate.add_argument("--out", help="output folder (default: the config's raw_dir)")
     generate.set_defaults(handler=_generate)
@@ -82,15 +79,13 @@ def _parser() -> argparse.ArgumentParser:
     ingest.set_defaults(handler=_ingest)
 
     preprocess = commands.add_parser("preprocess", help="warehouse days → features (DuckDB), fitted on the train days")
-    preprocess.add_argument("--config", default="configs/demo.toml")
-    preprocess.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    _add_config_arguments(preprocess)
     preprocess.add_argument("--days", type=int, nargs="*", help="days to write (default: the config's)")
     preprocess.add_argument("--json", action="store_true")
     preprocess.set_defaults(handler=_preprocess)
 
     plan = commands.add_parser("plan", help="plan the sharding of a model for a cluster, here or declared")
-    plan.add_argument("--config", default="configs/demo.toml")
-    plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    _add_config_arguments(plan)
     plan.add_argument("--cluster", help="cluster TOML (default: this machine with training.nproc processes)")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(handler=_plan)
@@ -100,6 +95,13 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true")
     evaluate.set_defaults(handler=_evaluate)
     return parser
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """--config and repeatable --set overrides, the same for every command that reads a config."""
+    parser.add_argument("--config", default="configs/demo.toml", help="TOML config (default: %(default)s)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set training.batch_size=4096")  # fmt: skip
 
 
 def _run(args: argparse.Namespace) -> int:

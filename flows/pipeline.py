@@ -26,7 +26,6 @@ from flows.tasks import (
     ingest_task,
     preprocess_task,
     promote_task,
-    read_predictions,
     train_task,
 )
 from flows.tracking import (
@@ -83,9 +82,9 @@ def run_stages(config: PipelineConfig) -> PipelineResult:
     feature_files = dict(zip(days, preprocess_task.map(config, state, days).result(), strict=True))
     training = train_task(config, state, feature_files)
     lr_scores = baseline_task(config, state, feature_files)
-    report = evaluate_task(config, state, training["out_dir"], lr_scores)
+    report, scores = evaluate_task(config, state, training["out_dir"], lr_scores)
     model = export_task(config, state, feature_files, training["checkpoint"])
-    tracked = _track(config, state, ingest, report, training, model)
+    tracked = _track(config, state, ingest, report, scores, training, model)
     decision = None
     if tracked.model_version is not None:
         decision = promote_task(config, tracked.run_id, tracked.model_version, report)
@@ -106,10 +105,12 @@ def _require_ingested(ingest: list[dict[str, Any]]) -> None:
         raise IngestError(f"day(s) {empty} have no ingested rows: {errors}")
 
 
-def _track(config: PipelineConfig, state: PreprocessState, ingest, report: EvalReport, training, model) -> TrackedRun:
+def _track(
+    config: PipelineConfig, state: PreprocessState, ingest, report: EvalReport, scores: dict[int, Scores], training, model
+) -> TrackedRun:
     out = Path(training["out_dir"])
     resolved = config_as_dict(config)
-    everything = Scores.concat([_eval_scores(out, day) for day in config.data.eval_days])
+    everything = Scores.concat([scores[day] for day in config.data.eval_days])
     record = RunRecord(
         run_name=f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}",
         params=flatten(resolved),
@@ -143,10 +144,6 @@ def _track(config: PipelineConfig, state: PreprocessState, ingest, report: EvalR
         config.tracking_uri, config.artifact_location, config.tracking.experiment,
         record, model, config.tracking.registered_model,
     )  # fmt: skip
-
-
-def _eval_scores(out: Path, day: int) -> Scores:
-    return read_predictions(out / "predictions" / f"day={day}")
 
 
 def _champion_history(config: PipelineConfig) -> list[dict[str, float]] | None:

@@ -131,8 +131,9 @@ def baseline_task(config: PipelineConfig, state: PreprocessState, files: dict[in
 @task(name="evaluate", **STAGE)
 def evaluate_task(
     config: PipelineConfig, state: PreprocessState, train_out: str, lr_scores: dict[int, Scores]
-) -> EvalReport:
-    """The model's report on the held-out days, beside the reference predictors."""
+) -> tuple[EvalReport, dict[int, Scores]]:
+    """The model's report on the held-out days, beside the reference predictors; and the
+    model's scores per day (read once, also used for the plots)."""
     scores = {day: read_predictions(Path(train_out) / "predictions" / f"day={day}") for day in config.data.eval_days}
     constant = {
         day: Scores(s.labels, np.full(s.labels.shape, state.train_click_rate)) for day, s in scores.items()
@@ -150,7 +151,7 @@ def evaluate_task(
         report.references["logistic_regression_ne"],
         f"{report.references['bayes_ne']:.4f}" if bayes else "n/a",
     )  # fmt: skip
-    return report
+    return report, scores
 
 
 def read_predictions(folder: Path) -> Scores:
