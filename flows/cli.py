@@ -1,6 +1,7 @@
 """The `dlrm` command.
 
     dlrm run --config configs/demo.toml [--set section.key=value ...]
+    dlrm retune --config FILE [--trials N] [--timeout S] [--json]
     dlrm generate --config FILE [--days 0 1 2]
     dlrm ingest SOURCE... --warehouse DIR [--day N] [--json]
     dlrm preprocess --config FILE [--days 0 1 2] [--json]
@@ -64,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     run.set_defaults(handler=_run)
 
+    retune = commands.add_parser("retune", help="tune hyperparameters for the config's tuning key (Optuna)")
+    _add_config_arguments(retune)
+    retune.add_argument("--trials", type=int, help="trial budget of the study (default: tuning.n_trials)")
+    retune.add_argument("--timeout", type=float, help="wall-clock budget of this worker in seconds")
+    retune.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    retune.set_defaults(handler=_retune)
+
     generate = commands.add_parser("generate", help="write Criteo-format days of synthetic data")
     _add_config_arguments(generate)
     generate.add_argument("--days", type=int, nargs="*", help="days to write (default: the config's)")
@@ -102,6 +110,25 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="configs/demo.toml", help="TOML config (default: %(default)s)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set training.batch_size=4096")  # fmt: skip
+
+
+def _retune(args: argparse.Namespace) -> int:
+    from flows.config import load_config
+    from flows.sources import raw_sources
+
+    raw_sources(load_config(args.config, args.overrides))  # fail fast, before Prefect starts
+    from flows.retune import retune
+
+    result = retune(config_path=args.config, overrides=args.overrides, n_trials=args.trials, timeout_s=args.timeout)
+    if args.json:
+        print(json.dumps(result))
+    elif result["best_ne"] is None:
+        print(f"study {result['study']}: no finished trial yet")
+    else:
+        print(f"study {result['study']}: best NE {result['best_ne']:.5f} (trial #{result['best_trial']})")
+        for name, value in result["best_params"].items():
+            print(f"  --set {name}={value!r}" if isinstance(value, str) else f"  --set {name}={value}")
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -150,6 +177,7 @@ def format_summary(summary: dict[str, Any], config) -> str:
             f"  training throughput  {summary['train_samples_per_s']:,.0f} samples/s "
             f"({config.training.nproc} processes, {config.sharding.sharding_type})"
         ),
+        f"  hyperparameters      {summary['tuning_decision']}: {summary['tuning_reason']}",
         f"  MLflow run           {summary['mlflow_run_id']}  (model version {summary['model_version']})",
         f"  champion             {'promoted: ' if summary['promoted'] else 'kept: '}{summary['promotion_reason']}"
         + (f" (champion NE on these days {champion:.4f})" if champion is not None and not summary["promoted"] else ""),

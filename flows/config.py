@@ -17,6 +17,7 @@ from typing import Any, Literal
 from evaluation.config import EvaluationConfig
 from ingestion.config import DataConfig, PreprocessConfig
 from training.config import ClusterConfig, ModelConfig, ShardingConfig, TrainingConfig
+from training.tuning.config import TuningConfig
 
 
 class ConfigError(ValueError):
@@ -61,6 +62,14 @@ class PipelineConfig:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     orchestration: OrchestrationConfig = field(default_factory=OrchestrationConfig)
+    tuning: TuningConfig = field(default_factory=TuningConfig)
+
+    def __post_init__(self) -> None:
+        outside = sorted(set(self.tuning.validation_days) - set(self.data.all_days))
+        if outside:
+            raise ValueError(
+                f"tuning.validation_days: day(s) {outside} are not among data.train_days or data.eval_days"
+            )
 
     def path(self, relative: str) -> Path:
         """A configured path, resolved against the run directory unless absolute or a URL."""
@@ -77,6 +86,17 @@ class PipelineConfig:
         if self.tracking.tracking_uri:
             return None
         return str(Path(self.run_dir).resolve() / "mlartifacts")
+
+    @property
+    def optuna_storage(self) -> str:
+        if self.tuning.storage:
+            return self.tuning.storage
+        return f"sqlite:///{Path(self.run_dir).resolve() / 'optuna.db'}"
+
+    @property
+    def validation_days(self) -> tuple[int, ...]:
+        """The days whose NE a retune minimises."""
+        return self.tuning.validation_days or self.data.eval_days
 
     @property
     def tracking_uri(self) -> str:

@@ -15,19 +15,9 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from evaluation.promotion import PromotionDecision
 from evaluation.report import EvalReport, Scores, report_markdown
 from flows.config import PipelineConfig, config_as_dict, flatten, load_config
+from flows.features import prepare_features
 from flows.registry import current_champion
-from flows.sources import raw_sources
-from flows.tasks import (
-    baseline_task,
-    evaluate_task,
-    export_task,
-    fit_task,
-    generate_task,
-    ingest_task,
-    preprocess_task,
-    promote_task,
-    train_task,
-)
+from flows.tasks import baseline_task, evaluate_task, export_task, promote_task, train_task
 from flows.tracking import (
     RunRecord,
     TrackedRun,
@@ -35,7 +25,9 @@ from flows.tracking import (
     read_metrics_history,
     run_history,
 )
+from flows.tuning import choose_hyperparameters, with_params
 from ingestion.preprocess import PreprocessState
+from training.tuning.trigger import TuningDecision
 
 
 @dataclass(frozen=True)
@@ -46,6 +38,7 @@ class PipelineResult:
     training: dict[str, Any]
     tracked: TrackedRun
     decision: PromotionDecision | None
+    tuning: TuningDecision
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -59,54 +52,43 @@ class PipelineResult:
             "promoted": bool(self.decision and self.decision.promote),
             "promotion_reason": self.decision.reason if self.decision else "no model registered",
             "champion_ne_same_days": self.decision.champion_ne if self.decision else None,
+            "tuning_key": self.tuning.key.fingerprint,
+            "tuning_decision": self.tuning.action,
+            "tuning_reason": self.tuning.reason,
         }
 
 
 @flow(name="pipeline", log_prints=True)
 def pipeline(config_path: str = "configs/demo.toml", overrides: list[str] | None = None) -> dict[str, Any]:
     """The whole slice on one config; returns the summary (also published as artifacts)."""
-    return run_stages(load_config(config_path, overrides or [])).as_dict()
+    overrides = overrides or []
+    return run_stages(load_config(config_path, overrides), config_path, overrides).as_dict()
 
 
-def run_stages(config: PipelineConfig) -> PipelineResult:
+def run_stages(config: PipelineConfig, config_path: str, overrides: list[str]) -> PipelineResult:
     logger = get_run_logger()
     started = time.perf_counter()
-    Path(config.run_dir).mkdir(parents=True, exist_ok=True)
-    sources = raw_sources(config)
-    days = list(config.data.all_days)
-    if config.data.source == "synthetic":
-        generate_task.map(config, days).result()
-    ingest = ingest_task.map(config, days, [sources[d] for d in days]).result()
-    _require_ingested(ingest)
-    state = fit_task(config)
-    feature_files = dict(zip(days, preprocess_task.map(config, state, days).result(), strict=True))
+    features = prepare_features(config)
+    ingest, state, feature_files = features.ingest, features.state, features.files
+    tuning = choose_hyperparameters(config, features, config_path, overrides)
+    config = with_params(config, tuning.params)
     training = train_task(config, state, feature_files)
     lr_scores = baseline_task(config, state, feature_files)
     report, scores = evaluate_task(config, state, training["out_dir"], lr_scores)
     model = export_task(config, state, feature_files, training["checkpoint"])
-    tracked = _track(config, state, ingest, report, scores, training, model)
+    tracked = _track(config, state, ingest, report, scores, training, model, tuning.as_tags())
     decision = None
     if tracked.model_version is not None:
         decision = promote_task(config, tracked.run_id, tracked.model_version, report)
-    result = PipelineResult(config, ingest, report, training, tracked, decision)
+    result = PipelineResult(config, ingest, report, training, tracked, decision, tuning)
     _publish_artifacts(result)
     logger.info("pipeline finished in %.0f s; MLflow run %s", time.perf_counter() - started, tracked.run_id)
     return result
 
 
-class IngestError(RuntimeError):
-    """No readable rows for a day the run needs."""
-
-
-def _require_ingested(ingest: list[dict[str, Any]]) -> None:
-    empty = [r["day"] for r in ingest if r["rows_written"] == 0 and not r["skipped"]]
-    if empty:
-        errors = "; ".join(e for r in ingest for e in r["files_failed"]) or "no valid rows"
-        raise IngestError(f"day(s) {empty} have no ingested rows: {errors}")
-
-
 def _track(
-    config: PipelineConfig, state: PreprocessState, ingest, report: EvalReport, scores: dict[int, Scores], training, model
+    config: PipelineConfig, state: PreprocessState, ingest, report: EvalReport, scores: dict[int, Scores], training,
+    model, tuning_tags: dict[str, str],
 ) -> TrackedRun:
     out = Path(training["out_dir"])
     resolved = config_as_dict(config)
@@ -138,6 +120,7 @@ def _track(
             "training.world_size": str(training["world_size"]),
             "training.device": training["device"],
             "evaluation.days": ",".join(map(str, config.data.eval_days)),
+            **tuning_tags,
         },
     )
     return log_pipeline_run(

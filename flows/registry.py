@@ -9,10 +9,7 @@ lives: a file lock beside a SQLite store, a PostgreSQL advisory lock for a share
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
@@ -20,6 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from evaluation.promotion import PromotionDecision, decide_promotion
 from flows.config import ConfigError
+from training.locking import exclusive, has_shared_lock
 
 CHAMPION_ALIAS = "champion"
 
@@ -28,44 +26,13 @@ CHAMPION_ALIAS = "champion"
 def promotion_lock(tracking_uri: str, lock_uri: str, model_name: str) -> Iterator[None]:
     """Exclusive per registered model, across processes and hosts sharing the store."""
     target = lock_uri or tracking_uri
-    if target.startswith("postgresql"):
-        with _advisory_lock(target, model_name):
-            yield
-        return
-    if target.startswith(("sqlite:///", "file:")) or "://" not in target:
-        path = Path(target.removeprefix("sqlite:///").removeprefix("file://"))
-        lock_file = path.parent / f"{path.name}.{_slug(model_name)}.promotion.lock"
-        lock_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(lock_file, "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-        return
-    raise ConfigError(
-        f"tracking.promotion_lock: promotions through {target.split('://')[0]}:// need a shared lock; "
-        "set it to the postgresql:// URL of a database every trainer can reach"
-    )
-
-
-@contextlib.contextmanager
-def _advisory_lock(url: str, model_name: str) -> Iterator[None]:
-    import sqlalchemy
-
-    key = int.from_bytes(hashlib.sha256(model_name.encode()).digest()[:8], "big", signed=True)
-    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
-    with engine.connect() as connection:
-        connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": key})
-        try:
-            yield
-        finally:
-            connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
-    engine.dispose()
-
-
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+    if not has_shared_lock(target):
+        raise ConfigError(
+            f"tracking.promotion_lock: promotions through {target.split('://')[0]}:// need a shared lock; "
+            "set it to the postgresql:// URL of a database every trainer can reach"
+        )
+    with exclusive(target, f"{model_name}.promotion"):
+        yield
 
 
 def current_champion(client: MlflowClient, model_name: str) -> ModelVersion | None:

@@ -54,14 +54,7 @@ def use_experiment(tracking_uri: str, experiment: str, artifact_location: str | 
     """Point MLflow at the store and the experiment; a new experiment keeps its artifacts
     at `artifact_location` (the run folder, for the embedded SQLite store)."""
     mlflow.set_tracking_uri(tracking_uri)
-    existing = mlflow.get_experiment_by_name(experiment)
-    if existing is not None:
-        mlflow.set_experiment(experiment_id=existing.experiment_id)
-        return existing.experiment_id
-    try:
-        experiment_id = mlflow.create_experiment(experiment, artifact_location=artifact_location)
-    except mlflow.exceptions.MlflowException:
-        experiment_id = mlflow.get_experiment_by_name(experiment).experiment_id  # created meanwhile
+    experiment_id = ensure_experiment(MlflowClient(tracking_uri), experiment, artifact_location)
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id
 
@@ -147,4 +140,36 @@ def _log_figures(record: RunRecord) -> None:
         figures.append((relative_ne_curve(train, record.baseline_history), "plots/ne_relative_to_champion.png"))
     for figure, name in figures:
         mlflow.log_figure(figure, name)
+        plt.close(figure)
+
+
+def ensure_experiment(client: MlflowClient, experiment: str, artifact_location: str | None) -> str:
+    """The experiment's id, creating it (with its artifact location) if it is new."""
+    existing = client.get_experiment_by_name(experiment)
+    if existing is not None:
+        return existing.experiment_id
+    try:
+        return client.create_experiment(experiment, artifact_location=artifact_location)
+    except mlflow.exceptions.MlflowException:
+        return client.get_experiment_by_name(experiment).experiment_id  # created meanwhile
+
+
+def log_study_plots(client: MlflowClient, run_id: str, study) -> None:
+    """Optimisation history and parameter importances of an Optuna study, as PNGs."""
+    from optuna.visualization import matplotlib as optuna_plots
+
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    plots = [("plots/optimization_history.png", optuna_plots.plot_optimization_history)]
+    if len(complete) >= 2:  # importances need a spread of finished trials
+        plots.append(("plots/param_importances.png", optuna_plots.plot_param_importances))
+    for name, plot in plots:
+        try:
+            axes = plot(study)
+        except (ValueError, RuntimeError) as error:
+            log.warning("study plot %s skipped: %s", name, error)
+            continue
+        figure = axes.figure if hasattr(axes, "figure") else axes[0].figure
+        figure.set_size_inches(8, 5)
+        figure.tight_layout()
+        client.log_figure(run_id, figure, name)
         plt.close(figure)

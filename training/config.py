@@ -142,6 +142,9 @@ class TrainingConfig:
     embedding_lr: float = 0.05
     dense_lr: float = 0.001
     dense_optimizer: Literal["adagrad", "adam"] = "adam"
+    # Row-wise Adagrad's epsilon (embeddings) and the dense optimizer's weight decay.
+    embedding_eps: float = 1e-8
+    dense_weight_decay: float = 0.0
     warmup_steps: int = 0
     lr_decay: Literal["none", "linear", "cosine"] = "none"
     min_lr_fraction: float = 0.0
@@ -173,6 +176,8 @@ class TrainingConfig:
         for key in ("embedding_lr", "dense_lr"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key}: must be positive, got {getattr(self, key)}")
+        if self.embedding_eps <= 0 or self.dense_weight_decay < 0:
+            raise ValueError("embedding_eps: must be positive, with dense_weight_decay ≥ 0")
         if self.threads_per_proc < 1:
             raise ValueError(f"threads_per_proc: must be at least 1, got {self.threads_per_proc}")
         if self.log_every < 1:

@@ -8,6 +8,7 @@ to a callback (so a Prefect task logs progress live) and turns a failure into on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -75,18 +76,35 @@ def _launch_once(job: TrainJob, on_line: Callable[[str], None]) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": str(job.training.threads_per_proc), "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_project_root()), env.get("PYTHONPATH")]))
     process = subprocess.Popen(
-        torchrun_command(job, job_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
+        torchrun_command(job, job_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=True,  # its own process group, so a stop reaches every worker
+    )  # fmt: skip
     output: list[str] = []
     assert process.stdout is not None
-    for line in process.stdout:
-        line = line.rstrip("\n")
-        output.append(line)
-        if _worth_showing(line):
-            on_line(line)
+    try:
+        for line in process.stdout:
+            line = line.rstrip("\n")
+            output.append(line)
+            if _worth_showing(line):
+                on_line(line)
+    except BaseException:
+        # The caller stopped the job (a pruned trial, Ctrl-C): no orphaned workers.
+        _stop(process)
+        raise
     code = process.wait()
     if code != 0:
         raise _failure(job, "\n".join(output), code)
+
+
+def _stop(process: subprocess.Popen, grace_s: float = 10.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def _project_root() -> Path:

@@ -34,10 +34,13 @@ class Progress:
 
     def add_heldout(self, step: int, state: BinaryState) -> None:
         """NE on a fixed sample of the held-out days at this step (rank 0 writes it)."""
+        ne = _ne_or_nan(state)
         if self.metrics_file:
-            record = {"step": step, "samples_seen": step * self.global_batch, "heldout_ne": _ne_or_nan(state)}
+            record = {"step": step, "samples_seen": step * self.global_batch, "heldout_ne": ne}
             self.metrics_file.write(json.dumps(record) + "\n")
             self.metrics_file.flush()
+            # A fixed format: the tuner reads it from the launcher's output to prune early.
+            print(f"[train] step {step}/{self.total_steps} held-out NE {ne:.6f}", flush=True)
 
     def report(self, step: int, loss: float) -> dict:
         now = time.perf_counter()

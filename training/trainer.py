@@ -46,7 +46,9 @@ class TrainStats:
 def attach_embedding_optimizer(model: nn.Module, config: TrainingConfig) -> None:
     """Row-wise Adagrad fused into the embedding backward (applied before sharding)."""
     embedding_params = [p for n, p in model.named_parameters() if "embedding_bags" in n]
-    apply_optimizer_in_backward(RowWiseAdagrad, embedding_params, {"lr": config.embedding_lr})
+    apply_optimizer_in_backward(
+        RowWiseAdagrad, embedding_params, {"lr": config.embedding_lr, "eps": config.embedding_eps}
+    )
 
 
 def build_schedule(model: nn.Module, optimizer: CombinedOptimizer, config: TrainingConfig) -> LRSchedule:
@@ -59,9 +61,11 @@ def build_optimizer(model: nn.Module, config: TrainingConfig) -> CombinedOptimiz
     """The sharded model's fused embedding optimizer plus a dense optimizer for the MLPs."""
     dense = dict(in_backward_optimizer_filter(model.named_parameters()))
     if config.dense_optimizer == "adam":
-        dense_opt = KeyedOptimizerWrapper(dense, lambda p: torch.optim.Adam(p, lr=config.dense_lr))
+        optimizer_class = torch.optim.Adam
     else:
-        dense_opt = KeyedOptimizerWrapper(dense, lambda p: torch.optim.Adagrad(p, lr=config.dense_lr))
+        optimizer_class = torch.optim.Adagrad
+    hyper = {"lr": config.dense_lr, "weight_decay": config.dense_weight_decay}
+    dense_opt = KeyedOptimizerWrapper(dense, lambda p: optimizer_class(p, **hyper))
     return CombinedOptimizer([model.fused_optimizer, dense_opt])  # type: ignore[attr-defined]
 
 

@@ -14,14 +14,6 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 @pytest.fixture(scope="module")
 def pipeline_run(prefect_server, tmp_path_factory: pytest.TempPathFactory):
     from flows.pipeline import run_pipeline

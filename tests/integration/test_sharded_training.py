@@ -91,3 +91,28 @@ def test_a_failing_rank_is_named_with_its_error(tiny_features, tmp_path: Path) -
     assert message.startswith("training failed: rank ")
     assert "exited with code 1" in message
     assert "missing.parquet" in message, "the end of the rank's traceback is shown"
+
+
+class _StopHere(Exception):
+    pass
+
+
+def test_a_caller_that_stops_the_job_leaves_no_worker_behind(tiny_features, tmp_path: Path) -> None:
+    """A pruned trial raises from the output callback: every torchrun process must go."""
+    import subprocess
+
+    job = _job(tiny_features, tmp_path / "stopped", ShardingConfig("table_wise", "fused"))
+    job = replace(job, evaluation=replace(job.evaluation, heldout_every_steps=10, heldout_batches=1))
+    seen: list[str] = []
+
+    def stop_at_first_heldout(line: str) -> None:
+        if "held-out NE" in line:
+            seen.append(line)
+            raise _StopHere(line)
+
+    with pytest.raises(_StopHere):
+        launch(job, on_line=stop_at_first_heldout)
+    assert seen and seen[0].split("held-out NE")[0].strip().endswith("step 10/46")
+    survivors = subprocess.run(["pgrep", "-f", str(job.out / "job.json")], capture_output=True, text=True)
+    assert survivors.stdout.strip() == "", "no worker survives its stopped launch"
+    assert not (job.out / "summary.json").exists(), "the job did not run to its end"

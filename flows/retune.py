@@ -1,0 +1,260 @@
+"""The `retune` flow: an Optuna study over the hyperparameters of the coming run's key.
+
+Each trial is a real sharded training run (torchrun, the same trainer as the pipeline)
+scored by NE on the validation days; held-out NE during training feeds the pruner, which
+stops a hopeless trial early. Several `dlrm retune` workers (processes or hosts) on one
+PostgreSQL storage join the same study.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from mlflow.tracking import MlflowClient
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+from prefect.exceptions import MissingContextError
+
+from evaluation.metrics import MetricError, binary_state, compute_ne
+from evaluation.report import Scores
+from flows.config import PipelineConfig, load_config
+from flows.features import Features, prepare_features
+from flows.tasks import build_job, read_predictions
+from flows.tracking import ensure_experiment, log_study_plots
+from training.job import TrainJob
+from training.launcher import launch
+from training.locking import exclusive
+from training.tuning.key import TuningKey, tuning_key
+from training.tuning.space import Params, apply_params, suggest
+from training.tuning.study import (
+    TunedParams,
+    best_of,
+    enqueue_warm_start,
+    join_as_worker,
+    open_storage,
+    open_study,
+    run_worker,
+    tuned_keys,
+)
+
+HELDOUT_LINE = re.compile(r"\[train\] step (\d+)/(\d+) held-out NE (\S+)")
+
+
+@dataclass(frozen=True)
+class RetuneResult:
+    study_name: str
+    key: TuningKey
+    best: TunedParams | None
+    trials_run: list[int]
+    stopped_by: str
+    warm_started: int
+    mlflow_parent_run_id: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "study": self.study_name,
+            "tuning_key": self.key.fingerprint,
+            "best_ne": self.best.ne if self.best else None,
+            "best_params": self.best.params if self.best else None,
+            "best_trial": self.best.trial_number if self.best else None,
+            "trials_run_here": self.trials_run,
+            "stopped_by": self.stopped_by,
+            "warm_start_trials": self.warm_started,
+            "mlflow_parent_run_id": self.mlflow_parent_run_id,
+        }
+
+
+@flow(name="retune", log_prints=True)
+def retune(
+    config_path: str = "configs/demo.toml",
+    overrides: list[str] | None = None,
+    n_trials: int | None = None,
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
+    """Tune the hyperparameters of the config's key; the budget may be set per call."""
+    extra = [f"tuning.n_trials={n_trials}"] if n_trials else []
+    extra += [f"tuning.timeout_s={timeout_s}"] if timeout_s else []
+    config = load_config(config_path, [*(overrides or []), *extra])
+    return run_retune(config, prepare_features(config)).as_dict()
+
+
+def run_retune(config: PipelineConfig, features: Features) -> RetuneResult:
+    """Join (or start) the key's study, run trials until the budget is spent, log the best."""
+    log = _logger()
+    storage_url = config.optuna_storage
+    storage = open_storage(storage_url, config.tuning.heartbeat_s)
+    key = tuning_key(config.training)
+    study = open_study(storage, config.name, key, config.tuning)
+    worker = join_as_worker(study, storage_url, config.tuning)
+    others = [t for t in tuned_keys(storage, config.name) if t.key != key]
+    nearest = min(others, key=lambda t: (key.distance(t.key), t.ne)) if others else None
+    warm = enqueue_warm_start(study, storage_url, nearest, key.global_batch_size, config.tuning)
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    parent = _parent_run(client, config, study, key, storage_url)
+    log.info(
+        "retune: study %s (key %s), worker %d, budget %d trials%s%s", study.study_name, key.fingerprint, worker,
+        config.tuning.n_trials, f", {config.tuning.timeout_s:.0f} s" if config.tuning.timeout_s else "",
+        f"; warm start from {nearest.study_name} with {warm} scaled trial(s)" if warm and nearest else "",
+    )  # fmt: skip
+    objective = TrainingTrial(config, features, client, parent, key, log)
+    outcome = run_worker(study, objective, config.tuning, storage_url, worker)
+    best = best_of(study)
+    _finish_parent(client, parent, study, best)
+    _publish(study, best)
+    if best:
+        log.info("retune: best NE %.5f (trial #%d): %s", best.ne, best.trial_number, best.params)
+    return RetuneResult(study.study_name, key, best, outcome.trials_run, outcome.stopped_by, warm, parent)
+
+
+class TrainingTrial:
+    """One trial: train with the suggested parameters, report held-out NE, return NE."""
+
+    def __init__(self, config: PipelineConfig, features: Features, client: MlflowClient, parent_run: str,
+                 key: TuningKey, log: logging.Logger | logging.LoggerAdapter) -> None:  # fmt: skip
+        self.config, self.features, self.client, self.parent_run, self.key, self.log = (
+            config, features, client, parent_run, key, log,
+        )  # fmt: skip
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        params = suggest(trial, self.config.tuning)
+        out = self.config.path("tuning") / trial.study.study_name / f"trial-{trial.number:04d}"
+        job = validation_job(self.config, self.features, params, out)
+        run = self.client.create_run(
+            self.client.get_run(self.parent_run).info.experiment_id, run_name=f"trial-{trial.number}",
+            tags={"mlflow.parentRunId": self.parent_run, "tuning.trial": str(trial.number),
+                  "tuning.worker": str(trial.user_attrs.get("worker", 0)), **self.key.as_tags()},
+        )  # fmt: skip
+        run_id = run.info.run_id
+        self.client.log_batch(run_id, params=[_param(k, v) for k, v in params.items()])
+        try:
+            launch(job, on_line=lambda line: self._on_line(trial, run_id, line))
+            ne = validation_ne(out / "predictions", self.config.validation_days)
+        except optuna.TrialPruned as pruned:
+            self.client.set_tag(run_id, "tuning.state", "pruned")
+            self.client.set_terminated(run_id, "KILLED")
+            self.log.info("trial #%d pruned: %s", trial.number, pruned)
+            raise
+        except Exception:
+            self.client.set_tag(run_id, "tuning.state", "failed")
+            self.client.set_terminated(run_id, "FAILED")
+            raise
+        self.client.log_metric(run_id, "ne", ne)
+        self.client.set_tag(run_id, "tuning.state", "complete")
+        self.client.set_terminated(run_id, "FINISHED")
+        self.log.info("trial #%d: NE %.5f with %s", trial.number, ne, params)
+        return ne
+
+    def _on_line(self, trial: optuna.Trial, run_id: str, line: str) -> None:
+        match = HELDOUT_LINE.search(line)
+        if not match:
+            return
+        step, total, ne = int(match[1]), int(match[2]), float(match[3])
+        if not math.isfinite(ne):
+            raise optuna.TrialPruned(f"held-out NE is {ne} at step {step} (diverged)")
+        self.client.log_metric(run_id, "heldout_ne", ne, step=step)
+        # Reported against percent of training done, so the pruner compares trials at the
+        # same progress whatever their batch size, and waits out the warm-up.
+        trial.report(ne, round(100 * step / total))
+        if trial.should_prune():
+            raise optuna.TrialPruned(f"held-out NE {ne:.5f} at step {step}/{total} is worse than the median")
+
+
+def validation_job(config: PipelineConfig, features: Features, params: Params, out: Path) -> TrainJob:
+    """A training run of `config` with `params` applied, scored on the validation days."""
+    training, model = apply_params(config.training, config.model, params)
+    training = dataclasses.replace(training, checkpoint_every=0, max_restarts=0)
+    trial_config = dataclasses.replace(config, training=training, model=model)
+    return dataclasses.replace(
+        build_job(trial_config, features.state, features.files, run_id=out.name),
+        eval_files={str(d): tuple(features.files[d]) for d in config.validation_days},
+        out_dir=str(out),
+    )
+
+
+def train_and_score(config: PipelineConfig, features: Features, params: Params, out: Path) -> float:
+    """One training run with fixed parameters; its NE on the validation days."""
+    launch(validation_job(config, features, params, out), on_line=lambda line: None)
+    return validation_ne(out / "predictions", config.validation_days)
+
+
+def validation_ne(predictions: Path, days: tuple[int, ...]) -> float:
+    """NE over all validation days; a diverged model (NaN predictions) is pruned, not failed."""
+    scores = Scores.concat([read_predictions(predictions / f"day={day}") for day in days])
+    try:
+        ne = compute_ne(binary_state(scores.labels, scores.predictions))
+    except MetricError as error:
+        raise optuna.TrialPruned(f"validation NE cannot be computed: {error}") from None
+    if not math.isfinite(ne):
+        raise optuna.TrialPruned(f"validation NE is {ne}")
+    return ne
+
+
+def _parent_run(client: MlflowClient, config: PipelineConfig, study: optuna.Study, key: TuningKey, url: str) -> str:
+    """The study's one MLflow parent run, created by its first worker."""
+    with exclusive(url, f"{study.study_name}.mlflow"):
+        existing = study.user_attrs.get("mlflow_parent_run_id")
+        if existing:
+            return str(existing)
+        experiment = ensure_experiment(client, config.tracking.experiment, config.artifact_location)
+        run = client.create_run(
+            experiment, run_name=f"retune-{study.study_name}",
+            tags={"tuning.study": study.study_name, "tuning.storage": _redact(url), **key.as_tags()},
+        )  # fmt: skip
+        study.set_user_attr("mlflow_parent_run_id", run.info.run_id)
+        return run.info.run_id
+
+
+def _finish_parent(client: MlflowClient, parent: str, study: optuna.Study, best: TunedParams | None) -> None:
+    states = [t.state.name.lower() for t in study.get_trials(deepcopy=False)]
+    for state in ("complete", "pruned", "fail"):
+        client.log_metric(parent, f"trials_{state}", float(states.count(state)))
+    if best:
+        client.log_metric(parent, "best_ne", best.ne)
+        client.log_batch(parent, params=[_param(f"best.{k}", v) for k, v in best.params.items()])
+        client.set_tag(parent, "tuning.best_trial", str(best.trial_number))
+        client.log_dict(parent, {"best_ne": best.ne, "best_trial": best.trial_number, "params": best.params},
+                        "tuning/best.json")  # fmt: skip
+    log_study_plots(client, parent, study)
+    client.set_terminated(parent, "FINISHED")
+
+
+def _publish(study: optuna.Study, best: TunedParams | None) -> None:
+    """A Prefect table of the study's trials (only inside a flow run)."""
+    try:
+        get_run_logger()
+    except MissingContextError:
+        return
+    rows = [
+        {"trial": t.number, "state": t.state.name, "ne": t.value, "worker": t.user_attrs.get("worker"),
+         **{k: v for k, v in t.params.items()}}
+        for t in study.get_trials(deepcopy=False)
+    ]  # fmt: skip
+    create_table_artifact(
+        key="retune-trials", table=rows,
+        description=f"Study {study.study_name}: best NE {best.ne:.5f}" if best else f"Study {study.study_name}",
+    )  # fmt: skip
+
+
+def _param(name: str, value: Any):
+    from mlflow.entities import Param
+
+    return Param(name, str(value))
+
+
+def _redact(url: str) -> str:
+    """A storage URL without its password, for tags."""
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("flows.retune")

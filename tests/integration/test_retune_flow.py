@@ -1,0 +1,118 @@
+"""Retuning in the flows: `retune_first` trains with the study's best; a tuned key is
+reused; `scale_and_schedule` scales the nearest key and creates a retune flow run; `off`
+keeps the configured values. Real trials (torchrun) on the tiny config."""
+
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+from prefect import flow
+from prefect.client.orchestration import get_client
+
+from flows.config import load_config
+from flows.features import prepare_features
+from training.tuning.key import tuning_key
+from training.tuning.study import study_name
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "configs" / "tiny.toml")
+
+
+@pytest.fixture(scope="module")
+def tuned_run(prefect_server, tmp_path_factory: pytest.TempPathFactory):
+    """A pipeline run whose key was never tuned, under `retune_first` with 3 trials."""
+    from flows.pipeline import run_pipeline
+
+    run_dir = tmp_path_factory.mktemp("retune-run")
+    overrides = [f'run_dir="{run_dir}"', 'tuning.policy="retune_first"', "tuning.n_trials=3",
+                 "tuning.sampler=\"tpe\""]  # fmt: skip
+    summary = run_pipeline(CONFIG, overrides)
+    return load_config(CONFIG, overrides), overrides, summary
+
+
+def _study(config) -> optuna.Study:
+    return optuna.load_study(study_name=study_name(config.name, tuning_key(config.training)),
+                             storage=config.optuna_storage)  # fmt: skip
+
+
+def test_retune_first_trains_with_the_best_trial(tuned_run) -> None:
+    config, _, summary = tuned_run
+    study = _study(config)
+    finished = [t for t in study.trials if t.state.is_finished() and t.state.name != "FAIL"]
+    assert len(finished) == 3
+    assert summary["tuning_decision"] == "retune_first" and "retuned to NE" in summary["tuning_reason"]
+    run = MlflowClient(config.tracking_uri).get_run(summary["mlflow_run_id"])
+    for name, value in study.best_params.items():
+        logged = run.data.params[name]
+        assert (float(logged) == pytest.approx(value)) if isinstance(value, float) else logged == str(value), name
+    assert run.data.tags["tuning.key"] == tuning_key(config.training).fingerprint
+    assert run.data.tags["tuning.decision"] == "retune_first"
+
+
+def test_the_study_is_tracked_as_a_parent_run_with_nested_trials(tuned_run) -> None:
+    config, _, _ = tuned_run
+    study = _study(config)
+    client = MlflowClient(config.tracking_uri)
+    parent = client.get_run(study.user_attrs["mlflow_parent_run_id"])
+    assert parent.data.metrics["best_ne"] == pytest.approx(study.best_value)
+    assert parent.data.tags["tuning.key"] == tuning_key(config.training).fingerprint
+    children = client.search_runs([parent.info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{parent.info.run_id}'")  # fmt: skip
+    assert len(children) == 3
+    states = {c.data.tags["tuning.trial"]: c.data.tags["tuning.state"] for c in children}
+    for trial in study.trials:
+        assert states[str(trial.number)] == {"COMPLETE": "complete", "PRUNED": "pruned"}[trial.state.name]
+    complete = [c for c in children if c.data.tags["tuning.state"] == "complete"]
+    assert all(0 < c.data.metrics["ne"] < 1.2 for c in complete)
+    assert all(c.data.params["training.embedding_lr"] for c in children)
+    plots = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
+    assert "plots/optimization_history.png" in plots
+
+
+@flow
+def _decide(config_path: str, overrides: list[str]):
+    from flows.tuning import choose_hyperparameters
+
+    config = load_config(config_path, overrides)
+    return choose_hyperparameters(config, prepare_features(config), config_path, overrides)
+
+
+def test_a_tuned_key_reuses_its_best_without_a_new_study(tuned_run) -> None:
+    config, overrides, _ = tuned_run
+    trials_before = len(_study(config).trials)
+    decision = _decide(CONFIG, overrides)
+    assert decision.action == "use_tuned" and decision.params == _study(config).best_params
+    assert len(_study(config).trials) == trials_before
+
+
+def test_scale_and_schedule_scales_the_nearest_key_and_creates_a_retune_run(tuned_run) -> None:
+    from flows.retune import retune
+
+    config, overrides, _ = tuned_run
+    deployment_id = retune.to_deployment(name="retune").apply()  # what `dlrm serve` registers
+    bigger = [*overrides, 'tuning.policy="scale_and_schedule"', "training.batch_size=1024"]
+    decision = _decide(CONFIG, bigger)
+    best = _study(config).best_params
+    assert decision.action == "scale_and_schedule" and decision.source is not None
+    assert decision.params["training.embedding_lr"] == pytest.approx(best["training.embedding_lr"] * math.sqrt(4))
+    assert "scheduled as flow run" in decision.reason
+
+    async def runs():
+        async with get_client() as client:
+            return await client.read_flow_runs()
+
+    import asyncio
+
+    scheduled = [r for r in asyncio.run(runs()) if r.deployment_id == deployment_id]
+    assert len(scheduled) == 1 and scheduled[0].parameters["overrides"] == bigger
+    assert scheduled[0].state.is_scheduled()
+
+
+def test_off_keeps_the_configured_values(tuned_run) -> None:
+    config, overrides, _ = tuned_run
+    decision = _decide(CONFIG, [*overrides, 'tuning.policy="off"', "training.batch_size=512"])
+    assert decision.action == "configured"
+    assert decision.params["training.embedding_lr"] == config.training.embedding_lr

@@ -1,0 +1,82 @@
+"""The tuning key changes exactly when what invalidates hyperparameters changes."""
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from training.config import TrainingConfig
+from training.tuning.key import TuningKey, hosts_from, tuning_key
+
+BASE = TrainingConfig(nproc=2, batch_size=2048, device="cpu")
+
+
+def test_key_is_stable_for_the_same_run() -> None:
+    assert tuning_key(BASE) == tuning_key(dataclasses.replace(BASE))
+    assert tuning_key(BASE).fingerprint == tuning_key(BASE).fingerprint
+    assert len(tuning_key(BASE).fingerprint) == 12
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"batch_size": 4096},
+        {"nproc": 4, "batch_size": 2048},
+        {"torchrun_args": ("--nnodes=2", "--rdzv-endpoint=h:29400")},
+    ],
+    ids=["batch size", "world size", "hosts"],
+)
+def test_key_changes_with_batch_world_size_and_hosts(change: dict) -> None:
+    assert tuning_key(dataclasses.replace(BASE, **change)).fingerprint != tuning_key(BASE).fingerprint
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"embedding_lr": 0.3}, {"dense_lr": 0.1}, {"seed": 5}, {"epochs": 3}, {"warmup_steps": 10},
+     {"checkpoint_every": 7}, {"precision": "bf16"}],
+)  # fmt: skip
+def test_key_ignores_what_tuning_decides_or_does_not_depend_on(change: dict) -> None:
+    assert tuning_key(dataclasses.replace(BASE, **change)) == tuning_key(BASE)
+
+
+def test_key_changes_with_the_device_mocked_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU here: CUDA's answers are stubbed to show the key follows the device."""
+    import torch
+
+    cpu_key = tuning_key(dataclasses.replace(BASE, device="auto"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties",
+        lambda index: SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30),
+    )  # fmt: skip
+    cuda_key = tuning_key(dataclasses.replace(BASE, device="auto"))
+    assert (cuda_key.device_type, cuda_key.device_model, cuda_key.memory_per_device_gb) == (
+        "cuda", "NVIDIA H100 80GB HBM3", 80,
+    )  # fmt: skip
+    assert cuda_key.fingerprint != cpu_key.fingerprint
+    assert tuning_key(BASE).device_type == "cpu", "device = 'cpu' stays on the CPU even with CUDA visible"
+
+
+def test_hosts_come_from_torchrun_nnodes() -> None:
+    assert hosts_from(BASE) == 1
+    assert hosts_from(dataclasses.replace(BASE, torchrun_args=("--nnodes=4",))) == 4
+    assert hosts_from(dataclasses.replace(BASE, torchrun_args=("--nnodes", "1:2"))) == 2
+    assert tuning_key(dataclasses.replace(BASE, torchrun_args=("--nnodes=4",))).world_size == 8
+
+
+def test_nearest_key_prefers_the_same_hardware_then_the_closest_batch() -> None:
+    here = TuningKey(8192, 2, 1, "cpu", "EPYC", 12)
+    same_hw_far_batch = dataclasses.replace(here, global_batch_size=256)
+    same_hw_near_batch = dataclasses.replace(here, global_batch_size=4096)
+    other_hw_same_batch = dataclasses.replace(here, device_type="cuda", device_model="H100", memory_per_device_gb=80)
+    ranked = sorted([other_hw_same_batch, same_hw_far_batch, same_hw_near_batch], key=here.distance)
+    assert ranked == [same_hw_near_batch, same_hw_far_batch, other_hw_same_batch]
+    assert here.distance(here) == 0
+
+
+def test_key_tags_name_every_field() -> None:
+    tags = tuning_key(BASE).as_tags()
+    assert tags["tuning.key"] == tuning_key(BASE).fingerprint
+    assert tags["tuning.key.global_batch_size"] == "2048" and tags["tuning.key.world_size"] == "2"
+    assert {"tuning.key.device_type", "tuning.key.device_model", "tuning.key.memory_per_device_gb",
+            "tuning.key.hosts"} <= set(tags)  # fmt: skip

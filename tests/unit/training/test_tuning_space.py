@@ -1,0 +1,71 @@
+"""The search space: suggestions land in the config; tuned sets move between batch sizes."""
+
+import math
+
+import optuna
+import pytest
+
+from training.config import ModelConfig, TrainingConfig
+from training.tuning.config import TuningConfig
+from training.tuning.space import apply_params, clip_to_space, params_of, scale_params, suggest
+
+SPACE = TuningConfig()
+
+
+def test_suggestions_stay_in_range_and_apply_to_the_config() -> None:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    for _ in range(20):
+        params = suggest(study.ask(), SPACE)
+        assert SPACE.embedding_lr[0] <= params["training.embedding_lr"] <= SPACE.embedding_lr[1]
+        assert SPACE.warmup_steps[0] <= params["training.warmup_steps"] <= SPACE.warmup_steps[1]
+        assert params["training.lr_decay"] in SPACE.lr_decay
+        training, model = apply_params(TrainingConfig(), ModelConfig(), params)
+        assert training.embedding_lr == params["training.embedding_lr"]
+        assert training.dense_weight_decay == params["training.dense_weight_decay"]
+        assert model == ModelConfig(), "no architecture search unless asked"
+
+
+def test_architecture_search_keeps_the_model_valid() -> None:
+    space = TuningConfig(embedding_dims=(8, 32), mlp_width_factors=(0.5, 2.0))
+    params = {**params_of(TrainingConfig(), ModelConfig(), space), "model.embedding_dim": 32,
+              "model.mlp_width_factor": 0.5}  # fmt: skip
+    _, model = apply_params(TrainingConfig(), ModelConfig(), params)
+    assert model.embedding_dim == 32
+    assert model.bottom_mlp == (256, 128, 32) and model.top_mlp == (256, 128, 1)
+
+
+def test_configured_values_round_trip_through_apply() -> None:
+    training = TrainingConfig(embedding_lr=0.07, dense_lr=0.002, warmup_steps=5, lr_decay="cosine")
+    applied, _ = apply_params(TrainingConfig(), ModelConfig(), params_of(training, ModelConfig(), SPACE))
+    assert applied == training
+
+
+@pytest.mark.parametrize(("rule", "factor"), [("linear", 8.0), ("sqrt", math.sqrt(8.0))])
+def test_learning_rates_scale_by_the_rule_and_warmup_covers_the_same_samples(rule: str, factor: float) -> None:
+    tuned = {"training.embedding_lr": 0.04, "training.dense_lr": 0.001, "training.warmup_steps": 80,
+             "training.lr_decay": "linear"}  # fmt: skip
+    scaled = scale_params(tuned, 256, 2048, rule)
+    assert scaled["training.embedding_lr"] == pytest.approx(0.04 * factor)
+    assert scaled["training.dense_lr"] == pytest.approx(0.001 * factor)
+    assert scaled["training.warmup_steps"] == 10
+    assert scaled["training.lr_decay"] == "linear"
+
+
+def test_warm_start_points_are_clipped_into_the_space() -> None:
+    point = {"training.embedding_lr": 50.0, "training.dense_lr": 1e-9, "training.warmup_steps": 1000,
+             "training.lr_decay": "step", "training.embedding_eps": 1e-8, "training.dense_weight_decay": 0.0,
+             "model.embedding_dim": 64}  # fmt: skip
+    clipped = clip_to_space(point, SPACE)
+    assert clipped["training.embedding_lr"] == SPACE.embedding_lr[1]
+    assert clipped["training.dense_lr"] == SPACE.dense_lr[0]
+    assert clipped["training.warmup_steps"] == SPACE.warmup_steps[1]
+    assert clipped["training.lr_decay"] == SPACE.lr_decay[0]
+    assert clipped["training.dense_weight_decay"] == SPACE.dense_weight_decay[0]
+    assert "model.embedding_dim" not in clipped, "not searched here, so not enqueued"
+
+
+def test_bad_ranges_are_rejected_with_the_key() -> None:
+    with pytest.raises(ValueError, match="embedding_lr"):
+        TuningConfig(embedding_lr=(0.0, 1.0))
+    with pytest.raises(ValueError, match="lr_decay"):
+        TuningConfig(lr_decay=("exponential",))

@@ -1,0 +1,1 @@
+"""AutoML retuning: the tuning key, the trigger policy, and the Optuna search."""

@@ -1,0 +1,70 @@
+"""The `[tuning]` section: when to retune, how to search, and where studies live."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Policy = Literal["retune_first", "scale_and_schedule", "off"]
+LR_DECAYS = ("none", "linear", "cosine")
+
+
+@dataclass(frozen=True)
+class TuningConfig:
+    """Hyperparameter retuning for a run whose tuning key was never tuned.
+
+    `policy`: `retune_first` runs the retune flow before training and trains with its
+    result; `scale_and_schedule` trains now with the nearest tuned key's parameters,
+    learning rates scaled by `scaling_rule`, and schedules a retune; `off` trains with the
+    configured values. A key that was tuned always trains with its best parameters.
+    """
+
+    policy: Policy = "scale_and_schedule"
+    # Optuna storage; empty means SQLite in the run directory. A postgresql:// URL lets
+    # workers on several hosts join one study.
+    storage: str = ""
+    # "tpe": multivariate TPE, which learns from pruned trials too; "gp": a Gaussian process,
+    # which sees finished trials only (use it with few pruned trials).
+    sampler: Literal["gp", "tpe"] = "tpe"
+    pruner: Literal["median", "hyperband", "none"] = "median"
+    # No trial is pruned before this percent of its training (warm-up makes early NE noisy).
+    prune_after_pct: int = 30
+    n_trials: int = 12
+    timeout_s: float = 0.0  # wall-clock budget per worker; 0: none
+    seed: int = 0
+    warm_start: bool = True
+    scaling_rule: Literal["sqrt", "linear"] = "sqrt"
+    # Search ranges, [low, high]; learning rates and the others marked so on a log scale.
+    embedding_lr: tuple[float, ...] = (0.005, 1.0)
+    dense_lr: tuple[float, ...] = (1e-4, 0.3)
+    warmup_steps: tuple[int, ...] = (0, 100)
+    lr_decay: tuple[str, ...] = LR_DECAYS
+    embedding_eps: tuple[float, ...] = (1e-10, 1e-4)  # log
+    dense_weight_decay: tuple[float, ...] = (1e-9, 1e-3)  # log
+    # Optional architecture search: empty keeps the configured shape.
+    embedding_dims: tuple[int, ...] = ()
+    mlp_width_factors: tuple[float, ...] = ()  # multiplies every hidden MLP width
+    # The days whose NE is the objective; empty: the run's evaluation days.
+    validation_days: tuple[int, ...] = ()
+    # A worker that stops beating for `3 × heartbeat_s` is dead; its trial is retried.
+    heartbeat_s: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("embedding_lr", "dense_lr", "warmup_steps", "embedding_eps", "dense_weight_decay"):
+            bounds = getattr(self, name)
+            if len(bounds) != 2 or not 0 <= bounds[0] <= bounds[1]:
+                raise ValueError(f"{name}: expected [low, high] with 0 ≤ low ≤ high, got {list(bounds)}")
+        for name in ("embedding_lr", "dense_lr", "embedding_eps", "dense_weight_decay"):
+            if getattr(self, name)[0] <= 0:
+                raise ValueError(f"{name}: a log-scale range needs low > 0, got {list(getattr(self, name))}")
+        unknown = sorted(set(self.lr_decay) - set(LR_DECAYS))
+        if not self.lr_decay or unknown:
+            raise ValueError(f"lr_decay: choose among {list(LR_DECAYS)}, got {list(self.lr_decay)}")
+        if not 0 <= self.prune_after_pct < 100:
+            raise ValueError(f"prune_after_pct: must be in [0, 100), got {self.prune_after_pct}")
+        if self.n_trials < 1:
+            raise ValueError(f"n_trials: must be at least 1, got {self.n_trials}")
+        if self.timeout_s < 0 or self.heartbeat_s < 1:
+            raise ValueError("timeout_s: must be ≥ 0, with heartbeat_s ≥ 1")
+        if any(d <= 0 for d in self.embedding_dims) or any(f <= 0 for f in self.mlp_width_factors):
+            raise ValueError("embedding_dims: dimensions and width factors must be positive")

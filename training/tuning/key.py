@@ -1,0 +1,98 @@
+"""The tuning key: a fingerprint of everything that invalidates tuned hyperparameters.
+
+Hyperparameters tuned at one global batch size, world size and kind of hardware lose NE
+elsewhere (learning rates, warm-up and decay interact with the batch size and with how
+many workers average their gradients). A run whose key was never tuned needs retuning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from training.config import TrainingConfig
+
+
+@dataclass(frozen=True)
+class TuningKey:
+    global_batch_size: int
+    world_size: int
+    hosts: int
+    device_type: str  # "cuda" | "cpu"
+    device_model: str  # e.g. "NVIDIA H100 80GB HBM3" or the CPU's model name
+    memory_per_device_gb: int  # rounded: a few MB of difference between hosts is not new hardware
+
+    @property
+    def fingerprint(self) -> str:
+        """12 hex characters, stable across processes and hosts."""
+        text = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def as_tags(self) -> dict[str, str]:
+        """MLflow tags (`tuning.key` plus one per field)."""
+        return {"tuning.key": self.fingerprint, **{f"tuning.key.{k}": str(v) for k, v in asdict(self).items()}}
+
+    def hardware(self) -> tuple[str, str, int]:
+        return self.device_type, self.device_model, self.memory_per_device_gb
+
+    def distance(self, other: TuningKey) -> float:
+        """How far another key's hyperparameters are from fitting this one (for "nearest").
+
+        Batch size and world size count by their log ratio; other hardware counts more
+        than any plausible batch change, so a same-hardware key is always preferred.
+        """
+        return (
+            abs(math.log2(self.global_batch_size / other.global_batch_size))
+            + abs(math.log2(self.world_size / other.world_size))
+            + (0 if self.hosts == other.hosts else 1)
+            + (0 if self.hardware() == other.hardware() else 16)
+        )
+
+
+def hosts_from(config: TrainingConfig) -> int:
+    """The number of hosts (torchrun `--nnodes`, or 1)."""
+    for index, arg in enumerate(config.torchrun_args):
+        if arg.startswith("--nnodes"):
+            value = arg.partition("=")[2] or config.torchrun_args[index + 1]
+            return int(value.split(":")[-1])  # "2" or an elastic range "1:2"
+    return 1
+
+
+def tuning_key(config: TrainingConfig) -> TuningKey:
+    """The key of a run of `config` on this host's hardware (as the worker will choose it)."""
+    hosts = hosts_from(config)
+    use_cuda = config.device != "cpu" and torch.cuda.is_available()
+    if use_cuda:
+        properties = torch.cuda.get_device_properties(0)
+        device_type, model, memory = "cuda", properties.name, properties.total_memory
+    else:
+        device_type, model = "cpu", cpu_model_name()
+        memory = _host_memory_bytes() // max(1, config.nproc)  # each process's share
+    return TuningKey(
+        global_batch_size=config.batch_size,
+        world_size=config.nproc * hosts,
+        hosts=hosts,
+        device_type=device_type,
+        device_model=model,
+        memory_per_device_gb=round(memory / 2**30),
+    )
+
+
+def cpu_model_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
+
+
+def _host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

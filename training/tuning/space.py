@@ -1,0 +1,121 @@
+"""The search space: what a trial suggests, how it lands in the run's config, and how a
+tuned set moves to another batch size.
+
+Parameters are named by their config key (`training.embedding_lr`), so a tuned set is
+applied like `--set` overrides and reads the same in Optuna, MLflow and the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Protocol
+
+from training.config import ModelConfig, TrainingConfig
+from training.tuning.config import TuningConfig
+
+Params = dict[str, Any]
+LEARNING_RATES = ("training.embedding_lr", "training.dense_lr")
+
+
+class Suggests(Protocol):
+    """The part of `optuna.Trial` the space uses."""
+
+    def suggest_float(self, name: str, low: float, high: float, *, log: bool = ...) -> float: ...
+    def suggest_int(self, name: str, low: int, high: int) -> int: ...
+    def suggest_categorical(self, name: str, choices: Any) -> Any: ...
+
+
+def suggest(trial: Suggests, space: TuningConfig) -> Params:
+    """One point of the space (Optuna records each suggestion under its config key)."""
+    params: Params = {
+        "training.embedding_lr": trial.suggest_float("training.embedding_lr", *space.embedding_lr, log=True),
+        "training.dense_lr": trial.suggest_float("training.dense_lr", *space.dense_lr, log=True),
+        "training.warmup_steps": trial.suggest_int("training.warmup_steps", *space.warmup_steps),
+        "training.lr_decay": trial.suggest_categorical("training.lr_decay", list(space.lr_decay)),
+        "training.embedding_eps": trial.suggest_float("training.embedding_eps", *space.embedding_eps, log=True),
+        "training.dense_weight_decay": trial.suggest_float(
+            "training.dense_weight_decay", *space.dense_weight_decay, log=True
+        ),
+    }
+    if space.embedding_dims:
+        params["model.embedding_dim"] = trial.suggest_categorical("model.embedding_dim", list(space.embedding_dims))
+    if space.mlp_width_factors:
+        params["model.mlp_width_factor"] = trial.suggest_categorical(
+            "model.mlp_width_factor", list(space.mlp_width_factors)
+        )
+    return params
+
+
+def apply_params(training: TrainingConfig, model: ModelConfig, params: Params) -> tuple[TrainingConfig, ModelConfig]:
+    """The configs with a tuned set applied (validated again by the dataclasses)."""
+    training_values = {k.removeprefix("training."): v for k, v in params.items() if k.startswith("training.")}
+    training = dataclasses.replace(training, **training_values)
+    dim = int(params.get("model.embedding_dim", model.embedding_dim))
+    factor = float(params.get("model.mlp_width_factor", 1.0))
+    if dim != model.embedding_dim or factor != 1.0:
+        # Hidden widths scale; the bottom MLP still ends at the embedding dim, the top at 1.
+        widen = lambda widths: tuple(max(1, round(w * factor)) for w in widths[:-1])
+        model = dataclasses.replace(
+            model, embedding_dim=dim, bottom_mlp=(*widen(model.bottom_mlp), dim), top_mlp=(*widen(model.top_mlp), 1)
+        )
+    return training, model
+
+
+def params_of(training: TrainingConfig, model: ModelConfig, space: TuningConfig) -> Params:
+    """The configured values of the searched parameters (what `off` trains with)."""
+    params: Params = {
+        "training.embedding_lr": training.embedding_lr,
+        "training.dense_lr": training.dense_lr,
+        "training.warmup_steps": training.warmup_steps,
+        "training.lr_decay": training.lr_decay,
+        "training.embedding_eps": training.embedding_eps,
+        "training.dense_weight_decay": training.dense_weight_decay,
+    }
+    if space.embedding_dims:
+        params["model.embedding_dim"] = model.embedding_dim
+    if space.mlp_width_factors:
+        params["model.mlp_width_factor"] = 1.0
+    return params
+
+
+def scale_params(params: Params, from_batch: int, to_batch: int, rule: str) -> Params:
+    """Learning rates moved to another global batch size.
+
+    `linear`: lr ∝ batch (Goyal et al., SGD); `sqrt`: lr ∝ √batch (the rule for adaptive
+    optimisers such as Adagrad and Adam). Warm-up, counted in steps, shrinks as the batch
+    grows so it covers the same number of samples.
+    """
+    ratio = to_batch / from_batch
+    factor = {"linear": ratio, "sqrt": math.sqrt(ratio)}[rule]
+    scaled = dict(params)
+    for name in LEARNING_RATES:
+        if name in scaled:
+            scaled[name] = float(scaled[name]) * factor
+    if "training.warmup_steps" in scaled:
+        scaled["training.warmup_steps"] = round(int(scaled["training.warmup_steps"]) / ratio)
+    return scaled
+
+
+def clip_to_space(params: Params, space: TuningConfig) -> Params:
+    """A warm-start point kept inside the search ranges (Optuna rejects points outside)."""
+    bounds = {
+        "training.embedding_lr": space.embedding_lr,
+        "training.dense_lr": space.dense_lr,
+        "training.warmup_steps": space.warmup_steps,
+        "training.embedding_eps": space.embedding_eps,
+        "training.dense_weight_decay": space.dense_weight_decay,
+    }
+    clipped = dict(params)
+    for name, (low, high) in bounds.items():
+        if name in clipped:
+            value = min(max(clipped[name], low), high)
+            clipped[name] = round(value) if name == "training.warmup_steps" else float(value)
+    if clipped.get("training.lr_decay") not in space.lr_decay:
+        clipped["training.lr_decay"] = space.lr_decay[0]
+    for name, choices in (("model.embedding_dim", space.embedding_dims), ("model.mlp_width_factor", space.mlp_width_factors)):
+        if choices and clipped.get(name) not in choices:
+            clipped[name] = choices[0]
+        if not choices:
+            clipped.pop(name, None)
+    return clipped
