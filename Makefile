@@ -26,7 +26,15 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 demo: install
 	PREFECT_HOME=$(CURDIR)/runs/demo/prefect $(BIN)/dlrm run --config configs/demo.toml
 
-test: install
+# Debian's Chromium for the Prefect UI test (Playwright drives it; browser downloads
+# cannot work here).
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	@echo "installing Debian's chromium for the UI test; log: $(VENV)/apt.log"
+	@( apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium) ) > $(VENV)/apt.log 2>&1 \
+	|| { tail -5 $(VENV)/apt.log; echo "could not install chromium: run 'sudo apt-get install chromium'"; exit 1; }
+
+test: install $(CHROMIUM)
 	PREFECT_HOME=$(CURDIR)/.pytest-prefect $(BIN)/python -m pytest -q
 
 bench: install

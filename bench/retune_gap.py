@@ -10,7 +10,7 @@ Gaps are in percent of the baseline NE (positive: worse than the baseline).
 Prints its figures last as one JSON line: baseline_ne, large_batch_ne, retuned_ne,
 gap_pct, retuned_gap_pct (and the studies' trial counts and seconds).
 
-    .venv/bin/python bench/retune_gap.py [--trials 10] [--batch 256] [--factor 8]
+    .venv/bin/python bench/retune_gap.py [--trials 12] [--batch 256] [--factor 8]
 
 About 15 minutes on 2 cores (800k training rows; each trial is a real 2-process run).
 """
@@ -58,14 +58,16 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "retune-bench.toml"))
-    parser.add_argument("--trials", type=int, default=10, help="trials per study")
+    parser.add_argument("--trials", type=int, default=12, help="trials per study")
     parser.add_argument("--batch", type=int, default=256, help="the small global batch B")
     parser.add_argument("--factor", type=int, default=8, help="the large batch is factor × B")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override for both batch sizes, e.g. data.synthetic.rows_per_day=800000")
     args = parser.parse_args()
 
     run_dir = ROOT / "runs" / "bench-retune-gap"
     shutil.rmtree(run_dir, ignore_errors=True)  # fresh studies: the figures are this run's
-    common = [f'run_dir="{run_dir}"', f"tuning.n_trials={args.trials}"]
+    common = [*args.overrides, f'run_dir="{run_dir}"', f"tuning.n_trials={args.trials}"]
     small = load_config(args.config, [*common, f"training.batch_size={args.batch}"])
     # Held-out NE for the pruner at the same samples seen in both studies.
     every = max(1, small.evaluation.heldout_every_steps // args.factor)
@@ -94,6 +96,8 @@ def main() -> None:
         "batch_size": args.batch,
         "large_batch_size": args.batch * args.factor,
         "trials_per_study": args.trials,
+        "train_rows": sum(features.ingest[i]["rows_written"] for i, d in enumerate(small.data.all_days)
+                          if d in small.data.train_days),
         "baseline_ne": round(baseline, 6),
         "large_batch_ne": round(large_ne, 6),
         "retuned_ne": round(retuned.best.ne, 6),

@@ -2,6 +2,7 @@
 
     dlrm run --config configs/demo.toml [--set section.key=value ...]
     dlrm retune --config FILE [--trials N] [--timeout S] [--json]
+    dlrm serve --config FILE [--limit N]
     dlrm generate --config FILE [--days 0 1 2]
     dlrm ingest SOURCE... --warehouse DIR [--day N] [--json]
     dlrm preprocess --config FILE [--days 0 1 2] [--json]
@@ -38,6 +39,8 @@ class UserError(Exception):
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if getattr(args, "config", None):
+        _trust_config_folder(args.config)
     try:
         return args.handler(args)
     except UserError as error:
@@ -48,6 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"dlrm: error: {error}", file=sys.stderr)
             return 2
         raise
+
+
+def _trust_config_folder(config: str) -> None:
+    """A config named on this command line may be read by the flows it starts here."""
+    folder = str(Path(config).expanduser().resolve().parent)
+    known = os.environ.get("DLRM_CONFIG_DIRS", "")
+    os.environ["DLRM_CONFIG_DIRS"] = os.pathsep.join(filter(None, [known, folder]))
 
 
 def _is_user_facing(error: Exception) -> bool:
@@ -71,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
     retune.add_argument("--timeout", type=float, help="wall-clock budget of this worker in seconds")
     retune.add_argument("--json", action="store_true", help="print the result as one JSON object")
     retune.set_defaults(handler=_retune)
+
+    serve = commands.add_parser("serve", help="register and serve the nightly, retrain and retune deployments")
+    _add_config_arguments(serve)
+    serve.add_argument("--limit", type=int, help="most flow runs at once (default: no limit)")
+    serve.set_defaults(handler=_serve)
 
     generate = commands.add_parser("generate", help="write Criteo-format days of synthetic data")
     _add_config_arguments(generate)
@@ -128,6 +143,16 @@ def _retune(args: argparse.Namespace) -> int:
         print(f"study {result['study']}: best NE {result['best_ne']:.5f} (trial #{result['best_trial']})")
         for name, value in result["best_params"].items():
             print(f"  --set {name}={value!r}" if isinstance(value, str) else f"  --set {name}={value}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from flows.config import load_config
+
+    load_config(args.config, args.overrides)  # fail fast, before Prefect starts
+    from flows.serve import serve_deployments
+
+    serve_deployments(args.config, args.overrides, args.limit)
     return 0
 
 

@@ -7,6 +7,8 @@ names the key, e.g. `configs/demo.toml: training.batch_size: expected int, got s
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import tomllib
 import types
 import typing
@@ -36,17 +38,31 @@ class TrackingConfig:
     promotion_lock: str = ""
     experiment: str = "dlrm"
     registered_model: str = "dlrm-ctr"
+    # A finished run waits this long for an unreachable tracking server, then is saved
+    # locally for the next run to upload.
+    outage_wait_s: float = 300.0
 
 
 @dataclass(frozen=True)
 class OrchestrationConfig:
-    """Prefect: how many stage tasks (days) run at once."""
+    """Prefect: how many stage tasks (days) run at once, and when `dlrm serve` runs the
+    nightly pipeline (cron, in `timezone`)."""
 
     max_workers: int = 2
+    # "threads" locally; "dask" sends the per-day tasks to the Dask cluster at
+    # `dask_address` (needs the prefect-dask package).
+    task_runner: Literal["threads", "dask"] = "threads"
+    dask_address: str = ""
+    nightly_cron: str = "0 2 * * *"
+    timezone: str = "UTC"
 
     def __post_init__(self) -> None:
         if self.max_workers < 1:
             raise ValueError(f"max_workers: must be at least 1, got {self.max_workers}")
+        if self.task_runner == "dask" and not self.dask_address:
+            raise ValueError("task_runner: 'dask' needs dask_address (e.g. tcp://scheduler:8786)")
+        if len(self.nightly_cron.split()) != 5:
+            raise ValueError(f"nightly_cron: expected 5 cron fields, got {self.nightly_cron!r}")
 
 
 @dataclass(frozen=True)
@@ -105,6 +121,25 @@ class PipelineConfig:
         return f"sqlite:///{Path(self.run_dir).resolve() / 'mlflow.db'}"
 
 
+PROJECT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+# More folders whose configs flows may read (os.pathsep-separated); `dlrm` adds the folder
+# of the config it was given.
+CONFIG_DIRS_ENV = "DLRM_CONFIG_DIRS"
+
+
+def load_flow_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> PipelineConfig:
+    """`load_config` for a flow's parameter: the file must lie in the project's `configs/` or
+    a folder of DLRM_CONFIG_DIRS, so a Run-button parameter cannot read any file on the host."""
+    resolved = (Path(path) if Path(path).is_absolute() else Path.cwd() / path).resolve()
+    roots = [PROJECT_CONFIGS, *(Path(p).resolve() for p in os.environ.get(CONFIG_DIRS_ENV, "").split(os.pathsep) if p)]
+    if not any(resolved.is_relative_to(root) for root in roots):
+        raise ConfigError(
+            f"{path}: configs are read only from {', '.join(map(str, roots))}; "
+            f"put it there or add its folder to {CONFIG_DIRS_ENV}"
+        )
+    return load_config(resolved, overrides)
+
+
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> PipelineConfig:
     """Read a TOML file, apply `section.key=value` overrides (TOML values), validate."""
     path = Path(path)
@@ -117,9 +152,32 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Pipel
     for override in overrides:
         _apply_override(raw, override, path)
     try:
+        raw = expand_environment(raw, prefix="")
         return build_dataclass(PipelineConfig, raw, prefix="")
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
+
+
+ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_environment(value: Any, prefix: str) -> Any:
+    """`${NAME}` in string values, from the environment: credentials and service URLs stay
+    out of config files (docker-compose passes them from `.env`)."""
+    if isinstance(value, dict):
+        return {k: expand_environment(v, f"{prefix}{k}.") for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_environment(v, prefix) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def lookup(match: re.Match[str]) -> str:
+        name = match[1]
+        if name not in os.environ:
+            raise ConfigError(f"{prefix.rstrip('.')}: refers to ${{{name}}}, which is not set; export {name}")
+        return os.environ[name]
+
+    return ENV_REFERENCE.sub(lookup, value)
 
 
 def _apply_override(raw: dict[str, Any], override: str, path: Path) -> None:

@@ -1,7 +1,9 @@
-"""Raw days to feature files: generate (synthetic source) → ingest → preprocess.
+"""Raw days to feature files: the `ingest` (generate, for the synthetic source, then
+validate into the warehouse) and `preprocess` (DuckDB) subflows.
 
-Shared by the `pipeline` and `retune` flows. Each stage skips a day whose inputs did not
-change (by its manifest), so a second flow on the same days does no work.
+Shared by the `pipeline`, `retrain` and `retune` flows. Each stage skips a day whose
+inputs did not change (by its manifest) and logs that it did, so a second flow on the
+same days does no work. Days fan out over a thread pool of `orchestration.max_workers`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows.config import PipelineConfig
+from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from flows.config import ConfigError, PipelineConfig
 from flows.sources import raw_sources
 from flows.tasks import fit_task, generate_task, ingest_task, preprocess_task
 from ingestion.preprocess import PreprocessState
@@ -29,15 +34,45 @@ class Features:
 
 def prepare_features(config: PipelineConfig) -> Features:
     Path(config.run_dir).mkdir(parents=True, exist_ok=True)
-    sources = raw_sources(config)
     days = list(config.data.all_days)
+    runner = {"task_runner": day_task_runner(config)}
+    ingest = ingest_days.with_options(**runner)(config, days)
+    state, files = preprocess_days.with_options(**runner)(config, days)
+    return Features(state, files, ingest)
+
+
+def day_task_runner(config: PipelineConfig):
+    """Where the per-day tasks run: a local thread pool, or a Dask cluster."""
+    if config.orchestration.task_runner == "dask":
+        try:
+            from prefect_dask import DaskTaskRunner
+        except ImportError:
+            raise ConfigError(
+                "orchestration.task_runner = 'dask' needs the prefect-dask package: pip install prefect-dask"
+            ) from None
+        return DaskTaskRunner(address=config.orchestration.dask_address)
+    return ThreadPoolTaskRunner(max_workers=config.orchestration.max_workers)
+
+
+@flow(name="ingest")
+def ingest_days(config: PipelineConfig, days: list[int]) -> list[dict[str, Any]]:
+    """Raw files of each day → the validated Parquet warehouse (generated first for the
+    synthetic source); one report per day."""
+    sources = raw_sources(config)
     if config.data.source == "synthetic":
         generate_task.map(config, days).result()
     ingest = ingest_task.map(config, days, [sources[d] for d in days]).result()
     _require_ingested(ingest)
+    return ingest
+
+
+@flow(name="preprocess")
+def preprocess_days(config: PipelineConfig, days: list[int]) -> tuple[PreprocessState, dict[int, list[str]]]:
+    """Fit the preprocessing state on the train days (once per config and inputs), then
+    write each day's features; returns the state and each day's feature files."""
     state = fit_task(config)
     files = dict(zip(days, preprocess_task.map(config, state, days).result(), strict=True))
-    return Features(state, files, ingest)
+    return state, files
 
 
 def _require_ingested(ingest: list[dict[str, Any]]) -> None:

@@ -14,14 +14,14 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from evaluation.promotion import PromotionDecision
 from evaluation.report import EvalReport, Scores, report_markdown
-from flows.config import PipelineConfig, config_as_dict, flatten, load_config
+from flows.config import PipelineConfig, config_as_dict, flatten, load_config, load_flow_config
+from flows.deferred import track_or_defer, wait_for_tracking
 from flows.features import prepare_features
 from flows.registry import current_champion
 from flows.tasks import baseline_task, evaluate_task, export_task, promote_task, train_task
 from flows.tracking import (
     RunRecord,
     TrackedRun,
-    log_pipeline_run,
     read_metrics_history,
     run_history,
 )
@@ -45,6 +45,7 @@ class PipelineResult:
             "rows_ingested": sum(r["rows_written"] for r in self.ingest),
             "rows_quarantined": sum(r["rows_quarantined"] for r in self.ingest),
             "files_failed": [e for r in self.ingest for e in r["files_failed"]],
+            "days_already_ingested": [r["day"] for r in self.ingest if r["skipped"]],
             **self.report.flat_metrics(),
             "train_samples_per_s": self.training["samples_per_s"],
             "mlflow_run_id": self.tracked.run_id,
@@ -62,7 +63,23 @@ class PipelineResult:
 def pipeline(config_path: str = "configs/demo.toml", overrides: list[str] | None = None) -> dict[str, Any]:
     """The whole slice on one config; returns the summary (also published as artifacts)."""
     overrides = overrides or []
-    return run_stages(load_config(config_path, overrides), config_path, overrides).as_dict()
+    return run_stages(load_flow_config(config_path, overrides), config_path, overrides).as_dict()
+
+
+@flow(name="retrain", log_prints=True)
+def retrain(
+    config_path: str = "configs/demo.toml",
+    batch_size: int | None = None,
+    train_days: list[int] | None = None,
+    eval_days: list[int] | None = None,
+    overrides: list[str] | None = None,
+) -> dict[str, Any]:
+    """The pipeline on demand (the dashboard's Run button), with the usual knobs as fields."""
+    extra = [f"training.batch_size={batch_size}"] if batch_size else []
+    extra += [f"data.train_days={list(train_days)}"] if train_days else []
+    extra += [f"data.eval_days={list(eval_days)}"] if eval_days else []
+    overrides = [*(overrides or []), *extra]
+    return run_stages(load_flow_config(config_path, overrides), config_path, overrides).as_dict()
 
 
 def run_stages(config: PipelineConfig, config_path: str, overrides: list[str]) -> PipelineResult:
@@ -72,9 +89,8 @@ def run_stages(config: PipelineConfig, config_path: str, overrides: list[str]) -
     ingest, state, feature_files = features.ingest, features.state, features.files
     tuning = choose_hyperparameters(config, features, config_path, overrides)
     config = with_params(config, tuning.params)
-    training = train_task(config, state, feature_files)
-    lr_scores = baseline_task(config, state, feature_files)
-    report, scores = evaluate_task(config, state, training["out_dir"], lr_scores)
+    training = train_model(config, state, feature_files)
+    report, scores = evaluate_model(config, state, feature_files, training["out_dir"])
     model = export_task(config, state, feature_files, training["checkpoint"])
     tracked = _track(config, state, ingest, report, scores, training, model, tuning.as_tags())
     decision = None
@@ -86,12 +102,29 @@ def run_stages(config: PipelineConfig, config_path: str, overrides: list[str]) -
     return result
 
 
+@flow(name="train")
+def train_model(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]]) -> dict[str, Any]:
+    """Sharded training with torchrun on the train days; the job's summary."""
+    return train_task(config, state, files)
+
+
+@flow(name="evaluate")
+def evaluate_model(
+    config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]], train_out: str
+) -> tuple[EvalReport, dict[int, Scores]]:
+    """The model's held-out report against the reference predictors, on the eval days."""
+    lr_scores = baseline_task(config, state, files)
+    return evaluate_task(config, state, train_out, lr_scores)
+
+
 def _track(
     config: PipelineConfig, state: PreprocessState, ingest, report: EvalReport, scores: dict[int, Scores], training,
     model, tuning_tags: dict[str, str],
 ) -> TrackedRun:
     out = Path(training["out_dir"])
     resolved = config_as_dict(config)
+    log = get_run_logger()
+    online = wait_for_tracking(config.tracking_uri, config.tracking.outage_wait_s, log)
     everything = Scores.concat([scores[day] for day in config.data.eval_days])
     record = RunRecord(
         run_name=f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}",
@@ -114,7 +147,7 @@ def _track(
         },
         texts={"evaluation/report.md": report_markdown(report, f"Evaluation: {config.name}")},
         eval_predictions=(everything.labels.astype(float), everything.predictions.astype(float)),
-        baseline_history=_champion_history(config),
+        baseline_history=_champion_history(config) if online else None,
         tags={
             "pipeline.config": config.name,
             "training.world_size": str(training["world_size"]),
@@ -123,9 +156,9 @@ def _track(
             **tuning_tags,
         },
     )
-    return log_pipeline_run(
-        config.tracking_uri, config.artifact_location, config.tracking.experiment,
-        record, model, config.tracking.registered_model,
+    return track_or_defer(
+        Path(config.run_dir).resolve(), config.tracking_uri, config.artifact_location, config.tracking.experiment,
+        config.tracking.registered_model, 0.0 if not online else config.tracking.outage_wait_s, record, model, log,
     )  # fmt: skip
 
 
@@ -156,10 +189,18 @@ def _publish_artifacts(result: PipelineResult) -> None:
             + decision
             + f"\n**Training:** {summary['train_samples_per_s']:,.0f} samples/s, "
             f"{result.training['world_size']} processes on {result.training['device']}\n"
-            + f"\n**MLflow run:** `{result.tracked.run_id}` (model version {result.tracked.model_version})\n"
+            + f"\n**MLflow run:** {_run_link(result)} (model version {result.tracked.model_version})\n"
         ),
         description="Held-out quality against references and the champion, throughput, MLflow run",
     )
+
+
+def _run_link(result: PipelineResult) -> str:
+    """A link into the MLflow UI when the store is a server, else the run id."""
+    uri, tracked = result.config.tracking_uri, result.tracked
+    if uri.startswith(("http://", "https://")) and tracked.experiment_id:
+        return f"[{tracked.run_id}]({uri.rstrip('/')}/#/experiments/{tracked.experiment_id}/runs/{tracked.run_id})"
+    return f"`{tracked.run_id}`"
 
 
 def run_pipeline(config_path: str, overrides: list[str] | None = None) -> dict[str, Any]:

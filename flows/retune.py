@@ -24,7 +24,7 @@ from prefect.exceptions import MissingContextError
 
 from evaluation.metrics import MetricError, binary_state, compute_ne
 from evaluation.report import Scores
-from flows.config import PipelineConfig, load_config
+from flows.config import PipelineConfig, load_flow_config
 from flows.features import Features, prepare_features
 from flows.tasks import build_job, read_predictions
 from flows.tracking import ensure_experiment, log_study_plots
@@ -81,7 +81,7 @@ def retune(
     """Tune the hyperparameters of the config's key; the budget may be set per call."""
     extra = [f"tuning.n_trials={n_trials}"] if n_trials else []
     extra += [f"tuning.timeout_s={timeout_s}"] if timeout_s else []
-    config = load_config(config_path, [*(overrides or []), *extra])
+    config = load_flow_config(config_path, [*(overrides or []), *extra])
     return run_retune(config, prepare_features(config)).as_dict()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,14 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from prefect import get_run_logger, task
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
+from prefect.tasks import exponential_backoff
 
 from evaluation.metrics import BinaryState, binary_state, compute_ne
 from evaluation.promotion import PromotionDecision
@@ -50,7 +57,7 @@ def generate_task(config: PipelineConfig, day: int) -> dict[str, Any]:
     return asdict(stats)
 
 
-@task(name="ingest-day", retries=2, retry_delay_seconds=5, **STAGE)
+@task(name="ingest-day", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5), **STAGE)
 def ingest_task(config: PipelineConfig, day: int, sources: list[str]) -> dict[str, Any]:
     report = ingest_day(sources, day, config.path(config.data.warehouse_dir))
     logger = get_run_logger()
@@ -98,9 +105,42 @@ def train_task(config: PipelineConfig, state: PreprocessState, files: dict[int, 
     """
     job = build_job(config, state, files, run_id=str(flow_run.id or "local"))
     logger = get_run_logger()
-    launch(job, on_line=logger.info)
+    progress = create_progress_artifact(0.0, key="training-progress", description="Training steps done (%)")
+    shown = [0.0]
+
+    def on_line(line: str) -> None:
+        logger.info(line)
+        done = _percent_done(line)
+        if done is not None and done >= shown[0] + 1:  # at most ~100 updates a run
+            shown[0] = done
+            update_progress_artifact(progress, done)
+
+    launch(job, on_line=on_line)
+    update_progress_artifact(progress, 100.0)
     summary = json.loads((job.out / "summary.json").read_text())
+    _publish_plan(job.out / "plan.json")
     return {**summary, "out_dir": str(job.out)}
+
+
+STEP_LINE = re.compile(r"\[train\] step (\d+)/(\d+)")
+
+
+def _percent_done(line: str) -> float | None:
+    match = STEP_LINE.search(line)
+    return 100.0 * int(match[1]) / max(1, int(match[2])) if match else None
+
+
+def _publish_plan(plan_file: Path) -> None:
+    """The sharding plan as a Prefect table: table → sharding type → ranks → bytes per rank."""
+    if not plan_file.is_file():
+        return
+    rows = [
+        {"table": row["table"], "sharding_type": row["sharding_type"], "compute_kernel": row["compute_kernel"],
+         "ranks": ",".join(map(str, row["ranks"])),
+         "bytes_per_rank": ", ".join(f"{rank}: {size:,}" for rank, size in row["bytes_per_rank"].items())}
+        for row in json.loads(plan_file.read_text())
+    ]  # fmt: skip
+    create_table_artifact(key="sharding-plan", table=rows, description="Where each embedding table lives")
 
 
 def build_job(
@@ -179,7 +219,7 @@ def export_task(config: PipelineConfig, state: PreprocessState, files: dict[int,
     return export_model(build_job(config, state, files), Path(checkpoint))
 
 
-@task(name="promote", retries=2, retry_delay_seconds=5, **STAGE)
+@task(name="promote", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5), **STAGE)
 def promote_task(config: PipelineConfig, run_id: str, version: str, report: EvalReport) -> PromotionDecision:
     """Make the new version the champion if it beats the current one on the same days."""
     client = MlflowClient(tracking_uri=config.tracking_uri)

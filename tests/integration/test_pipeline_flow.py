@@ -81,6 +81,7 @@ def test_rerun_reuses_ingested_days(prefect_server, pipeline_run) -> None:
     config, first = pipeline_run
     again = run_pipeline(str(ROOT / "configs" / "tiny.toml"), [f'run_dir="{config.run_dir}"'])
     assert again["rows_ingested"] == first["rows_ingested"]
+    assert first["days_already_ingested"] == [] and again["days_already_ingested"] == [0, 1, 2], "no work redone"
     assert again["mlflow_run_id"] != first["mlflow_run_id"]
     assert int(again["model_version"]) == int(first["model_version"]) + 1
     # Same data, same seed: the same NE, which does not beat the champion scored on the same day.
@@ -108,3 +109,71 @@ def test_prefect_artifacts_are_published(pipeline_run) -> None:
     assert summary is not None and "logistic_regression" in summary.data and "| **all** |" in summary.data
     table = asyncio.run(latest("evaluation-by-day"))
     assert table is not None and table.type == "table"
+    plan = asyncio.run(latest("sharding-plan"))
+    assert plan is not None and "t_C1" in plan.data and "table_wise" in plan.data
+    progress = asyncio.run(latest("training-progress"))
+    assert progress is not None and progress.type == "progress" and float(progress.data) == 100.0
+    tuning = asyncio.run(latest("tuning-decision"))
+    assert tuning is not None and "training.embedding_lr" in tuning.data
+
+
+def test_stages_run_as_subflows_of_the_pipeline(pipeline_run) -> None:
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    async def runs():
+        async with get_client() as client:
+            return await client.read_flow_runs()
+
+    everything = asyncio.run(runs())
+    pipelines = [r for r in everything if r.parent_task_run_id is None and r.state.is_completed()]
+    assert pipelines, "a completed top-level pipeline run"
+    subflows = {r.name: r for r in everything if r.parent_task_run_id is not None}
+    flow_names = set()
+
+    async def flow_name(flow_id):
+        async with get_client() as client:
+            return (await client.read_flow(flow_id)).name
+
+    for run in subflows.values():
+        flow_names.add(asyncio.run(flow_name(run.flow_id)))
+    assert {"ingest", "preprocess", "train", "evaluate"} <= flow_names
+
+
+def test_a_killed_worker_fails_the_train_task_which_prefect_retries_from_the_checkpoint(
+    prefect_server, tiny_features, tmp_path: Path
+) -> None:
+    from prefect import flow
+    from test_checkpoint_recovery import _kill_one_worker_after
+
+    from flows.tasks import build_job, train_task
+
+    state, files = tiny_features
+    config = load_config(ROOT / "configs" / "tiny.toml", [f'run_dir="{tmp_path}"', "training.checkpoint_every=10",
+                                                          "training.epochs=2"])  # fmt: skip
+
+    @flow
+    def train_once() -> tuple[dict, str]:
+        from prefect.runtime import flow_run
+
+        job = build_job(config, state, files, run_id=str(flow_run.id))
+        _kill_one_worker_after(job, step=25)  # during the task's first attempt
+        state_ = train_task(config, state, files, return_state=True)
+        return state_.result(), str(flow_run.id)
+
+    summary, flow_run_id = train_once()
+    assert summary["resumed_from_step"] >= 20, "the retry resumed from a checkpoint"
+    assert summary["rows_trained"] == summary["steps"] * config.training.batch_size, "each sample once"
+
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def task_runs():
+        async with get_client() as client:
+            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+
+    (train,) = [r for r in asyncio.run(task_runs()) if r.name.startswith("train")]
+    assert train.run_count == 2 and train.state.is_completed(), "failed once, retried by Prefect, completed"

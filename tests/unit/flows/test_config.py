@@ -97,3 +97,33 @@ def test_resolved_config_flattens_for_mlflow_params() -> None:
     assert flat["training.batch_size"] == 2048
     assert flat["model.bottom_mlp"] == [512, 256, 16]
     assert flat["data.synthetic.seed"] == 7
+
+
+def test_flow_parameters_cannot_name_configs_outside_the_allowed_folders(tmp_path, monkeypatch) -> None:
+    from flows.config import load_flow_config
+
+    outside = tmp_path / "elsewhere.toml"
+    outside.write_text((ROOT / "configs" / "tiny.toml").read_text())
+    monkeypatch.delenv("DLRM_CONFIG_DIRS", raising=False)
+    assert load_flow_config(ROOT / "configs" / "tiny.toml").name == "tiny"
+    for sneaky in (outside, ROOT / "configs" / ".." / "pyproject.toml", "configs/../../etc/passwd"):
+        with pytest.raises(ConfigError, match="configs are read only from"):
+            load_flow_config(sneaky)
+    monkeypatch.setenv("DLRM_CONFIG_DIRS", str(tmp_path))
+    assert load_flow_config(outside).name == "tiny"
+
+
+def test_the_day_task_runner_is_threads_or_a_named_dask_cluster() -> None:
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    from flows.features import day_task_runner
+
+    config = load_config(ROOT / "configs" / "tiny.toml", ["orchestration.max_workers=3"])
+    runner = day_task_runner(config)
+    assert isinstance(runner, ThreadPoolTaskRunner) and runner._max_workers == 3
+    with pytest.raises(ConfigError, match="dask_address"):
+        load_config(ROOT / "configs" / "tiny.toml", ['orchestration.task_runner="dask"'])
+    dask = load_config(ROOT / "configs" / "tiny.toml", ['orchestration.task_runner="dask"',
+                                                        'orchestration.dask_address="tcp://127.0.0.1:8786"'])  # fmt: skip
+    with pytest.raises(ConfigError, match="pip install prefect-dask"):
+        day_task_runner(dask)  # not installed here: the message says what to do

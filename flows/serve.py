@@ -1,0 +1,46 @@
+"""`dlrm serve`: the deployments a scheduled, dashboard-driven installation runs.
+
+- `pipeline/nightly`: the whole pipeline on `orchestration.nightly_cron`;
+- `retrain/retrain`: the pipeline on demand, with typed parameters (batch size, days), from
+  the Prefect UI's Run button or the API;
+- `retune/retune`: a study for the config's tuning key (also what `scale_and_schedule`
+  creates runs of).
+
+Served from this process (`prefect.serve`): flow runs execute here, with the project's
+environment; `prefect.yaml` offers the same deployments for work pools.
+"""
+
+from __future__ import annotations
+
+from prefect import serve
+from prefect.deployments.runner import RunnerDeployment
+from prefect.schedules import Cron
+
+from flows.config import load_config
+from flows.pipeline import pipeline, retrain
+from flows.retune import retune
+
+
+def build_deployments(config_path: str, overrides: list[str] | None = None) -> list[RunnerDeployment]:
+    config = load_config(config_path, overrides or [])  # a bad config fails here, not at 2 am
+    parameters = {"config_path": config_path, "overrides": list(overrides or [])}
+    tags = [f"config:{config.name}"]
+    return [
+        pipeline.to_deployment(
+            name="nightly", schedule=Cron(config.orchestration.nightly_cron, timezone=config.orchestration.timezone),
+            parameters=parameters, tags=tags, description="The pipeline on the nightly schedule",
+        ),
+        retrain.to_deployment(
+            name="retrain", parameters=parameters, tags=tags,
+            description="Retrain now: ingest, preprocess, train, evaluate, promote (set batch_size or days)",
+        ),
+        retune.to_deployment(
+            name="retune", parameters=parameters, tags=tags,
+            description="Retune the hyperparameters of the config's tuning key",
+        ),
+    ]  # fmt: skip
+
+
+def serve_deployments(config_path: str, overrides: list[str] | None = None, limit: int | None = None) -> None:
+    """Register the deployments and run their flow runs until stopped (Ctrl-C)."""
+    serve(*build_deployments(config_path, overrides), limit=limit)

@@ -1,0 +1,19 @@
+#!/bin/sh
+# The MLflow tracking server, as the mlflow service runs it (and the tests, natively):
+# PostgreSQL backend store, artifacts served by the server itself from a local folder.
+#   MLFLOW_BACKEND_STORE_URI      postgresql://user:password@host:5432/mlflow
+#   MLFLOW_ARTIFACTS_DESTINATION  folder (a volume in compose) or an object-store URL
+#   MLFLOW_HOST / MLFLOW_PORT     where to listen (default 127.0.0.1:5000)
+#   MLFLOW_ALLOWED_HOSTS          Host headers the server answers, with their ports (a guard
+#                                 against DNS rebinding); default: this loopback port
+set -eu
+: "${MLFLOW_BACKEND_STORE_URI:?set it to the postgresql:// URL of the mlflow database}"
+: "${MLFLOW_ARTIFACTS_DESTINATION:?set it to the folder or URL that keeps the artifacts}"
+exec mlflow server \
+    --backend-store-uri "$MLFLOW_BACKEND_STORE_URI" \
+    --serve-artifacts \
+    --artifacts-destination "$MLFLOW_ARTIFACTS_DESTINATION" \
+    --host "${MLFLOW_HOST:-127.0.0.1}" \
+    --port "${MLFLOW_PORT:-5000}" \
+    --allowed-hosts "${MLFLOW_ALLOWED_HOSTS:-localhost:${MLFLOW_PORT:-5000},127.0.0.1:${MLFLOW_PORT:-5000}}" \
+    --workers "${MLFLOW_WORKERS:-2}"

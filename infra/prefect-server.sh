@@ -1,0 +1,12 @@
+#!/bin/sh
+# The Prefect server on PostgreSQL, as the prefect-server service runs it (and the tests, natively).
+#   PREFECT_API_DATABASE_CONNECTION_URL  postgresql+asyncpg://user:password@host:5432/prefect
+#   PREFECT_SERVER_API_HOST / _PORT      where to listen (default 127.0.0.1:4200)
+set -eu
+: "${PREFECT_API_DATABASE_CONNECTION_URL:?set it to the postgresql+asyncpg:// URL of the prefect database}"
+export PREFECT_SERVER_ANALYTICS_ENABLED="${PREFECT_SERVER_ANALYTICS_ENABLED:-false}"
+# Where the UI in the browser calls the API: this server, unless published elsewhere.
+export PREFECT_UI_API_URL="${PREFECT_UI_API_URL:-http://${PREFECT_SERVER_API_HOST:-127.0.0.1}:${PREFECT_SERVER_API_PORT:-4200}/api}"
+exec prefect server start \
+    --host "${PREFECT_SERVER_API_HOST:-127.0.0.1}" \
+    --port "${PREFECT_SERVER_API_PORT:-4200}"

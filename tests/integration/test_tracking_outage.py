@@ -1,0 +1,116 @@
+"""MLflow outages: a tracking server killed during training loses nothing. Its run waits
+and is logged when the server returns, or is saved locally and uploaded by the next run.
+The servers are real (infra/mlflow-server.sh on a fresh PostgreSQL database)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from services import ROOT, VENV_BIN, create_database, drop_database, free_port, start_mlflow, stop
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def backend():
+    name = f"dlrm_it_outage_{uuid.uuid4().hex[:6]}"
+    url = create_database(name)
+    yield url
+    drop_database(name)
+
+
+def _run(run_dir: Path, uri: str, wait_s: float) -> subprocess.Popen:
+    overrides = [f'run_dir="{run_dir}"', f'tracking.tracking_uri="{uri}"', f"tracking.outage_wait_s={wait_s}",
+                 'tuning.policy="off"', 'tracking.promotion_lock="postgresql://postgres@127.0.0.1:5432/postgres"']  # fmt: skip
+    return subprocess.Popen(
+        [str(VENV_BIN / "dlrm"), "run", "--config", "configs/tiny.toml", *[a for o in overrides for a in ("--set", o)],
+         "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**__import__("os").environ, "PREFECT_HOME": str(run_dir.parent / "prefect")},
+    )  # fmt: skip
+
+
+def _summary(lines: list[str]) -> dict:
+    """The `--json` summary among the log lines."""
+    return json.loads(next(line for line in reversed(lines) if line.startswith("{")))
+
+
+def _logged_history(client: MlflowClient, run_id: str) -> int:
+    return len(client.get_metric_history(run_id, "train_window_ne"))
+
+
+def _local_history(run_dir: Path) -> int:
+    lines = (run_dir / "train" / "metrics.jsonl").read_text().splitlines()
+    return sum("train_window_ne" in json.loads(line) for line in lines if line.strip())
+
+
+def test_mlflow_killed_during_training_gets_every_metric_when_it_returns(backend: str, tmp_path: Path) -> None:
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = start_mlflow(tmp_path, port, backend, tmp_path / "mlflow.log")
+    run_dir = tmp_path / "run"
+    pipeline = _run(run_dir, uri, wait_s=180)
+    output: list[str] = []
+    assert pipeline.stdout is not None
+    for line in pipeline.stdout:
+        output.append(line)
+        if "[train] step" in line and server.poll() is None:
+            stop(server, signal.SIGKILL)  # mid-training
+            killed_at = time.monotonic()
+        if "is unreachable" in line:  # the finished run waits: bring the server back
+            assert time.monotonic() - killed_at < 170
+            server = start_mlflow(tmp_path, port, backend, tmp_path / "mlflow.log")
+    assert pipeline.wait() == 0, "".join(output)[-4000:]
+    stop(server)
+    text = "".join(output)
+    assert "MLflow at" in text and "is unreachable" in text, "a clear warning"
+    summary = _summary(output)
+    server = start_mlflow(tmp_path, port, backend, tmp_path / "mlflow.log")
+    try:
+        client = MlflowClient(uri)
+        run = client.get_run(summary["mlflow_run_id"])
+        assert _logged_history(client, run.info.run_id) == _local_history(run_dir) > 0, "no metric lost"
+        assert run.data.metrics["eval_ne"] == pytest.approx(summary["eval_ne"])
+        assert summary["model_version"] == "1"
+    finally:
+        stop(server)
+
+
+def test_a_run_that_cannot_reach_mlflow_is_uploaded_by_the_next_run(backend: str, tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there yet
+    uri = f"http://127.0.0.1:{port}"
+    run_dir = tmp_path / "run"
+    first = _run(run_dir, uri, wait_s=2)
+    out, _ = first.communicate(timeout=600)
+    assert first.returncode == 0, out[-4000:]
+    deferred = _summary(out.splitlines())
+    assert deferred["mlflow_run_id"].startswith("deferred:") and deferred["model_version"] is None
+    assert "the next run uploads it" in out
+    pending = list((run_dir / "mlflow-pending").glob("*/COMPLETE"))
+    assert len(pending) == 1
+    first_history = _local_history(run_dir)
+
+    server = start_mlflow(tmp_path, port, backend, tmp_path / "mlflow.log")
+    try:
+        second = _run(run_dir, uri, wait_s=60)
+        out, _ = second.communicate(timeout=600)
+        assert second.returncode == 0, out[-4000:]
+        assert "uploaded the deferred run" in out
+        assert not list((run_dir / "mlflow-pending").glob("*/COMPLETE")), "uploaded once, then removed"
+        client = MlflowClient(uri)
+        runs = client.search_runs([client.get_experiment_by_name("dlrm-tiny").experiment_id])
+        assert len(runs) == 2
+        late = [r for r in runs if r.data.tags.get("tracking.deferred") == "true"]
+        assert len(late) == 1 and late[0].data.metrics["eval_ne"] == pytest.approx(deferred["eval_ne"])
+        assert _logged_history(client, late[0].info.run_id) == first_history
+        assert {a.path for a in client.list_artifacts(late[0].info.run_id, "training")} >= {"training/plan.txt"}
+        versions = {str(v.version) for v in client.search_model_versions("name='dlrm-ctr-tiny'")}
+        assert versions == {"1", "2"}, "the deferred model is registered too"
+    finally:
+        stop(server)

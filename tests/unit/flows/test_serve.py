@@ -1,0 +1,53 @@
+"""`dlrm serve`'s deployments, and prefect.yaml offering the same ones to work pools."""
+
+import importlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.config import ConfigError, load_config
+from flows.serve import build_deployments
+from flows.tuning import RETUNE_DEPLOYMENT
+
+ROOT = Path(__file__).resolve().parents[3]
+DEMO = str(ROOT / "configs" / "demo.toml")
+
+
+def test_serve_builds_nightly_retrain_and_retune() -> None:
+    deployments = {f"{d.flow_name}/{d.name}": d for d in build_deployments(DEMO, ["training.batch_size=4096"])}
+    assert set(deployments) == {"pipeline/nightly", "retrain/retrain", RETUNE_DEPLOYMENT}
+    nightly = deployments["pipeline/nightly"]
+    assert [s.schedule.cron for s in nightly.schedules] == [load_config(DEMO).orchestration.nightly_cron]
+    assert not deployments["retrain/retrain"].schedules, "retrain runs on demand only"
+    for deployment in deployments.values():
+        assert deployment.parameters == {"config_path": DEMO, "overrides": ["training.batch_size=4096"]}
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.pipeline import retrain
+
+    fields = parameter_schema(retrain).properties
+    assert {"batch_size", "train_days", "eval_days", "config_path"} <= set(fields), "typed fields for the Run form"
+    assert fields["batch_size"]["anyOf"][0]["type"] == "integer"
+
+
+def test_cron_comes_from_the_config_and_is_checked() -> None:
+    (nightly, *_) = build_deployments(DEMO, ['orchestration.nightly_cron="30 4 * * 1-5"'])
+    assert nightly.schedules[0].schedule.cron == "30 4 * * 1-5"
+    with pytest.raises(ConfigError, match="orchestration.nightly_cron"):
+        build_deployments(DEMO, ['orchestration.nightly_cron="every night"'])
+
+
+def test_prefect_yaml_offers_the_same_deployments() -> None:
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    served = {f"{d.flow_name}/{d.name}": d for d in build_deployments(DEMO)}
+    listed = {}
+    for entry in spec["deployments"]:
+        module, _, attribute = entry["entrypoint"].partition(":")
+        flow = getattr(importlib.import_module(module.removesuffix(".py").replace("/", ".")), attribute)
+        listed[f"{flow.name}/{entry['name']}"] = entry
+    assert set(listed) == set(served)
+    assert [s["cron"] for s in listed["pipeline/nightly"]["schedules"]] == [load_config(DEMO).orchestration.nightly_cron]
+    import prefect
+
+    assert spec["prefect-version"] == prefect.__version__, "the same Prefect as the client"
