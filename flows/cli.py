@@ -41,6 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "config", None):
         _trust_config_folder(args.config)
+        _trust_override_paths(getattr(args, "overrides", []))
     try:
         return args.handler(args)
     except UserError as error:
@@ -58,6 +59,20 @@ def _trust_config_folder(config: str) -> None:
     folder = str(Path(config).expanduser().resolve().parent)
     known = os.environ.get("DLRM_CONFIG_DIRS", "")
     os.environ["DLRM_CONFIG_DIRS"] = os.pathsep.join(filter(None, [known, folder]))
+
+
+def _trust_override_paths(overrides: list[str]) -> None:
+    """Paths set with --set here are the user's own choice: the flows may use them."""
+    folders = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.strip() in {"run_dir", "data.raw_dir", "data.warehouse_dir", "preprocess.features_dir"}:
+            folders.append(str(Path(value.strip().strip("'\"")).expanduser().resolve()))
+        elif key.strip() == "data.files":
+            folders.append("/")  # files named on the command line: the user's own
+    if folders:
+        known = os.environ.get("DLRM_DATA_DIRS", "")
+        os.environ["DLRM_DATA_DIRS"] = os.pathsep.join(filter(None, [known, *folders]))
 
 
 def _is_user_facing(error: Exception) -> bool:

@@ -137,7 +137,48 @@ def load_flow_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> 
             f"{path}: configs are read only from {', '.join(map(str, roots))}; "
             f"put it there or add its folder to {CONFIG_DIRS_ENV}"
         )
-    return load_config(resolved, overrides)
+    config = load_config(resolved, overrides)
+    _check_override_paths(load_config(resolved), config)
+    return config
+
+
+# More folders that a flow parameter may point data paths at (os.pathsep-separated).
+DATA_DIRS_ENV = "DLRM_DATA_DIRS"
+
+
+def _data_paths(config: PipelineConfig) -> dict[str, list[str]]:
+    def local(relative: str) -> str:
+        return str(config.path(relative).resolve())  # resolve: "../" cannot climb out unseen
+
+    return {
+        "run_dir": [str(Path(config.run_dir).expanduser().resolve())],
+        "data.raw_dir": [local(config.data.raw_dir)],
+        "data.warehouse_dir": [local(config.data.warehouse_dir)],
+        "preprocess.features_dir": [local(config.preprocess.features_dir)],
+        "data.files": [f if "://" in f else local(f) for f in config.data.files],
+    }
+
+
+def _check_override_paths(base: PipelineConfig, config: PipelineConfig) -> None:
+    """Paths that overrides moved must stay under the config's own run folder or a folder
+    of DLRM_DATA_DIRS: a flow parameter cannot point the pipeline at the rest of the host."""
+    roots = [_data_paths(base)["run_dir"][0], *os.environ.get(DATA_DIRS_ENV, "").split(os.pathsep)]
+    roots = [r if "://" in r else str(Path(r).resolve()) for r in roots if r]
+    before = _data_paths(base)
+    for key, paths in _data_paths(config).items():
+        for path in paths:
+            if path in before[key] or any(_within(path, root) for root in roots):
+                continue
+            raise ConfigError(
+                f"{key}: {path} is outside {', '.join(roots)}; flows keep data under the run folder "
+                f"(add a folder to {DATA_DIRS_ENV} to allow it)"
+            )
+
+
+def _within(path: str, root: str) -> bool:
+    if "://" in path or "://" in root:
+        return path.startswith(root.rstrip("/") + "/")
+    return Path(path).is_relative_to(root)
 
 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> PipelineConfig:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
@@ -242,9 +243,7 @@ def _publish(study: optuna.Study, best: TunedParams | None) -> None:
     )  # fmt: skip
 
 
-def _param(name: str, value: Any):
-    from mlflow.entities import Param
-
+def _param(name: str, value: Any) -> Param:
     return Param(name, str(value))
 
 

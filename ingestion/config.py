@@ -62,10 +62,16 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class PreprocessConfig:
-    """DuckDB feature preprocessing: log-transformed dense features, hashed categoricals."""
+    """DuckDB feature preprocessing: log-transformed dense features; categoricals hashed or
+    looked up in a vocabulary fitted on the training days."""
 
     # No embedding table has more rows than this (row 0 of each is kept for missing values).
     hash_size: int = 100_000
+    # "hash": 1 + value mod buckets. "vocab": values seen at least `min_count` times on the
+    # training days get their own row (the most frequent first, at most hash_size - 2 of
+    # them); every other value shares the out-of-vocabulary row 1.
+    categorical_mode: Literal["hash", "vocab"] = "hash"
+    min_count: int = 1
     features_dir: str = "features"
     duckdb_memory_limit: str = "2GB"
     duckdb_threads: int = 2
@@ -74,6 +80,10 @@ class PreprocessConfig:
     def __post_init__(self) -> None:
         if self.hash_size < 2:
             raise ValueError(f"hash_size: must be at least 2, got {self.hash_size}")
+        if self.categorical_mode == "vocab" and self.hash_size < 3:
+            raise ValueError("hash_size: vocabulary mode needs at least 3 (missing, out-of-vocabulary, one value)")
+        if self.min_count < 1:
+            raise ValueError(f"min_count: must be at least 1, got {self.min_count}")
         if self.duckdb_threads < 1:
             raise ValueError(f"duckdb_threads: must be at least 1, got {self.duckdb_threads}")
         if self.row_group_size < 1024:

@@ -1,13 +1,17 @@
 """Feature preprocessing in DuckDB SQL over the Parquet warehouse.
 
 Dense: missing → 0, negative → 0, then ln(1 + x). Categorical: row 0 of each embedding
-table is "missing"; a present value v maps to 1 + v mod buckets, where each feature gets
-`min(hash_size - 1, 2 × distinct values seen in the training days)` buckets, so small
-features don't pay for a table of `hash_size` rows.
+table is "missing". Then, by `categorical_mode`:
+- hash: a present value v maps to 1 + v mod buckets, where each feature gets
+  `min(hash_size - 1, 2 × distinct values seen in the training days)` buckets, so small
+  features don't pay for a table of `hash_size` rows;
+- vocab: values seen at least `min_count` times on the training days get rows 2, 3, … (the
+  most frequent first, at most hash_size - 2); any other value maps to row 1, out of
+  vocabulary. Each feature's vocabulary is a Parquet file (value, index) beside the state.
 
-Fitting (counting distinct values on the training days) happens once; its result, the
-`PreprocessState`, is versioned by a hash of the preprocessing config and the training
-days' manifests, and the same state is applied to train and eval days alike.
+Fitting happens once; its result, the `PreprocessState`, is versioned by a hash of the
+preprocessing config and the training days' manifests, and the same state is applied to
+train and eval days alike.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS
 from ingestion.warehouse import partition_dir, read_manifest
 
 log = logging.getLogger(__name__)
-STATE_VERSION = 1
+STATE_VERSION = 2
+MISSING_ROW, OOV_ROW = 0, 1
 
 
 class PreprocessError(RuntimeError):
@@ -40,21 +45,25 @@ class PreprocessState:
     """Everything needed to turn warehouse rows into model features, and the table sizes."""
 
     state_id: str
-    buckets: dict[str, int]  # feature → hash buckets (table rows = buckets + 1)
+    # hash mode: feature → buckets (table rows = buckets + 1);
+    # vocab mode: feature → vocabulary entries (table rows = entries + 2).
+    buckets: dict[str, int]
     train_days: tuple[int, ...]
     train_rows: int
     train_click_rate: float
+    mode: str = "hash"
 
     @property
     def table_sizes(self) -> dict[str, int]:
-        return {name: buckets + 1 for name, buckets in self.buckets.items()}
+        reserved = 2 if self.mode == "vocab" else 1  # missing (+ out of vocabulary)
+        return {name: buckets + reserved for name, buckets in self.buckets.items()}
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
 
     @classmethod
     def load(cls, path: Path) -> PreprocessState:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text())  # states saved before `mode` existed are hash states
         return cls(**{**data, "train_days": tuple(data["train_days"])})
 
 
@@ -82,6 +91,8 @@ def state_id_for(config: PreprocessConfig, warehouse: Path, train_days: Sequence
     parts = {
         "version": STATE_VERSION,
         "hash_size": config.hash_size,
+        "mode": config.categorical_mode,
+        "min_count": config.min_count if config.categorical_mode == "vocab" else None,
         "days": sorted(train_days),
         "sources": [m and [f["sha256"] for f in m["files"]] for m in manifests],
     }
@@ -102,22 +113,59 @@ def fit_state(config: PreprocessConfig, warehouse: Path, features_root: Path, tr
         f"SELECT count(*), avg(label), {distinct} FROM read_parquet(?)", [globs]
     ).fetchall()[0]
     rows, click_rate, counts = int(row[0]), float(row[1] or 0.0), row[2:]
-    buckets = {name: max(1, min(config.hash_size - 1, 2 * int(n))) for name, n in zip(SPARSE_COLUMNS, counts)}
-    state = PreprocessState(state_id, buckets, tuple(sorted(train_days)), rows, click_rate)
     state_path.parent.mkdir(parents=True, exist_ok=True)
-    state.save(state_path)
+    if config.categorical_mode == "vocab":
+        buckets = _fit_vocabularies(con, config, globs, state_path.parent / "vocab")
+    else:
+        buckets = {name: max(1, min(config.hash_size - 1, 2 * int(n))) for name, n in zip(SPARSE_COLUMNS, counts)}
+    state = PreprocessState(state_id, buckets, tuple(sorted(train_days)), rows, click_rate, config.categorical_mode)
+    state.save(state_path)  # written last: a state without its vocabularies is never seen
     log.info("fitted preprocessing state %s on %s rows of days %s", state_id, f"{rows:,}", list(train_days))
     return state
 
 
-def feature_sql(state: PreprocessState) -> str:
+def _fit_vocabularies(con: duckdb.DuckDBPyConnection, config: PreprocessConfig, globs: list[str],
+                      folder: Path) -> dict[str, int]:  # fmt: skip
+    """One Parquet (value, index) per feature; returns each vocabulary's size."""
+    folder.mkdir(parents=True, exist_ok=True)
+    limit = config.hash_size - 2
+    sizes = {}
+    for column in SPARSE_COLUMNS:
+        path = folder / f"{column}.parquet"
+        # Most frequent first; ties by value, so the same data always gives the same indices.
+        con.execute(
+            f"COPY (SELECT {column} AS value, (1 + row_number() OVER (ORDER BY n DESC, {column}))::INTEGER AS index "
+            f"FROM (SELECT {column}, count(*) AS n FROM read_parquet(?) WHERE {column} IS NOT NULL "
+            f"GROUP BY {column} HAVING count(*) >= {int(config.min_count)}) ORDER BY n DESC, {column} LIMIT {limit}) "
+            f"TO '{path}' (FORMAT parquet)",
+            [globs],
+        )
+        sizes[column] = con.execute(f"SELECT count(*) FROM read_parquet('{path}')").fetchall()[0][0]
+    return sizes
+
+
+def vocabulary_path(features_root: Path, state: PreprocessState, feature: str) -> Path:
+    return features_root / state.state_id / "vocab" / f"{feature}.parquet"
+
+
+def feature_sql(state: PreprocessState, features_root: Path | None = None) -> str:
     """The SELECT that turns warehouse rows into features (`{source}` is the input)."""
-    dense = [f"ln(1 + greatest(coalesce({c}, 0), 0))::FLOAT AS {c}" for c in DENSE_COLUMNS]
-    sparse = [
-        f"CASE WHEN {c} IS NULL THEN 0 ELSE 1 + ({c} % {state.buckets[c]}) END::INTEGER AS {c}"
-        for c in SPARSE_COLUMNS
-    ]
-    return "SELECT label::TINYINT AS label, " + ", ".join(dense + sparse) + " FROM {source}"
+    dense = [f"ln(1 + greatest(coalesce(s.{c}, 0), 0))::FLOAT AS {c}" for c in DENSE_COLUMNS]
+    if state.mode != "vocab":
+        sparse = [
+            f"CASE WHEN s.{c} IS NULL THEN {MISSING_ROW} ELSE 1 + (s.{c} % {state.buckets[c]}) END::INTEGER AS {c}"
+            for c in SPARSE_COLUMNS
+        ]
+        return "SELECT s.label::TINYINT AS label, " + ", ".join(dense + sparse) + " FROM {source} s"
+    if features_root is None:
+        raise PreprocessError("a vocabulary state needs its features folder to find the vocabularies")
+    sparse, joins = [], []
+    for i, c in enumerate(SPARSE_COLUMNS):
+        sparse.append(f"CASE WHEN s.{c} IS NULL THEN {MISSING_ROW} ELSE coalesce(v{i}.index, {OOV_ROW}) END::INTEGER AS {c}")
+        vocab = vocabulary_path(features_root, state, c)
+        joins.append(f"LEFT JOIN read_parquet('{vocab}') v{i} ON s.{c} = v{i}.value")
+    return ("SELECT s.label::TINYINT AS label, " + ", ".join(dense + sparse)
+            + " FROM {source} s " + " ".join(joins))  # fmt: skip
 
 
 def features_dir(features_root: Path, state: PreprocessState, day: int) -> Path:
@@ -133,7 +181,7 @@ def apply_state(config: PreprocessConfig, state: PreprocessState, warehouse: Pat
     staging.mkdir(parents=True)
     try:
         con = connect(config, features_root / "_spill")
-        query = feature_sql(state).format(source=f"read_parquet('{_day_glob(warehouse, day)}')")
+        query = feature_sql(state, features_root).format(source=f"read_parquet('{_day_glob(warehouse, day)}')")
         con.execute(
             f"COPY ({query}) TO '{staging / 'part-00000.parquet'}' "
             f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {config.row_group_size})"

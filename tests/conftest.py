@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 # Before Prefect is imported anywhere: no usage telemetry from the test server (no internet).
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Flows refuse data paths outside their run folder unless allowed: tests run in temp folders.
+os.environ.setdefault("DLRM_DATA_DIRS", tempfile.gettempdir())
 
 import pytest
 

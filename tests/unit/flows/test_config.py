@@ -127,3 +127,29 @@ def test_the_day_task_runner_is_threads_or_a_named_dask_cluster() -> None:
                                                         'orchestration.dask_address="tcp://127.0.0.1:8786"'])  # fmt: skip
     with pytest.raises(ConfigError, match="pip install prefect-dask"):
         day_task_runner(dask)  # not installed here: the message says what to do
+
+
+def test_flow_overrides_cannot_move_data_paths_out_of_the_run_folder(tmp_path, monkeypatch) -> None:
+    from flows.config import load_flow_config
+
+    tiny = ROOT / "configs" / "tiny.toml"
+    monkeypatch.delenv("DLRM_DATA_DIRS", raising=False)
+    inside = load_flow_config(tiny, ['data.warehouse_dir="warehouse-2"', "training.batch_size=512"])
+    assert inside.path(inside.data.warehouse_dir).name == "warehouse-2"
+    for override in ['run_dir="/etc"', 'data.warehouse_dir="../../../../etc"', 'data.raw_dir="/root"',
+                     'data.source="files"', 'preprocess.features_dir="/var/lib"']:  # fmt: skip
+        extra = ['data.files=["/etc/shadow"]'] if "source" in override else []
+        with pytest.raises(ConfigError, match="outside"):
+            load_flow_config(tiny, [override, *extra])
+    monkeypatch.setenv("DLRM_DATA_DIRS", str(tmp_path))
+    assert load_flow_config(tiny, [f'run_dir="{tmp_path / "run"}"']).run_dir == str(tmp_path / "run")
+
+
+def test_the_cli_trusts_the_paths_its_user_names(monkeypatch) -> None:
+    import os
+
+    from flows.cli import _trust_override_paths
+
+    monkeypatch.setenv("DLRM_DATA_DIRS", "")
+    _trust_override_paths(['run_dir="/srv/runs/a"', "training.batch_size=4"])
+    assert os.environ["DLRM_DATA_DIRS"].split(os.pathsep) == ["/srv/runs/a"]

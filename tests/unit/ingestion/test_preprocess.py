@@ -70,3 +70,50 @@ def test_applying_twice_reuses_the_day(tiny_warehouse: Path, tmp_path: Path) -> 
 def test_a_missing_day_is_a_clear_error(tiny_warehouse: Path, tmp_path: Path) -> None:
     with pytest.raises(PreprocessError, match="day 9: no Parquet .* ingest that day first"):
         fit_state(TINY_PREPROCESS, tiny_warehouse, tmp_path, (9,))
+
+
+def _vocabulary_oracle(train: pa.Table, column: str, min_count: int, limit: int) -> dict[int, int]:
+    """value → row: the most frequent first (ties by value), rows from 2."""
+    values = train[column].drop_null().to_numpy().astype(np.int64)
+    unique, counts = np.unique(values, return_counts=True)
+    keep = counts >= min_count
+    order = np.lexsort((unique[keep], -counts[keep]))[:limit]
+    return {int(v): 2 + rank for rank, v in enumerate(unique[keep][order])}
+
+
+@pytest.mark.parametrize("min_count", [1, 3])
+def test_vocabulary_mode_matches_a_numpy_oracle(tiny_warehouse: Path, tmp_path: Path, min_count: int) -> None:
+    from dataclasses import replace
+
+    config = replace(TINY_PREPROCESS, categorical_mode="vocab", min_count=min_count, hash_size=500)
+    state = fit_state(config, tiny_warehouse, tmp_path, (0, 1))
+    assert state.mode == "vocab" and state.state_id != state_id_for(TINY_PREPROCESS, tiny_warehouse, (0, 1))
+    train = pa.concat_tables([pq.read_table(tiny_warehouse / f"day={d}") for d in (0, 1)])
+    eval_day = pq.read_table(tiny_warehouse / "day=2")
+    features = pq.read_table(apply_state(config, state, tiny_warehouse, tmp_path, 2), partitioning=None)
+    assert features.num_rows == eval_day.num_rows
+    # Same row order is not promised: compare each feature's multiset of rows with the oracle's.
+    saw_oov = False
+    for column in SPARSE_COLUMNS:
+        vocabulary = _vocabulary_oracle(train, column, min_count, config.hash_size - 2)
+        assert state.table_sizes[column] == len(vocabulary) + 2 <= config.hash_size
+        stored = pq.read_table(tmp_path / state.state_id / "vocab" / f"{column}.parquet")
+        assert dict(zip(stored["value"].to_pylist(), stored["index"].to_pylist(), strict=True)) == vocabulary
+        raw = eval_day[column].to_pylist()
+        expected = np.sort([0 if v is None else vocabulary.get(v, 1) for v in raw])
+        got = np.sort(features[column].to_numpy())
+        assert np.array_equal(got, expected), column
+        saw_oov |= bool((got == 1).any())
+    assert saw_oov, "the eval day has values never seen in training: they share row 1"
+
+
+def test_vocabulary_keeps_the_most_frequent_values_when_capped(tiny_warehouse: Path, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    config = replace(TINY_PREPROCESS, categorical_mode="vocab", hash_size=12)
+    state = fit_state(config, tiny_warehouse, tmp_path, (0, 1))
+    assert max(state.table_sizes.values()) == 12
+    train = pa.concat_tables([pq.read_table(tiny_warehouse / f"day={d}") for d in (0, 1)])
+    column = max(SPARSE_COLUMNS, key=lambda c: len(set(train[c].drop_null().to_pylist())))
+    stored = pq.read_table(tmp_path / state.state_id / "vocab" / f"{column}.parquet")
+    assert stored.num_rows == 10 and stored["value"].to_pylist() == list(_vocabulary_oracle(train, column, 1, 10))
