@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -59,11 +60,9 @@ def wait_for(url: str, process: subprocess.Popen, log: Path, seconds: float = 12
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"{url} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
+        with contextlib.suppress(httpx.HTTPError):  # not listening yet
             if httpx.get(url, timeout=2).status_code == 200:
                 return
-        except httpx.HTTPError:
-            pass
         time.sleep(0.5)
     pytest.fail(f"{url} did not answer within {seconds:.0f} s:\n{log.read_text()[-3000:]}")
 

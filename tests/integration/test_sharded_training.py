@@ -94,7 +94,7 @@ def test_a_failing_rank_is_named_with_its_error(tiny_features, tmp_path: Path) -
 
 
 class _StopHere(Exception):
-    pass
+    """Raised from the output callback, as a pruned trial does."""
 
 
 def test_a_caller_that_stops_the_job_leaves_no_worker_behind(tiny_features, tmp_path: Path) -> None:
