@@ -70,9 +70,9 @@ def schedule_retune(config_path: str, overrides: list[str]) -> str:
         command = " ".join(["dlrm retune --config", config_path, *(f"--set {o}" for o in overrides)])
         log.warning("tuning: no '%s' deployment is served (start one with `dlrm serve`); run `%s` to retune",
                     RETUNE_DEPLOYMENT, command)  # fmt: skip
-        return f"not scheduled: no {RETUNE_DEPLOYMENT} deployment; run `{command}`"
+        return f"no {RETUNE_DEPLOYMENT} deployment is served: run `{command}`"
     log.info("tuning: retune scheduled as flow run %s", run.id)
-    return f"scheduled as flow run {run.id}"
+    return f"retune scheduled as flow run {run.id}"
 
 
 def _publish(decision: TuningDecision) -> None:

@@ -54,14 +54,14 @@ def decide(
     if not tuned:
         return TuningDecision(
             "scale_and_schedule", f"{never} and no other key was tuned: training with the configured values; "
-            "a retune is scheduled", key, configured, None, schedule_retune=True,
+            "a retune is wanted", key, configured, None, schedule_retune=True,
         )  # fmt: skip
     nearest = min(tuned, key=lambda t: (key.distance(t.key), t.ne))
     scaled = scale_params(nearest.params, nearest.key.global_batch_size, key.global_batch_size, scaling_rule)
     reason = (
         f"{never}: training with the nearest tuned key {nearest.key.fingerprint} ({_describe(nearest.key)}), "
         f"learning rates scaled by the {scaling_rule} rule for batch {nearest.key.global_batch_size} → "
-        f"{key.global_batch_size}; a retune is scheduled"
+        f"{key.global_batch_size}; a retune is wanted"
     )
     return TuningDecision("scale_and_schedule", reason, key, scaled, nearest, schedule_retune=True)
 
