@@ -55,24 +55,23 @@ def test_mlflow_killed_during_training_gets_every_metric_when_it_returns(backend
     uri = f"http://127.0.0.1:{port}"
     server = start_mlflow(tmp_path, port, backend, tmp_path / "mlflow.log")
     run_dir = tmp_path / "run"
-    pipeline = _run(run_dir, uri, wait_s=180)
     output: list[str] = []
-    assert pipeline.stdout is not None
-    for line in pipeline.stdout:
-        output.append(line)
-        if "[train] step" in line and server.poll() is None:
-            stop(server, signal.SIGKILL)  # mid-training
-            killed_at = time.monotonic()
-        if "is unreachable" in line:  # the finished run waits: bring the server back
-            assert time.monotonic() - killed_at < 170
-            server = start_mlflow(tmp_path, port, backend, tmp_path / "mlflow.log")
-    assert pipeline.wait() == 0, "".join(output)[-4000:]
-    stop(server)
-    text = "".join(output)
-    assert "MLflow at" in text and "is unreachable" in text, "a clear warning"
-    summary = _summary(output)
-    server = start_mlflow(tmp_path, port, backend, tmp_path / "mlflow.log")
+    killed_at = restarted = None
     try:
+        pipeline = _run(run_dir, uri, wait_s=180)
+        assert pipeline.stdout is not None
+        for line in pipeline.stdout:
+            output.append(line)
+            if "[train] step" in line and killed_at is None:
+                stop(server, signal.SIGKILL)  # mid-training
+                killed_at = time.monotonic()
+            if "is unreachable" in line and killed_at is not None and restarted is None:
+                restarted = time.monotonic()  # the finished run waits: bring the server back
+                server = start_mlflow(tmp_path, port, backend, tmp_path / "mlflow.log")
+        assert pipeline.wait() == 0, "".join(output)[-4000:]
+        assert killed_at is not None and restarted is not None and restarted - killed_at < 170
+        assert "MLflow at" in "".join(output), "a clear warning"
+        summary = _summary(output)
         client = MlflowClient(uri)
         run = client.get_run(summary["mlflow_run_id"])
         assert _logged_history(client, run.info.run_id) == _local_history(run_dir) > 0, "no metric lost"
