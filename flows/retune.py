@@ -88,7 +88,7 @@ def retune(
 
 def run_retune(config: PipelineConfig, features: Features) -> RetuneResult:
     """Join (or start) the key's study, run trials until the budget is spent, log the best."""
-    log = _logger()
+    log = run_logger("flows.retune")
     storage_url = config.optuna_storage
     storage = open_storage(storage_url, config.tuning.heartbeat_s)
     key = tuning_key(config.training)
@@ -252,8 +252,9 @@ def _redact(url: str) -> str:
     return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
 
 
-def _logger() -> logging.Logger | logging.LoggerAdapter:
+def run_logger(fallback: str) -> logging.Logger | logging.LoggerAdapter:
+    """The flow run's logger inside Prefect; the standard logger `fallback` outside (benchmarks)."""
     try:
         return get_run_logger()
     except MissingContextError:
-        return logging.getLogger("flows.retune")
+        return logging.getLogger(fallback)

@@ -9,16 +9,14 @@ says which command to run).
 from __future__ import annotations
 
 import dataclasses
-import logging
 
-from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.deployments import run_deployment
-from prefect.exceptions import MissingContextError, ObjectNotFound
+from prefect.exceptions import ObjectNotFound
 
 from flows.config import PipelineConfig
 from flows.features import Features
-from flows.retune import run_retune
+from flows.retune import run_logger, run_retune
 from training.tuning.key import tuning_key
 from training.tuning.space import Params, apply_params, params_of
 from training.tuning.study import open_storage, tuned_keys
@@ -31,7 +29,7 @@ RETUNE_DEPLOYMENT = "retune/retune"
 def choose_hyperparameters(
     config: PipelineConfig, features: Features, config_path: str, overrides: list[str]
 ) -> TuningDecision:
-    log = _logger()
+    log = run_logger("flows.tuning")
     key = tuning_key(config.training)
     storage = open_storage(config.optuna_storage, config.tuning.heartbeat_s)
     configured = params_of(config.training, config.model, config.tuning)
@@ -60,7 +58,7 @@ def with_params(config: PipelineConfig, params: Params) -> PipelineConfig:
 
 def schedule_retune(config_path: str, overrides: list[str]) -> str:
     """Create a `retune` flow run on the served deployment; say what happened."""
-    log = _logger()
+    log = run_logger("flows.tuning")
     try:
         run = run_deployment(
             RETUNE_DEPLOYMENT, parameters={"config_path": config_path, "overrides": overrides},
@@ -83,9 +81,3 @@ def _publish(decision: TuningDecision) -> None:
         description=f"Hyperparameters for tuning key {decision.key.fingerprint}",
     )
 
-
-def _logger() -> logging.Logger | logging.LoggerAdapter:
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return logging.getLogger("flows.tuning")
