@@ -40,11 +40,11 @@ def build_features(config: PipelineConfig) -> Features:
     """Generate, ingest and preprocess the config's days with the library (no Prefect)."""
     raw, warehouse = config.path(config.data.raw_dir), config.path(config.data.warehouse_dir)
     features_root = config.path(config.preprocess.features_dir)
-    truth = GroundTruth(config.data.synthetic)
+    truth = GroundTruth(config.data.synthetic, config.data.multi_hot)
     ingest = []
     for day in config.data.all_days:
         generate_day(config.data.synthetic, day, raw, truth)
-        report = ingest_day([str(raw / f"day_{day}.tsv.gz")], day, warehouse)
+        report = ingest_day([str(raw / f"day_{day}.tsv.gz")], day, warehouse, multi_hot=config.data.multi_hot)
         ingest.append({"day": day, "rows_written": report.rows_written})
     state = fit_state(config.preprocess, warehouse, features_root, config.data.train_days)
     files = {

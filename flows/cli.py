@@ -4,7 +4,7 @@
     dlrm retune --config FILE [--trials N] [--timeout S] [--json]
     dlrm serve --config FILE [--limit N]
     dlrm generate --config FILE [--days 0 1 2]
-    dlrm ingest SOURCE... --warehouse DIR [--day N] [--json]
+    dlrm ingest SOURCE... --warehouse DIR [--day N] [--multi-hot C3,C12] [--json]
     dlrm preprocess --config FILE [--days 0 1 2] [--json]
     dlrm plan --config FILE [--cluster CLUSTER.toml] [--json]
     dlrm evaluate --predictions FILE.parquet [--json]
@@ -113,6 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("--warehouse", required=True)
     ingest.add_argument("--day", type=int, help="the day of every SOURCE (default: day_N in the name)")
     ingest.add_argument("--force", action="store_true", help="re-ingest even if the manifest matches")
+    ingest.add_argument("--multi-hot", default="", metavar="C3,C12",
+                        help="features whose field holds comma-separated ids (stored as lists)")
     ingest.add_argument("--json", action="store_true")
     ingest.set_defaults(handler=_ingest)
 
@@ -240,7 +242,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     out = Path(args.out) if args.out else config.path(config.data.raw_dir)
-    truth = GroundTruth(config.data.synthetic)
+    truth = GroundTruth(config.data.synthetic, config.data.multi_hot)
     for day in args.days if args.days is not None else config.data.all_days:
         stats = generate_day(config.data.synthetic, day, out, truth)
         print(f"day {day}: {stats.rows:,} rows, click rate {stats.click_rate:.3f}, "
@@ -291,17 +293,22 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _ingest(args: argparse.Namespace) -> int:
+    from ingestion.schema import check_multi_hot
     from ingestion.warehouse import day_of, ingest_day
 
     for source in args.sources:
         if "://" not in source and not Path(source).exists():
             raise UserError(f"{source}: no such file; pass existing Criteo files (plain or .gz)")
+    try:
+        multi_hot = check_multi_hot([name.strip() for name in args.multi_hot.split(",") if name.strip()])
+    except ValueError as error:
+        raise UserError(f"--multi-hot: {str(error).removeprefix('multi_hot: ')}") from None
     by_day: dict[int, list[str]] = {}
     for index, source in enumerate(args.sources):
         by_day.setdefault(args.day if args.day is not None else day_of(source, index), []).append(source)
     totals = {"rows_read": 0, "rows_written": 0, "rows_quarantined": 0, "files_failed": []}
     for day, sources in sorted(by_day.items()):
-        report = ingest_day(sources, day, Path(args.warehouse), force=args.force)
+        report = ingest_day(sources, day, Path(args.warehouse), force=args.force, multi_hot=multi_hot)
         totals["rows_read"] += report.rows_read
         totals["rows_written"] += report.rows_written
         totals["rows_quarantined"] += report.rows_quarantined

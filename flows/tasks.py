@@ -48,18 +48,18 @@ STAGE = {"cache_policy": NO_CACHE}
 @task(name="generate-day", **STAGE)
 def generate_task(config: PipelineConfig, day: int) -> dict[str, Any]:
     raw = config.path(config.data.raw_dir)
-    existing = existing_day(config.data.synthetic, raw, day)
+    existing = existing_day(config.data.synthetic, raw, day, config.data.multi_hot)
     if existing:
         get_run_logger().info("day %d: generated earlier with the same settings, reusing it", day)
         return asdict(existing)
-    stats = generate_day(config.data.synthetic, day, raw, GroundTruth(config.data.synthetic))
+    stats = generate_day(config.data.synthetic, day, raw, GroundTruth(config.data.synthetic, config.data.multi_hot))
     get_run_logger().info("day %d: generated %s rows, Bayes-optimal NE %.4f", day, f"{stats.rows:,}", stats.bayes_ne)
     return asdict(stats)
 
 
 @task(name="ingest-day", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5), **STAGE)
 def ingest_task(config: PipelineConfig, day: int, sources: list[str]) -> dict[str, Any]:
-    report = ingest_day(sources, day, config.path(config.data.warehouse_dir))
+    report = ingest_day(sources, day, config.path(config.data.warehouse_dir), multi_hot=config.data.multi_hot)
     logger = get_run_logger()
     for failed in report.files_failed:
         logger.error("%s", failed.error)
@@ -156,6 +156,7 @@ def build_job(
         eval_files={str(day): tuple(files[day]) for day in config.data.eval_days},
         out_dir=str(config.path("train")),
         run_id=run_id,
+        pooling_factors=dict(state.multi_hot),
     )
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ingestion.schema import check_multi_hot
+
 
 @dataclass(frozen=True)
 class SyntheticConfig:
@@ -18,6 +20,8 @@ class SyntheticConfig:
     # Kaggle Criteo cardinalities times this factor (at least 3 values per feature).
     cardinality_scale: float = 0.05
     click_rate: float = 0.25
+    # Mean ids per example of a multi-hot feature (`data.multi_hot`), when present.
+    multi_hot_mean_ids: float = 8.0
 
     def __post_init__(self) -> None:
         if self.rows_per_day <= 0:
@@ -26,6 +30,8 @@ class SyntheticConfig:
             raise ValueError(f"cardinality_scale: must be in (0, 1], got {self.cardinality_scale}")
         if not 0.01 <= self.click_rate <= 0.99:
             raise ValueError(f"click_rate: must be in [0.01, 0.99], got {self.click_rate}")
+        if not 1.0 <= self.multi_hot_mean_ids <= 1000.0:
+            raise ValueError(f"multi_hot_mean_ids: must be in [1, 1000], got {self.multi_hot_mean_ids}")
 
 
 @dataclass(frozen=True)
@@ -41,8 +47,12 @@ class DataConfig:
     train_days: tuple[int, ...] = (0, 1)
     eval_days: tuple[int, ...] = (2,)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    # Categorical features with a variable number of ids per example: their raw field holds
+    # comma-separated ids and their warehouse column is a list (e.g. ["C3", "C12"]).
+    multi_hot: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        check_multi_hot(self.multi_hot)
         if not self.train_days:
             raise ValueError("train_days: needs at least one day")
         if not self.eval_days:

@@ -9,6 +9,10 @@ table is "missing". Then, by `categorical_mode`:
   most frequent first, at most hash_size - 2); any other value maps to row 1, out of
   vocabulary. Each feature's vocabulary is a Parquet file (value, index) beside the state.
 
+Multi-hot features (list columns in the warehouse) map every id of a bag the same way; an
+empty bag becomes [0], missing. The state records their mean ids per example, which the
+sharding planner takes as the tables' pooling factors.
+
 Fitting happens once; its result, the `PreprocessState`, is versioned by a hash of the
 preprocessing config and the training days' manifests, and the same state is applied to
 train and eval days alike.
@@ -22,17 +26,18 @@ import logging
 import shutil
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import duckdb
+import pyarrow.parquet as pq
 
 from ingestion.config import PreprocessConfig
-from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS
+from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS, multi_hot_of
 from ingestion.warehouse import partition_dir, read_manifest
 
 log = logging.getLogger(__name__)
-STATE_VERSION = 2
+STATE_VERSION = 3  # 3: multi-hot features
 MISSING_ROW, OOV_ROW = 0, 1
 
 
@@ -52,6 +57,8 @@ class PreprocessState:
     train_rows: int
     train_click_rate: float
     mode: str = "hash"
+    # multi-hot feature → mean ids per example on the training days (an empty bag counts 1)
+    multi_hot: dict[str, float] = field(default_factory=dict)
 
     @property
     def table_sizes(self) -> dict[str, int]:
@@ -85,10 +92,26 @@ def _day_glob(warehouse: Path, day: int) -> str:
     return str(folder / "*.parquet")
 
 
+def warehouse_multi_hot(warehouse: Path, days: Sequence[int]) -> tuple[str, ...]:
+    """The multi-hot features of the days' partitions (they must agree)."""
+    layouts = {day: multi_hot_of(pq.read_schema(_first_file(warehouse, day))) for day in days}
+    if len(set(layouts.values())) > 1:
+        described = "; ".join(f"day {day}: {list(names) or 'none'}" for day, names in layouts.items())
+        raise PreprocessError(f"days were ingested with different multi-hot features ({described}); "
+                              "re-ingest them with the same data.multi_hot")  # fmt: skip
+    return next(iter(layouts.values()), ())
+
+
+def _first_file(warehouse: Path, day: int) -> Path:
+    _day_glob(warehouse, day)  # a clear error when the day is missing
+    return min(partition_dir(warehouse, day).glob("*.parquet"))
+
+
 def state_id_for(config: PreprocessConfig, warehouse: Path, train_days: Sequence[int]) -> str:
     """Hash of what the fitted state depends on: the config and the training days' manifests."""
     manifests = [read_manifest(warehouse, day) for day in sorted(train_days)]
     parts = {
+        "multi_hot": [m and m.get("multi_hot", []) for m in manifests],
         "version": STATE_VERSION,
         "hash_size": config.hash_size,
         "mode": config.categorical_mode,
@@ -107,36 +130,48 @@ def fit_state(config: PreprocessConfig, warehouse: Path, features_root: Path, tr
         log.info("preprocessing state %s is current, reusing it", state_id)
         return PreprocessState.load(state_path)
     globs = [_day_glob(warehouse, day) for day in sorted(train_days)]
+    multi_hot = warehouse_multi_hot(warehouse, sorted(train_days))
     con = connect(config, features_root / "_spill")
-    distinct = ", ".join(f"approx_count_distinct({c})" for c in SPARSE_COLUMNS)
-    row = con.execute(
-        f"SELECT count(*), avg(label), {distinct} FROM read_parquet(?)", [globs]
-    ).fetchall()[0]
-    rows, click_rate, counts = int(row[0]), float(row[1] or 0.0), row[2:]
+    single = [c for c in SPARSE_COLUMNS if c not in multi_hot]
+    aggregates = [f"approx_count_distinct({c})" for c in single]
+    aggregates += [f"avg(greatest(coalesce(len({c}), 0), 1))" for c in multi_hot]
+    row = con.execute(f"SELECT count(*), avg(label), {', '.join(aggregates)} FROM read_parquet(?)", [globs]).fetchall()[0]
+    rows, click_rate = int(row[0]), float(row[1] or 0.0)
+    counts = dict(zip(single, row[2 : 2 + len(single)]))
+    mean_ids = {c: round(float(n or 1.0), 4) for c, n in zip(multi_hot, row[2 + len(single) :])}
+    for c in multi_hot:  # distinct ids over every bag
+        counts[c] = con.execute(f"SELECT approx_count_distinct(id) FROM (SELECT unnest({c}) AS id FROM read_parquet(?))",
+                                [globs]).fetchall()[0][0]  # fmt: skip
     state_path.parent.mkdir(parents=True, exist_ok=True)
     if config.categorical_mode == "vocab":
-        buckets = _fit_vocabularies(con, config, globs, state_path.parent / "vocab")
+        buckets = _fit_vocabularies(con, config, globs, state_path.parent / "vocab", multi_hot)
     else:
-        buckets = {name: max(1, min(config.hash_size - 1, 2 * int(n))) for name, n in zip(SPARSE_COLUMNS, counts)}
-    state = PreprocessState(state_id, buckets, tuple(sorted(train_days)), rows, click_rate, config.categorical_mode)
+        buckets = {name: max(1, min(config.hash_size - 1, 2 * int(counts[name]))) for name in SPARSE_COLUMNS}
+    state = PreprocessState(state_id, buckets, tuple(sorted(train_days)), rows, click_rate, config.categorical_mode,
+                            mean_ids)  # fmt: skip
     state.save(state_path)  # written last: a state without its vocabularies is never seen
     log.info("fitted preprocessing state %s on %s rows of days %s", state_id, f"{rows:,}", list(train_days))
     return state
 
 
 def _fit_vocabularies(con: duckdb.DuckDBPyConnection, config: PreprocessConfig, globs: list[str],
-                      folder: Path) -> dict[str, int]:  # fmt: skip
-    """One Parquet (value, index) per feature; returns each vocabulary's size."""
+                      folder: Path, multi_hot: Sequence[str]) -> dict[str, int]:  # fmt: skip
+    """One Parquet (value, index) per feature; returns each vocabulary's size.
+
+    A multi-hot feature counts every id of every bag.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     limit = config.hash_size - 2
     sizes = {}
     for column in SPARSE_COLUMNS:
         path = folder / f"{column}.parquet"
+        values = (f"(SELECT unnest({column}) AS v FROM read_parquet(?))" if column in multi_hot
+                  else f"(SELECT {column} AS v FROM read_parquet(?))")  # fmt: skip
         # Most frequent first; ties by value, so the same data always gives the same indices.
         con.execute(
-            f"COPY (SELECT {column} AS value, (1 + row_number() OVER (ORDER BY n DESC, {column}))::INTEGER AS index "
-            f"FROM (SELECT {column}, count(*) AS n FROM read_parquet(?) WHERE {column} IS NOT NULL "
-            f"GROUP BY {column} HAVING count(*) >= {int(config.min_count)}) ORDER BY n DESC, {column} LIMIT {limit}) "
+            "COPY (SELECT v AS value, (1 + row_number() OVER (ORDER BY n DESC, v))::INTEGER AS index "
+            f"FROM (SELECT v, count(*) AS n FROM {values} WHERE v IS NOT NULL "
+            f"GROUP BY v HAVING count(*) >= {int(config.min_count)}) ORDER BY n DESC, v LIMIT {limit}) "
             f"TO '{path}' (FORMAT parquet)",
             [globs],
         )
@@ -153,16 +188,28 @@ def feature_sql(state: PreprocessState, features_root: Path | None = None) -> st
     dense = [f"ln(1 + greatest(coalesce(s.{c}, 0), 0))::FLOAT AS {c}" for c in DENSE_COLUMNS]
     if state.mode != "vocab":
         sparse = [
+            f"CASE WHEN coalesce(len(s.{c}), 0) = 0 THEN [{MISSING_ROW}] "
+            f"ELSE list_transform(s.{c}, lambda id: (1 + id % {state.buckets[c]})::INTEGER) END AS {c}"
+            if c in state.multi_hot else
             f"CASE WHEN s.{c} IS NULL THEN {MISSING_ROW} ELSE 1 + (s.{c} % {state.buckets[c]}) END::INTEGER AS {c}"
             for c in SPARSE_COLUMNS
-        ]
+        ]  # fmt: skip
         return "SELECT s.label::TINYINT AS label, " + ", ".join(dense + sparse) + " FROM {source} s"
     if features_root is None:
         raise PreprocessError("a vocabulary state needs its features folder to find the vocabularies")
     sparse, joins = [], []
     for i, c in enumerate(SPARSE_COLUMNS):
-        sparse.append(f"CASE WHEN s.{c} IS NULL THEN {MISSING_ROW} ELSE coalesce(v{i}.index, {OOV_ROW}) END::INTEGER AS {c}")
         vocab = vocabulary_path(features_root, state, c)
+        if c in state.multi_hot:
+            # Each id of the bag looked up in order (a correlated subquery DuckDB decorrelates).
+            sparse.append(
+                f"(SELECT CASE WHEN count(*) = 0 THEN [{MISSING_ROW}] "
+                f"ELSE list(coalesce(v.index, {OOV_ROW})::INTEGER ORDER BY u.position) END "
+                f"FROM (SELECT unnest(s.{c}) AS id, generate_subscripts(s.{c}, 1) AS position) u "
+                f"LEFT JOIN read_parquet('{vocab}') v ON u.id = v.value) AS {c}"
+            )
+            continue
+        sparse.append(f"CASE WHEN s.{c} IS NULL THEN {MISSING_ROW} ELSE coalesce(v{i}.index, {OOV_ROW}) END::INTEGER AS {c}")
         joins.append(f"LEFT JOIN read_parquet('{vocab}') v{i} ON s.{c} = v{i}.value")
     return ("SELECT s.label::TINYINT AS label, " + ", ".join(dense + sparse)
             + " FROM {source} s " + " ".join(joins))  # fmt: skip
@@ -177,6 +224,10 @@ def apply_state(config: PreprocessConfig, state: PreprocessState, warehouse: Pat
     target = features_dir(features_root, state, day)
     if (target / "_done.json").is_file():
         return target
+    layout = warehouse_multi_hot(warehouse, [day])
+    if set(layout) != set(state.multi_hot):
+        raise PreprocessError(f"day {day}: multi-hot features {list(layout) or 'none'} differ from the state's "
+                              f"{list(state.multi_hot) or 'none'}; re-ingest the day with the same data.multi_hot")  # fmt: skip
     staging = features_root / "_tmp" / f"day={day}-{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     try:

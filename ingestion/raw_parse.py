@@ -18,15 +18,18 @@ import pyarrow.csv as pacsv
 
 from ingestion.schema import (
     DENSE_COLUMNS,
+    MULTI_HOT_SEPARATOR,
     NUM_FIELDS,
     QUARANTINE_SCHEMA,
     RAW_COLUMNS,
     SPARSE_COLUMNS,
-    WAREHOUSE_SCHEMA,
+    warehouse_schema,
 )
 
 _INTEGER = r"^-?[0-9]{1,18}$"
 _HEX8 = r"^[0-9a-fA-F]{8}$"
+_HEX8_LIST = rf"^[0-9a-fA-F]{{8}}({MULTI_HOT_SEPARATOR}[0-9a-fA-F]{{8}})*$"
+_ID_CHARS = 8 + len(MULTI_HOT_SEPARATOR)  # one id and its separator
 
 def _hex_tables() -> tuple[np.ndarray, np.ndarray]:
     """Byte → is a hex digit; two ASCII hex digits (as a little-endian uint16) → their byte."""
@@ -50,8 +53,12 @@ class ParsedBlock:
     lines: int
 
 
-def parse_block(block: bytes, first_line: int, source: str) -> ParsedBlock:
-    """Parse whole lines (`block` ends with a newline); `first_line` is 1-based."""
+def parse_block(block: bytes, first_line: int, source: str, multi_hot: tuple[str, ...] = ()) -> ParsedBlock:
+    """Parse whole lines (`block` ends with a newline); `first_line` is 1-based.
+
+    `multi_hot`: the features whose field is a comma-separated list of ids.
+    """
+    schema = warehouse_schema(multi_hot)
     buf = np.frombuffer(block, dtype=np.uint8)
     ends = np.flatnonzero(buf == 10)
     starts = np.concatenate(([0], ends[:-1] + 1))
@@ -67,10 +74,10 @@ def parse_block(block: bytes, first_line: int, source: str) -> ParsedBlock:
             reasons[int(i)] = f"wrong field count: {int(tabs[i]) + 1} fields, expected {NUM_FIELDS}"
     good = np.flatnonzero(good_shape)
     fields = _read_fields(buf, starts[good], content_ends[good])
-    valid, field_reasons = _validate_fields(fields)
+    valid, field_reasons = _validate_fields(fields, frozenset(multi_hot))
     for local in np.flatnonzero(~valid):
         reasons[int(good[local])] = field_reasons(int(local))
-    rows = _to_warehouse(fields.filter(pa.array(valid))) if len(good) else WAREHOUSE_SCHEMA.empty_table()
+    rows = _to_warehouse(fields.filter(pa.array(valid)), schema) if len(good) else schema.empty_table()
     quarantine = _quarantine_table(block, starts, ends, reasons, first_line, source)
     return ParsedBlock(rows=rows, quarantine=quarantine, lines=len(ends))
 
@@ -103,16 +110,21 @@ def _read_fields(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.Ta
     )
 
 
-def _validate_fields(fields: pa.Table):
+def _validate_fields(fields: pa.Table, multi_hot: frozenset[str] = frozenset()):
     """A validity mask per row, and a function that words the first problem of a bad row."""
     checks: list[tuple[str, pa.Array]] = []
     label = fields["label"]
     checks.append(("label", pc.fill_null(pc.is_in(label, pa.array(["0", "1"])), False)))
     for name in (*DENSE_COLUMNS, *SPARSE_COLUMNS):
         column = fields[name]
-        if _column_is_clean(column, hex_column=name in SPARSE_COLUMNS):
+        if name in multi_hot:
+            if _id_list_column_is_clean(column):
+                continue
+            pattern = _HEX8_LIST
+        elif _column_is_clean(column, hex_column=name in SPARSE_COLUMNS):
             continue  # the common case: no per-row check needed
-        pattern = _HEX8 if name in SPARSE_COLUMNS else _INTEGER
+        else:
+            pattern = _HEX8 if name in SPARSE_COLUMNS else _INTEGER
         ok = pc.match_substring_regex(column, pattern)
         checks.append((name, pc.or_kleene(pc.is_null(column), ok)))
     valid = np.ones(fields.num_rows, dtype=bool)
@@ -125,7 +137,10 @@ def _validate_fields(fields: pa.Table):
                 value = fields[name][row].as_py()
                 if name == "label":
                     return f"label: {value!r} is not 0 or 1"
-                kind = "an integer" if name.startswith("I") else "8 hex characters"
+                if name in multi_hot:
+                    kind = f"a '{MULTI_HOT_SEPARATOR}'-separated list of 8-hex-character ids"
+                else:
+                    kind = "an integer" if name.startswith("I") else "8 hex characters"
                 return f"{name}: {value!r} is not {kind}"
         return "invalid row"
 
@@ -150,17 +165,52 @@ def _column_is_clean(column: pa.ChunkedArray, hex_column: bool) -> bool:
     return all(bool(_IS_HEX[_string_bytes(chunk)].all()) for chunk in column.chunks)
 
 
+def _id_list_column_is_clean(column: pa.ChunkedArray) -> bool:
+    """True when every non-null value is ids of 8 hex digits joined by the separator: every
+    9th character is the separator and every other one a hex digit (no per-row regex)."""
+    if column.null_count == len(column):
+        return True
+    separator = ord(MULTI_HOT_SEPARATOR)
+    for chunk in column.chunks:
+        offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int32)[chunk.offset : chunk.offset + len(chunk) + 1]
+        lengths = np.diff(offsets)
+        present = lengths[chunk.is_valid().to_numpy(zero_copy_only=False)] if chunk.null_count else lengths
+        if np.any(present % _ID_CHARS != 8):
+            return False
+        text = _string_bytes(chunk)
+        # position of each character inside its own value
+        position = np.arange(len(text)) - np.repeat(offsets[:-1] - offsets[0], lengths)
+        at_separator = position % _ID_CHARS == 8
+        if not (np.all(text[at_separator] == separator) and _IS_HEX[text[~at_separator]].all()):
+            return False
+    return True
+
+
 def _string_bytes(array: pa.Array) -> np.ndarray:
     """The character bytes of a string array's values (nulls contribute none)."""
     offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[array.offset : array.offset + len(array) + 1]
     return np.frombuffer(array.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
 
 
-def _to_warehouse(fields: pa.Table) -> pa.Table:
+def _to_warehouse(fields: pa.Table, schema: pa.Schema) -> pa.Table:
     columns = [pc.cast(fields["label"], pa.int8())]
     columns += [pc.cast(fields[name], pa.int64()) for name in DENSE_COLUMNS]
-    columns += [_hex_to_uint32(fields[name]) for name in SPARSE_COLUMNS]
-    return pa.Table.from_arrays(columns, schema=WAREHOUSE_SCHEMA)
+    columns += [
+        _hex_list_to_uint32(fields[name]) if pa.types.is_list(schema.field(name).type) else _hex_to_uint32(fields[name])
+        for name in SPARSE_COLUMNS
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _hex_list_to_uint32(column: pa.ChunkedArray) -> pa.Array:
+    """Validated separator-joined 8-hex-digit ids → list<uint32>; an empty field is null."""
+    parts = pc.split_pattern(column, MULTI_HOT_SEPARATOR).combine_chunks()
+    if len(parts) == 0:
+        return pa.array([], pa.list_(pa.uint32()))
+    ids = _hex_to_uint32(pa.chunked_array([parts.flatten()], pa.string()))
+    offsets = np.frombuffer(parts.buffers()[1], dtype=np.int32)[parts.offset : parts.offset + len(parts) + 1]
+    offsets = pa.array(offsets - offsets[0], pa.int32())
+    return pa.ListArray.from_arrays(offsets, ids, mask=parts.is_null())
 
 
 def _hex_to_uint32(column: pa.ChunkedArray) -> pa.Array:

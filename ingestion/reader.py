@@ -13,6 +13,9 @@ Every rank yields the same number of batches, so collectives never hang:
   with label −1, which evaluation discards.
 
 A background thread reads and decodes ahead into a bounded queue (`prefetch` batches).
+
+Multi-hot features (list columns, found in the files' schema) become jagged KJT entries
+with one length per example; every other feature has length 1. Padding rows carry id 0.
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS
+from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS, multi_hot_of
 
 PAD_LABEL = -1.0
 
@@ -56,6 +60,64 @@ def list_row_groups(paths: Sequence[Path | str]) -> list[tuple[str, int, int]]:
         metadata = pq.ParquetFile(path).metadata
         groups += [(str(path), g, metadata.row_group(g).num_rows) for g in range(metadata.num_row_groups)]
     return groups
+
+
+def files_multi_hot(paths: Sequence[Path | str]) -> tuple[str, ...]:
+    """The multi-hot features of feature files, which must all have the same layout."""
+    layouts = {multi_hot_of(pq.read_schema(path)) for path in paths}
+    if len(layouts) > 1:
+        raise ValueError(f"feature files disagree on the multi-hot features: {sorted(layouts)}; "
+                         "preprocess every day with the same state")  # fmt: skip
+    return next(iter(layouts), ())
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Decoded rows: dense [n, 13], one-hot ids [n, one-hot features], one (lengths [n],
+    ids) bag per multi-hot feature, labels [n]."""
+
+    dense: np.ndarray
+    ids: np.ndarray
+    bags: tuple[tuple[np.ndarray, np.ndarray], ...]
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def take(self, index: np.ndarray) -> Rows:
+        return Rows(self.dense[index], self.ids[index], tuple(_take_bag(*bag, index) for bag in self.bags), self.labels[index])
+
+    def slice(self, start: int, stop: int | None = None) -> Rows:
+        stop = len(self) if stop is None else min(stop, len(self))
+        bags = []
+        for lengths, values in self.bags:
+            before, inside = int(lengths[:start].sum()), int(lengths[start:stop].sum())
+            bags.append((lengths[start:stop], values[before : before + inside]))
+        return Rows(self.dense[start:stop], self.ids[start:stop], tuple(bags), self.labels[start:stop])
+
+    @staticmethod
+    def concat(parts: Sequence[Rows]) -> Rows:
+        bags = tuple(
+            (np.concatenate([p.bags[i][0] for p in parts]), np.concatenate([p.bags[i][1] for p in parts]))
+            for i in range(len(parts[0].bags))
+        )
+        return Rows(np.concatenate([p.dense for p in parts]), np.concatenate([p.ids for p in parts]), bags,
+                    np.concatenate([p.labels for p in parts]))  # fmt: skip
+
+    @staticmethod
+    def empty(one_hot: int, multi_hot: int) -> Rows:
+        bag = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return Rows(np.zeros((0, len(DENSE_COLUMNS)), np.float32), np.zeros((0, one_hot), np.int64),
+                    (bag,) * multi_hot, np.zeros(0, np.float32))  # fmt: skip
+
+
+def _take_bag(lengths: np.ndarray, values: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The bags of rows `index`, in that order."""
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))[index]
+    taken = lengths[index]
+    new_starts = np.concatenate(([0], np.cumsum(taken)[:-1]))
+    gather = np.repeat(starts - new_starts, taken) + np.arange(int(taken.sum()))
+    return taken, values[gather]
 
 
 def rank_segments(
@@ -101,6 +163,8 @@ class BatchReader:
         total = sum(rows for _, _, rows in groups)
         order_seed = None if shuffle_seed is None else [shuffle_seed, epoch]
         self.segments = rank_segments(groups, rank, world_size, order_seed)
+        self.multi_hot = files_multi_hot(paths)
+        self.one_hot = tuple(name for name in SPARSE_COLUMNS if name not in self.multi_hot)
         self.rank_rows = sum(s.rows for s in self.segments)
         if drop_remainder:
             self.num_batches = (total // world_size) // batch_size
@@ -116,31 +180,32 @@ class BatchReader:
 
     def _batches(self) -> Iterator[Batch]:
         emitted = self.start_batch
-        rows = _RowBuffer()
-        for dense, sparse, labels in self._rows_from(self.start_batch * self.batch_size):
-            rows.append(dense, sparse, labels)
+        rows = _RowBuffer(Rows.empty(len(self.one_hot), len(self.multi_hot)))
+        for part in self._rows_from(self.start_batch * self.batch_size):
+            rows.append(part)
             while len(rows) >= self.batch_size and emitted < self.num_batches:
-                yield _to_batch(*rows.take(self.batch_size))
+                yield self._to_batch(rows.take(self.batch_size))
                 emitted += 1
         while emitted < self.num_batches:  # evaluation only: pad the tail to full batches
-            dense, sparse, labels = rows.take(len(rows))
-            yield _to_batch(*_pad(dense, sparse, labels, self.batch_size))
+            yield self._to_batch(_pad(rows.take(len(rows)), self.batch_size))
             emitted += 1
 
-    def _rows_from(self, skip: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def _rows_from(self, skip: int) -> Iterator[Rows]:
         """Decoded segments in order, starting `skip` rows into this rank's stream."""
         for index, segment in enumerate(self.segments):
             if skip >= segment.rows:
                 skip -= segment.rows
                 continue
-            dense, sparse, labels = _read_segment(segment)
+            rows = _read_segment(segment, self.one_hot, self.multi_hot)
             if self.shuffle_seed is not None:
                 # in-memory shuffle of one row group; seeded so a resumed run replays it
                 rng = np.random.default_rng([self.shuffle_seed, self.epoch, index])
-                permutation = rng.permutation(len(labels))
-                dense, sparse, labels = dense[permutation], sparse[permutation], labels[permutation]
-            yield dense[skip:], sparse[skip:], labels[skip:]
+                rows = rows.take(rng.permutation(len(rows)))
+            yield rows.slice(skip) if skip else rows
             skip = 0
+
+    def _to_batch(self, rows: Rows) -> Batch:
+        return _to_batch(rows, self.one_hot, self.multi_hot)
 
 
 def build_reader(
@@ -150,65 +215,99 @@ def build_reader(
     return BatchReader(paths, batch_size, rank, world_size, **options)
 
 
-def _read_segment(segment: Segment) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _read_segment(segment: Segment, one_hot: Sequence[str], multi_hot: Sequence[str]) -> Rows:
     table = pq.ParquetFile(segment.path).read_row_group(segment.row_group)
     table = table.slice(segment.start, segment.rows)
     dense = np.column_stack([table[c].to_numpy() for c in DENSE_COLUMNS]).astype(np.float32, copy=False)
-    sparse = np.column_stack([table[c].to_numpy() for c in SPARSE_COLUMNS]).astype(np.int64, copy=False)
+    ids = (np.column_stack([table[c].to_numpy() for c in one_hot]).astype(np.int64, copy=False) if one_hot
+           else np.zeros((table.num_rows, 0), np.int64))  # fmt: skip
     labels = table["label"].to_numpy().astype(np.float32)
-    return dense, sparse, labels
+    return Rows(dense, ids, tuple(_bag(table[c].combine_chunks()) for c in multi_hot), labels)
+
+
+def _bag(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
+    """A list column → (ids per row, all ids); preprocessing never writes a null or empty bag."""
+    offsets = column.offsets.to_numpy()
+    values = column.values.to_numpy()[offsets[0] : offsets[-1]]
+    return np.diff(offsets).astype(np.int64), values.astype(np.int64)
 
 
 class _RowBuffer:
     """Decoded rows waiting to be cut into batches."""
 
-    def __init__(self) -> None:
-        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    def __init__(self, empty: Rows) -> None:
+        self.parts: list[Rows] = []
+        self.empty = empty
         self.rows = 0
 
     def __len__(self) -> int:
         return self.rows
 
-    def append(self, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray) -> None:
-        if len(labels):
-            self.parts.append((dense, sparse, labels))
-            self.rows += len(labels)
+    def append(self, rows: Rows) -> None:
+        if len(rows):
+            self.parts.append(rows)
+            self.rows += len(rows)
 
-    def take(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def take(self, n: int) -> Rows:
         if len(self.parts) > 1:
-            self.parts = [tuple(np.concatenate(cols) for cols in zip(*self.parts))]  # type: ignore[misc]
+            self.parts = [Rows.concat(self.parts)]
         if not self.parts:
-            return np.zeros((0, len(DENSE_COLUMNS)), np.float32), np.zeros((0, len(SPARSE_COLUMNS)), np.int64), np.zeros(0, np.float32)
-        dense, sparse, labels = self.parts[0]
-        self.parts = [(dense[n:], sparse[n:], labels[n:])] if n < len(labels) else []
-        self.rows -= min(n, len(labels))
-        return dense[:n], sparse[:n], labels[:n]
+            return self.empty
+        rows = self.parts[0]
+        self.parts = [rows.slice(n)] if n < len(rows) else []
+        self.rows -= min(n, len(rows))
+        return rows.slice(0, n)
 
 
-def _pad(dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray, size: int):
-    missing = size - len(labels)
-    return (
-        np.concatenate([dense, np.zeros((missing, dense.shape[1]), np.float32)]),
-        np.concatenate([sparse, np.zeros((missing, sparse.shape[1]), np.int64)]),
-        np.concatenate([labels, np.full(missing, PAD_LABEL, np.float32)]),
-    )
+def _pad(rows: Rows, size: int) -> Rows:
+    missing = size - len(rows)
+    one_id = (np.ones(missing, np.int64), np.zeros(missing, np.int64))
+    padding = Rows(np.zeros((missing, rows.dense.shape[1]), np.float32), np.zeros((missing, rows.ids.shape[1]), np.int64),
+                   (one_id,) * len(rows.bags), np.full(missing, PAD_LABEL, np.float32))  # fmt: skip
+    return Rows.concat([rows, padding])
 
 
-def _to_batch(dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray) -> Batch:
-    """[B, 13] floats, [B, 26] ids, [B] labels → a TorchRec Batch (one id per feature)."""
+def _to_batch(rows: Rows, one_hot: Sequence[str], multi_hot: Sequence[str]) -> Batch:
+    """Rows → a TorchRec Batch; the KJT's keys are the features in column order."""
+    dense, labels = rows.dense, rows.labels
     batch_size = len(labels)
-    values = torch.from_numpy(np.ascontiguousarray(sparse.T).reshape(-1))  # feature-major
-    kjt = KeyedJaggedTensor(
-        keys=list(SPARSE_COLUMNS),
-        values=values,
-        lengths=torch.ones(len(SPARSE_COLUMNS) * batch_size, dtype=torch.int32),
-        stride=batch_size,
-    )
+    if not multi_hot:
+        values = torch.from_numpy(np.ascontiguousarray(rows.ids.T).reshape(-1))  # feature-major
+        lengths = torch.ones(len(SPARSE_COLUMNS) * batch_size, dtype=torch.int32)
+    else:
+        column_of = {name: i for i, name in enumerate(one_hot)}
+        bag_of = {name: i for i, name in enumerate(multi_hot)}
+        value_parts, length_parts = [], []
+        for name in SPARSE_COLUMNS:
+            if name in bag_of:
+                bag_lengths, bag_values = rows.bags[bag_of[name]]
+                value_parts.append(bag_values)
+                length_parts.append(bag_lengths.astype(np.int32))
+            else:
+                value_parts.append(rows.ids[:, column_of[name]])
+                length_parts.append(np.ones(batch_size, np.int32))
+        values = torch.from_numpy(np.concatenate(value_parts))
+        lengths = torch.from_numpy(np.concatenate(length_parts))
+    kjt = KeyedJaggedTensor(keys=list(SPARSE_COLUMNS), values=values, lengths=lengths, stride=batch_size)
     return Batch(
         dense_features=torch.from_numpy(np.ascontiguousarray(dense)),
         sparse_features=kjt,
         labels=torch.from_numpy(np.ascontiguousarray(labels)),
     )
+
+
+def first_ids(kjt: KeyedJaggedTensor, feature: str) -> torch.Tensor:
+    """Per example, the feature's id (a multi-hot feature's first id). Every example the
+    reader yields has at least one id per feature (missing is id 0)."""
+    jagged = kjt[feature]
+    return jagged.values()[jagged.offsets()[:-1]]
+
+
+def example_of_values(kjt: KeyedJaggedTensor) -> torch.Tensor:
+    """For each of the KJT's values (feature-major), the example it belongs to."""
+    lengths = kjt.lengths().to(torch.int64)
+    examples = torch.arange(len(lengths), device=lengths.device) % kjt.stride()
+    return torch.repeat_interleave(examples, lengths)
 
 
 _DONE = object()

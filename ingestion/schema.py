@@ -2,9 +2,15 @@
 
 A raw line: label, I1..I13 (integer counts, may be negative or empty), C1..C26 (8 hex
 characters or empty), tab-separated, no header.
+
+Multi-hot features carry a variable number of ids per example. Their raw field holds the
+ids comma-separated (`0a1b2c3d,5e6f7a8b`, or empty); which features are multi-hot is part
+of the warehouse's declared layout (`data.multi_hot`), and their columns are lists.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import pyarrow as pa
 
@@ -14,7 +20,8 @@ NUM_FIELDS = 1 + NUM_DENSE + NUM_SPARSE
 DENSE_COLUMNS: tuple[str, ...] = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
 SPARSE_COLUMNS: tuple[str, ...] = tuple(f"C{i}" for i in range(1, NUM_SPARSE + 1))
 RAW_COLUMNS: tuple[str, ...] = ("label", *DENSE_COLUMNS, *SPARSE_COLUMNS)
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: multi-hot features as list columns
+MULTI_HOT_SEPARATOR = ","
 
 # Warehouse rows: categoricals are stored as the 32-bit numbers their hex spells, not strings.
 WAREHOUSE_SCHEMA = pa.schema(
@@ -38,3 +45,33 @@ FEATURE_SCHEMA = pa.schema(
     + [pa.field(name, pa.float32(), nullable=False) for name in DENSE_COLUMNS]
     + [pa.field(name, pa.int32(), nullable=False) for name in SPARSE_COLUMNS]
 )
+
+
+def check_multi_hot(names: Sequence[str]) -> tuple[str, ...]:
+    """The declared multi-hot features, in column order; unknown names are an error."""
+    unknown = sorted(set(names) - set(SPARSE_COLUMNS))
+    if unknown:
+        raise ValueError(f"multi_hot: {unknown} are not categorical features (C1..C{NUM_SPARSE})")
+    return tuple(name for name in SPARSE_COLUMNS if name in set(names))
+
+
+def warehouse_schema(multi_hot: Sequence[str] = ()) -> pa.Schema:
+    """WAREHOUSE_SCHEMA with the multi-hot features as lists of uint32 ids."""
+    return _with_lists(WAREHOUSE_SCHEMA, multi_hot, pa.uint32())
+
+
+def feature_schema(multi_hot: Sequence[str] = ()) -> pa.Schema:
+    """FEATURE_SCHEMA with the multi-hot features as lists of row indices."""
+    return _with_lists(FEATURE_SCHEMA, multi_hot, pa.int32())
+
+
+def multi_hot_of(schema: pa.Schema) -> tuple[str, ...]:
+    """The categorical features a warehouse or feature schema stores as lists."""
+    return tuple(name for name in SPARSE_COLUMNS if pa.types.is_list(schema.field(name).type))
+
+
+def _with_lists(schema: pa.Schema, multi_hot: Sequence[str], item: pa.DataType) -> pa.Schema:
+    for name in check_multi_hot(multi_hot):
+        index = schema.get_field_index(name)
+        schema = schema.set(index, pa.field(name, pa.list_(item), nullable=schema.field(index).nullable))
+    return schema

@@ -8,6 +8,10 @@ best normalized entropy any model can reach on exactly those rows.
 Value frequencies follow a power law per feature; cardinalities are Kaggle Criteo's scaled
 by `cardinality_scale`. Every per-value quantity is a hash of (feature, value), so days
 share one ground truth without storing tables of millions of values.
+
+A multi-hot feature holds a bag of 1 + Poisson(mean − 1) ids drawn from its power law (or
+none, when empty); its effects are the sum over the bag divided by √mean, which a
+sum-pooled embedding can represent exactly.
 """
 
 from __future__ import annotations
@@ -16,15 +20,25 @@ import gzip
 import json
 import math
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ingestion.config import SyntheticConfig
-from ingestion.schema import DENSE_COLUMNS, NUM_DENSE, NUM_SPARSE, RAW_COLUMNS, SPARSE_COLUMNS
+from ingestion.schema import (
+    DENSE_COLUMNS,
+    MULTI_HOT_SEPARATOR,
+    NUM_DENSE,
+    NUM_SPARSE,
+    RAW_COLUMNS,
+    SPARSE_COLUMNS,
+    check_multi_hot,
+)
 
 KAGGLE_CARDINALITIES = (
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
@@ -38,6 +52,8 @@ _HEX_PAIRS = np.array(
     [int.from_bytes(f"{b:02x}".encode(), "little") for b in range(256)], dtype=np.uint16
 )
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+# A multi-hot feature's bags: feature index → (ids per row [rows], the ranks of all ids).
+Bags = dict[int, tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -74,8 +90,10 @@ class GroundTruth:
     NUM_PAIRS = 12  # categorical pairs whose latent vectors interact (what LR cannot learn)
     PAIR_WEIGHT = 0.45
 
-    def __init__(self, config: SyntheticConfig) -> None:
+    def __init__(self, config: SyntheticConfig, multi_hot: Sequence[str] = ()) -> None:
         self.config = config
+        self.multi_hot = check_multi_hot(multi_hot)
+        self.multi_hot_index = tuple(SPARSE_COLUMNS.index(name) for name in self.multi_hot)
         rng = np.random.default_rng([config.seed, 0xC1])
         scaled = np.array(KAGGLE_CARDINALITIES, dtype=np.float64) * config.cardinality_scale
         self.cardinality = np.maximum(3, np.round(scaled)).astype(np.int64)
@@ -107,6 +125,29 @@ class GroundTruth:
             ranks[rng.random(rows) < self.sparse_missing[j], j] = -1
         return ranks
 
+    def sample_bags(self, rng: np.random.Generator, ranks: np.ndarray) -> Bags:
+        """Bags of the multi-hot features: the row's rank in `ranks` first, then more draws;
+        an empty cell (rank −1) gets an empty bag."""
+        bags: Bags = {}
+        for j in self.multi_hot_index:
+            present = ranks[:, j] >= 0
+            lengths = np.where(present, 1 + rng.poisson(self.config.multi_hot_mean_ids - 1.0, len(ranks)), 0)
+            extra = self._power_law_ranks(rng, j, int(lengths.sum() - present.sum()))
+            flat = np.empty(int(lengths.sum()), dtype=np.int64)
+            starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+            first = starts[present]
+            flat[first] = ranks[present, j]
+            is_extra = np.ones(len(flat), dtype=bool)
+            is_extra[first] = False
+            flat[is_extra] = extra
+            bags[j] = (lengths, flat)
+        return bags
+
+    def _power_law_ranks(self, rng: np.random.Generator, feature: int, n: int) -> np.ndarray:
+        k, s = float(self.cardinality[feature]), self.zipf_exponent[feature]
+        x = ((k + 1.0) ** (1.0 - s) - 1.0) * rng.random(n) + 1.0
+        return np.minimum(x ** (1.0 / (1.0 - s)) - 1.0, k - 1).astype(np.int64)
+
     def sample_dense(self, rng: np.random.Generator, rows: int) -> np.ndarray:
         """Integer counts per feature; I2 can be negative as in real logs; NaN = empty."""
         logs = rng.normal(self.dense_log_mean, self.dense_log_sd, size=(rows, NUM_DENSE))
@@ -115,17 +156,26 @@ class GroundTruth:
         counts[rng.random((rows, NUM_DENSE)) < self.dense_missing] = np.nan
         return counts
 
-    def logits(self, ranks: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    def logits(self, ranks: np.ndarray, dense: np.ndarray, bags: Bags | None = None) -> np.ndarray:
+        bags = bags or {}
         z = np.full(ranks.shape[0], self.bias, dtype=np.float64)
-        value_hash = [self._value_hash(ranks[:, j], j) for j in range(NUM_SPARSE)]
+        value_hash = [self._value_hash(bags[j][1] if j in bags else ranks[:, j], j) for j in range(NUM_SPARSE)]
+
+        def effect(j: int, slot: int) -> np.ndarray:
+            if j not in bags:
+                return self._effect(value_hash[j], ranks[:, j], slot)
+            lengths, flat = bags[j]
+            rows_of = np.repeat(np.arange(len(lengths)), lengths)
+            pooled = np.bincount(rows_of, weights=self._effect(value_hash[j], flat, slot), minlength=len(lengths))
+            return pooled / math.sqrt(self.config.multi_hot_mean_ids)
+
         for j in range(NUM_SPARSE):
             if self.sparse_scale[j] > 0:
-                z += self.sparse_scale[j] * self._effect(value_hash[j], ranks[:, j], 0)
+                z += self.sparse_scale[j] * effect(j, 0)
         for a, b in self.pairs:
             dot = np.zeros(ranks.shape[0], dtype=np.float64)
             for d in range(self.latent_dim):
-                left = self._effect(value_hash[a], ranks[:, a], 1 + d)
-                dot += left * self._effect(value_hash[b], ranks[:, b], 1 + self.latent_dim + d)
+                dot += effect(a, 1 + d) * effect(b, 1 + self.latent_dim + d)
             z += self.pair_weight * dot / math.sqrt(self.latent_dim)
         log_dense = np.log1p(np.maximum(np.nan_to_num(dense, nan=0.0), 0.0))
         z += (log_dense - self.dense_log_mean) @ self.dense_weight
@@ -152,7 +202,8 @@ class GroundTruth:
     def _calibrate_bias(self, click_rate: float) -> float:
         """Solve for the bias that gives the target mean click probability on a pilot sample."""
         rng = np.random.default_rng([self.config.seed, 0xB1A5])
-        z = self.logits(self.sample_ranks(rng, 100_000), self.sample_dense(rng, 100_000))
+        ranks, dense = self.sample_ranks(rng, 100_000), self.sample_dense(rng, 100_000)
+        z = self.logits(ranks, dense, self.sample_bags(rng, ranks))
         lo, hi = -20.0, 20.0
         for _ in range(60):
             mid = (lo + hi) / 2
@@ -172,24 +223,41 @@ def _hex_column(ids: np.ndarray, empty: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), len(ids), [validity, offsets, data])
 
 
+def _hex_list_column(ids: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """A bag of uint32 ids per row → the ids in hex joined by the separator, null if empty."""
+    offsets = pa.array(np.concatenate(([0], np.cumsum(lengths))).astype(np.int32))
+    bags = pa.ListArray.from_arrays(offsets, _hex_column(ids, np.zeros(len(ids), dtype=bool)), mask=pa.array(lengths == 0))
+    return pc.binary_join(bags, MULTI_HOT_SEPARATOR)
+
+
 def generate_chunk(truth: GroundTruth, rng: np.random.Generator, rows: int) -> tuple[pa.Table, np.ndarray]:
     """One chunk of raw rows as an Arrow table of the 40 Criteo fields, and each row's p."""
     ranks = truth.sample_ranks(rng, rows)
     dense = truth.sample_dense(rng, rows)
-    probability = 1.0 / (1.0 + np.exp(-truth.logits(ranks, dense)))
+    bags = truth.sample_bags(rng, ranks)
+    probability = 1.0 / (1.0 + np.exp(-truth.logits(ranks, dense, bags)))
     labels = (rng.random(rows) < probability).astype(np.int8)
     columns: list[pa.Array] = [pa.array(labels)]
     for i in range(NUM_DENSE):
         empty = np.isnan(dense[:, i])
         columns.append(pa.array(np.nan_to_num(dense[:, i]).astype(np.int64), mask=empty))
     for j in range(NUM_SPARSE):
-        columns.append(_hex_column(truth.hex_ids(ranks[:, j], j), ranks[:, j] < 0))
+        if j in bags:
+            lengths, flat = bags[j]
+            columns.append(_hex_list_column(truth.hex_ids(flat, j), lengths))
+        else:
+            columns.append(_hex_column(truth.hex_ids(ranks[:, j], j), ranks[:, j] < 0))
     return pa.Table.from_arrays(columns, names=list(RAW_COLUMNS)), probability
 
 
-def generate_day(config: SyntheticConfig, day: int, out_dir: Path, truth: GroundTruth | None = None) -> DayStats:
-    """Write `day_{day}.tsv.gz` and `day_{day}.stats.json` into `out_dir`."""
-    truth = truth or GroundTruth(config)
+def generate_day(
+    config: SyntheticConfig, day: int, out_dir: Path, truth: GroundTruth | None = None, multi_hot: Sequence[str] = ()
+) -> DayStats:
+    """Write `day_{day}.tsv.gz` and `day_{day}.stats.json` into `out_dir`.
+
+    `multi_hot` (or `truth`'s, when given) names the features written as bags of ids.
+    """
+    truth = truth or GroundTruth(config, multi_hot)
     rng = np.random.default_rng([config.seed, day])
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"day_{day}.tsv.gz"
@@ -218,13 +286,16 @@ def generate_day(config: SyntheticConfig, day: int, out_dir: Path, truth: Ground
         if pending is not None:
             pending.result()
     partial.replace(target)
-    stats = _day_stats(day, sums, generator_fingerprint(config))
+    stats = _day_stats(day, sums, generator_fingerprint(config, truth.multi_hot))
     (out_dir / f"day_{day}.stats.json").write_text(json.dumps(asdict(stats), indent=2))
     return stats
 
 
-def generator_fingerprint(config: SyntheticConfig) -> str:
-    return f"v{GENERATOR_VERSION}:" + json.dumps(asdict(config), sort_keys=True)
+def generator_fingerprint(config: SyntheticConfig, multi_hot: Sequence[str] = ()) -> str:
+    described = asdict(config)
+    if multi_hot:  # absent otherwise, so single-hot days keep their fingerprint
+        described["multi_hot"] = list(check_multi_hot(multi_hot))
+    return f"v{GENERATOR_VERSION}:" + json.dumps(described, sort_keys=True)
 
 
 def _day_stats(day: int, sums: np.ndarray, generator: str) -> DayStats:
@@ -252,8 +323,8 @@ def read_day_stats(raw_dir: Path, day: int) -> DayStats | None:
     return DayStats(**data) if set(data) == {f.name for f in fields(DayStats)} else None
 
 
-def existing_day(config: SyntheticConfig, raw_dir: Path, day: int) -> DayStats | None:
+def existing_day(config: SyntheticConfig, raw_dir: Path, day: int, multi_hot: Sequence[str] = ()) -> DayStats | None:
     """The stats of a day already written with exactly this generator and config, if any."""
     stats = read_day_stats(raw_dir, day)
-    current = stats is not None and stats.generator == generator_fingerprint(config)
+    current = stats is not None and stats.generator == generator_fingerprint(config, multi_hot)
     return stats if current and (raw_dir / f"day_{day}.tsv.gz").is_file() else None

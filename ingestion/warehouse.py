@@ -2,7 +2,7 @@
 
 Layout under the warehouse root:
 
-    day=N/part-00000.parquet ...   typed rows (WAREHOUSE_SCHEMA), zstd, streaming row groups
+    day=N/part-00000.parquet ...   typed rows (`warehouse_schema`), zstd, streaming row groups
     day=N/_manifest.json           sources, sha256, rows read / written / quarantined
     _quarantine/day=N/*.parquet    bad lines with source, line number, reason and raw bytes
 
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ingestion.raw_parse import parse_block
-from ingestion.schema import QUARANTINE_SCHEMA, SCHEMA_VERSION, WAREHOUSE_SCHEMA
+from ingestion.schema import QUARANTINE_SCHEMA, SCHEMA_VERSION, check_multi_hot, warehouse_schema
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ class FileReport:
 class DayReport:
     day: int
     files: list[FileReport] = field(default_factory=list)
+    multi_hot: tuple[str, ...] = ()
     skipped: bool = False  # the manifest showed the same sources were already ingested
 
     @property
@@ -96,18 +97,24 @@ def read_manifest(warehouse: Path, day: int) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def ingest_day(sources: Sequence[str], day: int, warehouse: Path, force: bool = False) -> DayReport:
-    """Ingest the raw files of one day; publish the partition if at least one file was read."""
+def ingest_day(
+    sources: Sequence[str], day: int, warehouse: Path, force: bool = False, multi_hot: Sequence[str] = ()
+) -> DayReport:
+    """Ingest the raw files of one day; publish the partition if at least one file was read.
+
+    `multi_hot`: the features whose raw field is a comma-separated list of ids.
+    """
+    multi_hot = check_multi_hot(multi_hot)
     warehouse.mkdir(parents=True, exist_ok=True)
-    if not force and _already_ingested(sources, day, warehouse):
+    if not force and _already_ingested(sources, day, warehouse, multi_hot):
         log.info("day %d: already ingested from the same sources, skipping", day)
         manifest = read_manifest(warehouse, day) or {}
-        return DayReport(day, [FileReport(**f) for f in manifest.get("files", [])], skipped=True)
+        return DayReport(day, [FileReport(**f) for f in manifest.get("files", [])], multi_hot, skipped=True)
     staging = warehouse / "_tmp" / f"day={day}-{uuid.uuid4().hex[:8]}"
-    report = DayReport(day)
+    report = DayReport(day, multi_hot=multi_hot)
     try:
         for index, source in enumerate(sources):
-            report.files.append(_ingest_file(source, day, staging, index))
+            report.files.append(_ingest_file(source, day, staging, index, multi_hot))
         if len(report.files_failed) == len(report.files):
             return report  # nothing readable: keep whatever partition was there
         _write_manifest(staging / "data", report)
@@ -118,7 +125,7 @@ def ingest_day(sources: Sequence[str], day: int, warehouse: Path, force: bool = 
     return report
 
 
-def _ingest_file(source: str, day: int, staging: Path, index: int) -> FileReport:
+def _ingest_file(source: str, day: int, staging: Path, index: int, multi_hot: tuple[str, ...]) -> FileReport:
     report = FileReport(source=source, day=day)
     started = time.perf_counter()
     data_dir, quarantine_dir = staging / "data", staging / "quarantine"
@@ -128,12 +135,12 @@ def _ingest_file(source: str, day: int, staging: Path, index: int) -> FileReport
     quarantine_path = quarantine_dir / f"part-{index:05d}.parquet"
     digest = hashlib.sha256()
     try:
-        with _ParquetSink(data_path, WAREHOUSE_SCHEMA) as rows_out, _ParquetSink(
+        with _ParquetSink(data_path, warehouse_schema(multi_hot)) as rows_out, _ParquetSink(
             quarantine_path, QUARANTINE_SCHEMA
         ) as bad_out:
             next_line = 1
             for block in _read_line_blocks(source, digest, report):
-                parsed = parse_block(block, next_line, source)
+                parsed = parse_block(block, next_line, source, multi_hot)
                 next_line += parsed.lines
                 rows_out.write(parsed.rows)
                 bad_out.write(parsed.quarantine)
@@ -242,6 +249,7 @@ def _write_manifest(data_dir: Path, report: DayReport) -> None:
     manifest = {
         "day": report.day,
         "schema_version": SCHEMA_VERSION,
+        "multi_hot": list(report.multi_hot),
         "rows_read": report.rows_read,
         "rows_written": report.rows_written,
         "rows_quarantined": report.rows_quarantined,
@@ -260,10 +268,12 @@ def _fingerprint(source: str) -> list:
         return [source, None, None]  # a URL: only a forced re-ingest refreshes it
 
 
-def _already_ingested(sources: Sequence[str], day: int, warehouse: Path) -> bool:
+def _already_ingested(sources: Sequence[str], day: int, warehouse: Path, multi_hot: tuple[str, ...]) -> bool:
     manifest = read_manifest(warehouse, day)
     if manifest is None or manifest.get("schema_version") != SCHEMA_VERSION:
         return False
+    if tuple(manifest.get("multi_hot", ())) != multi_hot:
+        return False  # the same logs read with another layout
     if any(f.get("error") for f in manifest["files"]):
         return False
     return manifest["source_fingerprints"] == [_fingerprint(s) for s in sources]

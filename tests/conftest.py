@@ -51,3 +51,30 @@ def tiny_features(tiny_warehouse: Path, tmp_path_factory: pytest.TempPathFactory
         for day in TINY_DAYS
     }
     return state, files
+
+
+TINY_MULTI_HOT = ("C3", "C12")
+TINY_MULTI_HOT_SYNTHETIC = SyntheticConfig(rows_per_day=4000, seed=12, cardinality_scale=0.001, multi_hot_mean_ids=4.0)
+
+
+@pytest.fixture(scope="session")
+def multi_hot_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three generated days whose C3 and C12 are bags of ids (4 on average), ingested."""
+    raw, warehouse = tmp_path_factory.mktemp("mh-raw"), tmp_path_factory.mktemp("mh-warehouse")
+    truth = GroundTruth(TINY_MULTI_HOT_SYNTHETIC, TINY_MULTI_HOT)
+    for day in TINY_DAYS:
+        generate_day(TINY_MULTI_HOT_SYNTHETIC, day, raw, truth)
+        ingest_day([str(raw / f"day_{day}.tsv.gz")], day, warehouse, multi_hot=TINY_MULTI_HOT)
+    return warehouse
+
+
+@pytest.fixture(scope="session")
+def multi_hot_features(multi_hot_warehouse: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The hash-mode state fitted on days 0–1 of the multi-hot days, and every day's files."""
+    root = tmp_path_factory.mktemp("mh-features")
+    state = fit_state(TINY_PREPROCESS, multi_hot_warehouse, root, (0, 1))
+    files = {
+        day: [str(p) for p in sorted(apply_state(TINY_PREPROCESS, state, multi_hot_warehouse, root, day).glob("*.parquet"))]
+        for day in TINY_DAYS
+    }
+    return state, files

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ingestion.reader import build_reader
 from ingestion.schema import NUM_DENSE, SPARSE_COLUMNS
@@ -27,11 +28,15 @@ class HashedLogisticRegression(nn.Module):
         nn.init.zeros_(self.weights.weight)
         self.dense = nn.Linear(NUM_DENSE, 1)
 
-    def forward(self, dense: torch.Tensor, ids_feature_major: torch.Tensor) -> torch.Tensor:
-        """dense [B, 13], ids [26·B] (a KJT's values, one id per feature) → logits [B]."""
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        """dense [B, 13], the sparse features (multi-hot bags summed) → logits [B]."""
         batch = dense.shape[0]
-        ids = ids_feature_major.view(len(SPARSE_COLUMNS), batch) + self.offsets[:, None]  # [26, B]
-        return (self.weights(ids.T.contiguous()) + self.dense(dense)).squeeze(-1)
+        if sparse.keys() != list(SPARSE_COLUMNS):
+            sparse = sparse.permute([sparse.keys().index(name) for name in SPARSE_COLUMNS])
+        # every id moved into its feature's block of the one weight table
+        ids = sparse.values() + torch.repeat_interleave(self.offsets, torch.tensor(sparse.length_per_key()))
+        per_bag = self.weights(ids, sparse.offsets()[:-1].to(torch.int64))  # [26·B, 1], feature-major
+        return per_bag.view(len(SPARSE_COLUMNS), batch).sum(0) + self.dense(dense).squeeze(-1)
 
 
 def train_logistic_regression(
@@ -50,7 +55,7 @@ def train_logistic_regression(
     for epoch in range(epochs):
         for batch in build_reader(train_files, batch_size, shuffle_seed=seed, epoch=epoch):
             optimizer.zero_grad()
-            loss = loss_fn(model(batch.dense_features, batch.sparse_features.values()), batch.labels)
+            loss = loss_fn(model(batch.dense_features, batch.sparse_features), batch.labels)
             loss.backward()
             optimizer.step()
     return model.eval()

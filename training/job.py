@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import typing
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ class TrainJob:
     run_id: str = "default"
     # Start from this checkpoint's weights (any world size), e.g. to warm-start a new run.
     init_checkpoint: str = ""
+    # Mean ids per example of the multi-hot features (the planner's pooling factors).
+    pooling_factors: dict[str, float] = field(default_factory=dict)
 
     @property
     def out(self) -> Path:
@@ -47,7 +49,7 @@ class TrainJob:
 def _from_plain(cls: type, data: dict[str, Any]) -> Any:
     """Rebuild a (validated) dataclass from its JSON form: lists back to tuples."""
     hints = typing.get_type_hints(cls)
-    return cls(**{f.name: _rebuild(hints[f.name], data[f.name]) for f in fields(cls)})
+    return cls(**{f.name: _rebuild(hints[f.name], data[f.name]) for f in fields(cls) if f.name in data})
 
 
 def _rebuild(hint: Any, value: Any) -> Any:

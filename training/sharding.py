@@ -9,6 +9,7 @@ row-wise and table-row-wise need CUDA, as do the host-memory (UVM) kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -68,18 +69,26 @@ def table_names(model: nn.Module) -> list[str]:
     return [name.split(".")[-2] for name, _ in model.named_parameters() if "embedding_bags" in name]
 
 
+PoolingFactors = float | Mapping[str, float]
+
+
 def constraints_for(
-    model: nn.Module, config: ShardingConfig, device_type: str, pooling_factor: float = 1.0
+    model: nn.Module, config: ShardingConfig, device_type: str, pooling_factor: PoolingFactors = 1.0
 ) -> dict[str, ParameterConstraints]:
-    """Per table: the configured sharding type and kernel, or every one the device supports."""
+    """Per table: the configured sharding type and kernel, or every one the device supports.
+
+    `pooling_factor`: ids per example, for every table or per table name (others: 1), which
+    the planner's cost model uses for lookup and communication costs.
+    """
     sharding_types, kernels = SUPPORTED["cuda" if device_type == "cuda" else "cpu"]
     constraints = {}
     for name in table_names(model):
+        factor = pooling_factor if isinstance(pooling_factor, float | int) else pooling_factor.get(name, 1.0)
         rule = config.for_table(name)
         constraints[name] = ParameterConstraints(
             sharding_types=list(sharding_types) if rule.sharding_type == "auto" else [rule.sharding_type],
             compute_kernels=list(kernels) if rule.compute_kernel == "auto" else [rule.compute_kernel],
-            pooling_factors=[pooling_factor],
+            pooling_factors=[float(factor)],
         )
     return constraints
 
@@ -101,7 +110,7 @@ def plan_sharding(
     topology: Topology,
     batch_size_per_rank: int,
     group: dist.ProcessGroup | None = None,
-    pooling_factor: float = 1.0,
+    pooling_factor: PoolingFactors = 1.0,
 ) -> tuple[ShardingPlan, list[RankEstimate]]:
     """Plan with the planner (collectively when `group` is given); also its per-rank estimates."""
     check_supported(config, topology.compute_device, table_names(model))
@@ -168,7 +177,11 @@ def _no_fit_message(model: nn.Module, topology: Topology) -> str:
 
 
 def shard_model(
-    model: nn.Module, config: ShardingConfig, device: torch.device, batch_size_per_rank: int
+    model: nn.Module,
+    config: ShardingConfig,
+    device: torch.device,
+    batch_size_per_rank: int,
+    pooling_factor: PoolingFactors = 1.0,
 ) -> tuple[DistributedModelParallel, ShardingPlan]:
     """Plan over the live process group and apply the plan with DistributedModelParallel."""
     world_size = dist.get_world_size()
@@ -177,7 +190,7 @@ def shard_model(
         compute_device=device.type,
         local_world_size=_local_world_size(world_size),
     )
-    plan, _ = plan_sharding(model, config, topology, batch_size_per_rank, dist.GroupMember.WORLD)
+    plan, _ = plan_sharding(model, config, topology, batch_size_per_rank, dist.GroupMember.WORLD, pooling_factor)
     return DistributedModelParallel(model, device=device, plan=plan), plan
 
 

@@ -21,8 +21,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from evaluation.distributed import all_reduce_state
 from evaluation.metrics import BinaryState
-from ingestion.reader import PAD_LABEL, build_reader
-from ingestion.schema import SPARSE_COLUMNS
+from ingestion.reader import PAD_LABEL, build_reader, example_of_values, first_ids
 from training.checkpoint import RowLedger, TrainPosition, save_checkpoint
 from training.config import TrainingConfig
 from training.job import TrainJob
@@ -97,9 +96,14 @@ def reader_prefetch(config: TrainingConfig) -> int:
 
 def row_hashes(batch) -> torch.Tensor:
     """A 64-bit hash per row of a batch (ids and label), for the trained-rows fingerprint."""
-    ids = batch.sparse_features.values().view(len(SPARSE_COLUMNS), -1)  # [26, B]
-    weights = torch.arange(1, len(SPARSE_COLUMNS) + 1, dtype=torch.int64).mul_(0x9E3779B1)[:, None]
-    return (ids.to(torch.int64) * weights).sum(0) * 31 + batch.labels.to(torch.int64)  # wraps mod 2**64
+    kjt = batch.sparse_features
+    # each id weighted by its feature, summed per example (multi-hot bags included)
+    feature_weights = torch.arange(1, len(kjt.keys()) + 1, dtype=torch.int64).mul_(0x9E3779B1)
+    weights = torch.repeat_interleave(feature_weights, torch.tensor(kjt.length_per_key()))
+    summed = torch.zeros(len(batch.labels), dtype=torch.int64).index_add_(
+        0, example_of_values(kjt).cpu(), kjt.values().cpu().to(torch.int64) * weights
+    )
+    return summed * 31 + batch.labels.cpu().to(torch.int64)  # wraps mod 2**64
 
 
 def train(
@@ -195,7 +199,6 @@ def predict(model: nn.Module, job: TrainJob, device: torch.device, out_dir: Path
     Columns: label, prediction, and `slice`, the row's index of the slice feature.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    slice_position = SPARSE_COLUMNS.index(job.evaluation.slice_feature)  # the KJT's key order
     model.eval()
     rows = 0
     for day, files in job.eval_files.items():
@@ -204,7 +207,7 @@ def predict(model: nn.Module, job: TrainJob, device: torch.device, out_dir: Path
             with autocast(job.training, device):
                 _, (_, logits, labels) = model(batch.to(device, non_blocking=True))
             keep = (labels != PAD_LABEL).cpu()
-            ids = batch.sparse_features.values().view(len(SPARSE_COLUMNS), -1)[slice_position]
+            ids = first_ids(batch.sparse_features, job.evaluation.slice_feature)
             columns["label"].append(labels.cpu()[keep].numpy().astype(np.int8))
             columns["prediction"].append(torch.sigmoid(logits.float()).cpu()[keep].numpy())
             columns["slice"].append(ids[keep].numpy().astype(np.int32))

@@ -41,7 +41,8 @@ def run(job: TrainJob, device: torch.device) -> None:
     torch.manual_seed(config.seed)
     model = build_train_model(job.model, job.table_sizes, torch.device("meta"))
     attach_embedding_optimizer(model, config)
-    sharded, plan = shard_model(model, job.sharding, device, config.batch_size_per_rank)
+    pooling = {table_name(feature): factor for feature, factor in job.pooling_factors.items()}
+    sharded, plan = shard_model(model, job.sharding, device, config.batch_size_per_rank, pooling)
     if rank == 0:
         _write_plan(job, plan, world, device)
     optimizer = build_optimizer(sharded, config)

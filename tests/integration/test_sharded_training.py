@@ -116,3 +116,21 @@ def test_a_caller_that_stops_the_job_leaves_no_worker_behind(tiny_features, tmp_
     survivors = subprocess.run(["pgrep", "-f", str(job.out / "job.json")], check=False, capture_output=True, text=True)
     assert survivors.stdout.strip() == "", "no worker survives its stopped launch"
     assert not (job.out / "summary.json").exists(), "the job did not run to its end"
+
+
+def test_multi_hot_bags_train_and_score(multi_hot_features, tmp_path: Path) -> None:
+    state, files = multi_hot_features
+    job = replace(_job(multi_hot_features, tmp_path, ShardingConfig("column_wise", "fused")), pooling_factors=state.multi_hot)
+    launch(job, on_line=lambda line: None)
+    predictions = pq.read_table(sorted((tmp_path / "predictions" / "day=2").glob("*.parquet")))
+    assert predictions.num_rows == 4000
+    metrics = summarize(predictions["label"].to_numpy(), predictions["prediction"].to_numpy())
+    assert metrics["ne"] < 0.95 and metrics["auc"] > 0.65
+    # The exported (unsharded) model scores the same bags the same way.
+    model = export_model(job, latest_checkpoint(job.checkpoint_root))
+    with torch.no_grad():
+        unsharded = np.concatenate([
+            torch.sigmoid(model(b.dense_features, b.sparse_features).squeeze(-1)).numpy()
+            for b in build_reader(job.eval_files["2"], 1000, drop_remainder=False)
+        ])  # fmt: skip
+    assert np.allclose(np.sort(unsharded), np.sort(predictions["prediction"].to_numpy()), atol=1e-5)

@@ -111,3 +111,17 @@ def test_a_declared_cluster_puts_the_largest_tables_in_host_memory() -> None:
     assert rows["t_f0"].compute_kernel in ("fused_uvm", "fused_uvm_caching")
     assert all(rows[f"t_f{i}"].compute_kernel == "fused" for i in range(2, 10))
     assert sum(e.ddr_bytes for e in estimates) > 0
+
+
+def test_multi_hot_pooling_factors_reach_the_planner_cost_model() -> None:
+    from training.sharding import constraints_for
+
+    bags = {"t_C3": 20.0, "t_C12": 8.0}
+    constraints = constraints_for(_model(), ShardingConfig(), "cpu", bags)
+    assert constraints["t_C3"].pooling_factors == [20.0] and constraints["t_C12"].pooling_factors == [8.0]
+    assert constraints["t_C1"].pooling_factors == [1.0], "one-hot tables keep one id per example"
+    topology = Topology(world_size=2, compute_device="cpu")
+    _, one_hot = plan_sharding(_model(), ShardingConfig(), topology, 1024)
+    _, multi_hot = plan_sharding(_model(), ShardingConfig(), topology, 1024, pooling_factor=bags)
+    # 26 extra lookups per example on two tables cost more than one lookup per table
+    assert sum(e.perf_ms for e in multi_hot) > sum(e.perf_ms for e in one_hot)

@@ -129,8 +129,8 @@ def test_a_study_resumes_after_its_worker_is_killed(tmp_path: Path) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # kill it in the middle of its third trial
         studies = optuna.get_all_study_summaries(storage)
-        if studies:
-            trials = optuna.load_study(study_name=studies[0].study_name, storage=storage).trials
+        trials = optuna.load_study(study_name=studies[0].study_name, storage=storage).trials if studies else []
+        if trials:  # the study exists a moment before its first trial
             running = trials[-1]
             if sum(t.state == TrialState.COMPLETE for t in trials) >= 2 and running.state == TrialState.RUNNING \
                     and len(running.params) == 6:  # its parameters are chosen: it is training
