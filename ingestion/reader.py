@@ -20,6 +20,7 @@ with one length per example; every other feature has length 1. Padding rows carr
 
 from __future__ import annotations
 
+import functools
 import math
 import queue
 import threading
@@ -73,11 +74,15 @@ def files_multi_hot(paths: Sequence[Path | str]) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Rows:
-    """Decoded rows: dense [n, 13], one-hot ids [n, one-hot features], one (lengths [n],
-    ids) bag per multi-hot feature, labels [n]."""
+    """Decoded rows: dense [n, 13], one id column [n] per one-hot feature, one (lengths [n],
+    ids) bag per multi-hot feature, labels [n].
+
+    Id columns stay as decoded (views of the Arrow buffers): a batch copies each of its ids
+    once, straight into the KJT's feature-major values.
+    """
 
     dense: np.ndarray
-    ids: np.ndarray
+    ids: tuple[np.ndarray, ...]
     bags: tuple[tuple[np.ndarray, np.ndarray], ...]
     labels: np.ndarray
 
@@ -85,7 +90,8 @@ class Rows:
         return len(self.labels)
 
     def take(self, index: np.ndarray) -> Rows:
-        return Rows(self.dense[index], self.ids[index], tuple(_take_bag(*bag, index) for bag in self.bags), self.labels[index])
+        return Rows(self.dense[index], tuple(c[index] for c in self.ids), tuple(_take_bag(*bag, index) for bag in self.bags),
+                    self.labels[index])  # fmt: skip
 
     def slice(self, start: int, stop: int | None = None) -> Rows:
         stop = len(self) if stop is None else min(stop, len(self))
@@ -93,7 +99,7 @@ class Rows:
         for lengths, values in self.bags:
             before, inside = int(lengths[:start].sum()), int(lengths[start:stop].sum())
             bags.append((lengths[start:stop], values[before : before + inside]))
-        return Rows(self.dense[start:stop], self.ids[start:stop], tuple(bags), self.labels[start:stop])
+        return Rows(self.dense[start:stop], tuple(c[start:stop] for c in self.ids), tuple(bags), self.labels[start:stop])
 
     @staticmethod
     def concat(parts: Sequence[Rows]) -> Rows:
@@ -101,13 +107,13 @@ class Rows:
             (np.concatenate([p.bags[i][0] for p in parts]), np.concatenate([p.bags[i][1] for p in parts]))
             for i in range(len(parts[0].bags))
         )
-        return Rows(np.concatenate([p.dense for p in parts]), np.concatenate([p.ids for p in parts]), bags,
-                    np.concatenate([p.labels for p in parts]))  # fmt: skip
+        ids = tuple(np.concatenate([p.ids[i] for p in parts]) for i in range(len(parts[0].ids)))
+        return Rows(np.concatenate([p.dense for p in parts]), ids, bags, np.concatenate([p.labels for p in parts]))
 
     @staticmethod
     def empty(one_hot: int, multi_hot: int) -> Rows:
         bag = (np.zeros(0, np.int64), np.zeros(0, np.int64))
-        return Rows(np.zeros((0, len(DENSE_COLUMNS)), np.float32), np.zeros((0, one_hot), np.int64),
+        return Rows(np.zeros((0, len(DENSE_COLUMNS)), np.float32), (np.zeros(0, np.int64),) * one_hot,
                     (bag,) * multi_hot, np.zeros(0, np.float32))  # fmt: skip
 
 
@@ -192,11 +198,14 @@ class BatchReader:
 
     def _rows_from(self, skip: int) -> Iterator[Rows]:
         """Decoded segments in order, starting `skip` rows into this rank's stream."""
+        handles: dict[str, pq.ParquetFile] = {}  # open files, footers parsed once per pass
         for index, segment in enumerate(self.segments):
             if skip >= segment.rows:
                 skip -= segment.rows
                 continue
-            rows = _read_segment(segment, self.one_hot, self.multi_hot)
+            if segment.path not in handles:
+                handles[segment.path] = pq.ParquetFile(segment.path)
+            rows = _read_segment(handles[segment.path], segment, self.one_hot, self.multi_hot)
             if self.shuffle_seed is not None:
                 # in-memory shuffle of one row group; seeded so a resumed run replays it
                 rng = np.random.default_rng([self.shuffle_seed, self.epoch, index])
@@ -215,12 +224,11 @@ def build_reader(
     return BatchReader(paths, batch_size, rank, world_size, **options)
 
 
-def _read_segment(segment: Segment, one_hot: Sequence[str], multi_hot: Sequence[str]) -> Rows:
-    table = pq.ParquetFile(segment.path).read_row_group(segment.row_group)
+def _read_segment(handle: pq.ParquetFile, segment: Segment, one_hot: Sequence[str], multi_hot: Sequence[str]) -> Rows:
+    table = handle.read_row_group(segment.row_group)
     table = table.slice(segment.start, segment.rows)
     dense = np.column_stack([table[c].to_numpy() for c in DENSE_COLUMNS]).astype(np.float32, copy=False)
-    ids = (np.column_stack([table[c].to_numpy() for c in one_hot]).astype(np.int64, copy=False) if one_hot
-           else np.zeros((table.num_rows, 0), np.int64))  # fmt: skip
+    ids = tuple(table[c].combine_chunks().to_numpy() for c in one_hot)  # zero-copy views
     labels = table["label"].to_numpy().astype(np.float32)
     return Rows(dense, ids, tuple(_bag(table[c].combine_chunks()) for c in multi_hot), labels)
 
@@ -249,20 +257,26 @@ class _RowBuffer:
             self.rows += len(rows)
 
     def take(self, n: int) -> Rows:
-        if len(self.parts) > 1:
-            self.parts = [Rows.concat(self.parts)]
-        if not self.parts:
+        """The first n rows (fewer if fewer are left); copies only rows that span parts."""
+        taken: list[Rows] = []
+        while n > 0 and self.parts:
+            head = self.parts[0]
+            if len(head) > n:
+                taken.append(head.slice(0, n))
+                self.parts[0] = head.slice(n)
+            else:
+                taken.append(self.parts.pop(0))
+            n -= len(taken[-1])
+            self.rows -= len(taken[-1])
+        if not taken:
             return self.empty
-        rows = self.parts[0]
-        self.parts = [rows.slice(n)] if n < len(rows) else []
-        self.rows -= min(n, len(rows))
-        return rows.slice(0, n)
+        return taken[0] if len(taken) == 1 else Rows.concat(taken)
 
 
 def _pad(rows: Rows, size: int) -> Rows:
     missing = size - len(rows)
     one_id = (np.ones(missing, np.int64), np.zeros(missing, np.int64))
-    padding = Rows(np.zeros((missing, rows.dense.shape[1]), np.float32), np.zeros((missing, rows.ids.shape[1]), np.int64),
+    padding = Rows(np.zeros((missing, rows.dense.shape[1]), np.float32), (np.zeros(missing, np.int64),) * len(rows.ids),
                    (one_id,) * len(rows.bags), np.full(missing, PAD_LABEL, np.float32))  # fmt: skip
     return Rows.concat([rows, padding])
 
@@ -272,8 +286,8 @@ def _to_batch(rows: Rows, one_hot: Sequence[str], multi_hot: Sequence[str]) -> B
     dense, labels = rows.dense, rows.labels
     batch_size = len(labels)
     if not multi_hot:
-        values = torch.from_numpy(np.ascontiguousarray(rows.ids.T).reshape(-1))  # feature-major
-        lengths = torch.ones(len(SPARSE_COLUMNS) * batch_size, dtype=torch.int32)
+        values = torch.from_numpy(np.concatenate(rows.ids, dtype=np.int64))  # feature-major, one copy
+        lengths = _ones(len(SPARSE_COLUMNS) * batch_size)
     else:
         column_of = {name: i for i, name in enumerate(one_hot)}
         bag_of = {name: i for i, name in enumerate(multi_hot)}
@@ -284,9 +298,9 @@ def _to_batch(rows: Rows, one_hot: Sequence[str], multi_hot: Sequence[str]) -> B
                 value_parts.append(bag_values)
                 length_parts.append(bag_lengths.astype(np.int32))
             else:
-                value_parts.append(rows.ids[:, column_of[name]])
+                value_parts.append(rows.ids[column_of[name]])
                 length_parts.append(np.ones(batch_size, np.int32))
-        values = torch.from_numpy(np.concatenate(value_parts))
+        values = torch.from_numpy(np.concatenate(value_parts, dtype=np.int64))
         lengths = torch.from_numpy(np.concatenate(length_parts))
     kjt = KeyedJaggedTensor(keys=list(SPARSE_COLUMNS), values=values, lengths=lengths, stride=batch_size)
     return Batch(
@@ -294,6 +308,12 @@ def _to_batch(rows: Rows, one_hot: Sequence[str], multi_hot: Sequence[str]) -> B
         sparse_features=kjt,
         labels=torch.from_numpy(np.ascontiguousarray(labels)),
     )
+
+
+@functools.lru_cache(maxsize=4)
+def _ones(n: int) -> torch.Tensor:
+    """One id per (feature, example): the same lengths tensor serves every full batch."""
+    return torch.ones(n, dtype=torch.int32)
 
 
 def first_ids(kjt: KeyedJaggedTensor, feature: str) -> torch.Tensor:

@@ -41,6 +41,9 @@ class TuningConfig:
     lr_decay: tuple[str, ...] = LR_DECAYS
     embedding_eps: tuple[float, ...] = (1e-10, 1e-4)  # log
     dense_weight_decay: tuple[float, ...] = (1e-9, 1e-3)  # log
+    # Optional: the dense optimizer as a searched choice ("adagrad", "adam"); empty keeps
+    # the configured one. Large batches often favour Adam for the MLPs.
+    dense_optimizers: tuple[str, ...] = ()
     # Optional architecture search: empty keeps the configured shape.
     embedding_dims: tuple[int, ...] = ()
     mlp_width_factors: tuple[float, ...] = ()  # multiplies every hidden MLP width
@@ -66,5 +69,7 @@ class TuningConfig:
             raise ValueError(f"n_trials: must be at least 1, got {self.n_trials}")
         if self.timeout_s < 0 or self.heartbeat_s < 1:
             raise ValueError("timeout_s: must be ≥ 0, with heartbeat_s ≥ 1")
+        if set(self.dense_optimizers) - {"adagrad", "adam"}:
+            raise ValueError(f"dense_optimizers: choose among ['adagrad', 'adam'], got {list(self.dense_optimizers)}")
         if any(d <= 0 for d in self.embedding_dims) or any(f <= 0 for f in self.mlp_width_factors):
             raise ValueError("embedding_dims: dimensions and width factors must be positive")

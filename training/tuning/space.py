@@ -38,6 +38,10 @@ def suggest(trial: Suggests, space: TuningConfig) -> Params:
             "training.dense_weight_decay", *space.dense_weight_decay, log=True
         ),
     }
+    if space.dense_optimizers:
+        params["training.dense_optimizer"] = trial.suggest_categorical(
+            "training.dense_optimizer", list(space.dense_optimizers)
+        )
     if space.embedding_dims:
         params["model.embedding_dim"] = trial.suggest_categorical("model.embedding_dim", list(space.embedding_dims))
     if space.mlp_width_factors:
@@ -72,6 +76,8 @@ def params_of(training: TrainingConfig, model: ModelConfig, space: TuningConfig)
         "training.embedding_eps": training.embedding_eps,
         "training.dense_weight_decay": training.dense_weight_decay,
     }
+    if space.dense_optimizers:
+        params["training.dense_optimizer"] = training.dense_optimizer
     if space.embedding_dims:
         params["model.embedding_dim"] = model.embedding_dim
     if space.mlp_width_factors:
@@ -113,7 +119,8 @@ def clip_to_space(params: Params, space: TuningConfig) -> Params:
             clipped[name] = round(value) if name == "training.warmup_steps" else float(value)
     if clipped.get("training.lr_decay") not in space.lr_decay:
         clipped["training.lr_decay"] = space.lr_decay[0]
-    for name, choices in (("model.embedding_dim", space.embedding_dims), ("model.mlp_width_factor", space.mlp_width_factors)):
+    for name, choices in (("training.dense_optimizer", space.dense_optimizers), ("model.embedding_dim", space.embedding_dims),
+                          ("model.mlp_width_factor", space.mlp_width_factors)):  # fmt: skip
         if choices and clipped.get(name) not in choices:
             clipped[name] = choices[0]
         if not choices:

@@ -69,3 +69,18 @@ def test_bad_ranges_are_rejected_with_the_key() -> None:
         TuningConfig(embedding_lr=(0.0, 1.0))
     with pytest.raises(ValueError, match="lr_decay"):
         TuningConfig(lr_decay=("exponential",))
+
+
+def test_the_dense_optimizer_is_searched_only_when_asked() -> None:
+    space = TuningConfig(dense_optimizers=("adagrad", "adam"))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    chosen = {suggest(study.ask(), space)["training.dense_optimizer"] for _ in range(20)}
+    assert chosen == {"adagrad", "adam"}
+    training, _ = apply_params(TrainingConfig(dense_optimizer="adagrad"), ModelConfig(),
+                               {**params_of(TrainingConfig(), ModelConfig(), space), "training.dense_optimizer": "adam"})  # fmt: skip
+    assert training.dense_optimizer == "adam"
+    assert "training.dense_optimizer" not in suggest(study.ask(), SPACE)
+    # a warm start from a key tuned without the choice gets the first choice
+    assert clip_to_space({"training.embedding_lr": 0.1}, space)["training.dense_optimizer"] == "adagrad"
+    with pytest.raises(ValueError, match="dense_optimizers"):
+        TuningConfig(dense_optimizers=("sgd",))
