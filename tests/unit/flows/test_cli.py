@@ -88,6 +88,16 @@ def test_ingest_json_reconciles_and_reports_partial(tmp_path: Path) -> None:
     assert result.returncode == 1
 
 
+def test_ingest_multi_hot_stores_bags_and_names_a_bad_feature(tmp_path: Path) -> None:
+    line = "1\t" + "\t".join(["3"] * 13) + "\t0a1b2c3d,0000000f\t" + "\t".join(["deadbeef"] * 25)
+    (tmp_path / "day_0.tsv").write_text(line + "\n")
+    result = dlrm("ingest", str(tmp_path / "day_0.tsv"), "--warehouse", str(tmp_path / "wh"), "--multi-hot", "C1", "--json")
+    assert json.loads(result.stdout.strip().splitlines()[-1])["rows_written"] == 1, result.stderr
+    assert pq.read_table(tmp_path / "wh" / "day=0")["C1"].to_pylist() == [[0x0A1B2C3D, 0x0F]]
+    bad = _one_line_error(dlrm("ingest", str(tmp_path / "day_0.tsv"), "--warehouse", str(tmp_path / "wh"), "--multi-hot", "C1,C99"))
+    assert "--multi-hot: ['C99'] are not categorical features" in bad
+
+
 @pytest.mark.slow
 def test_plan_of_scaled_m3_on_a_declared_gpu_cluster() -> None:
     result = dlrm("plan", "--config", "configs/m3-scaled.toml", "--cluster", "configs/clusters/h100-2x8.toml", "--json")
