@@ -44,10 +44,14 @@ def tiny_warehouse(tiny_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="session")
 def tiny_features(tiny_warehouse: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[PreprocessState, dict[int, list[str]]]:
     """The preprocessing state fitted on days 0–1 and every day's feature files."""
-    root = tmp_path_factory.mktemp("features")
-    state = fit_state(TINY_PREPROCESS, tiny_warehouse, root, (0, 1))
+    return _fit_and_apply(tiny_warehouse, tmp_path_factory.mktemp("features"))
+
+
+def _fit_and_apply(warehouse: Path, root: Path) -> tuple[PreprocessState, dict[int, list[str]]]:
+    """The tiny hash-mode state fitted on days 0–1, applied to every day."""
+    state = fit_state(TINY_PREPROCESS, warehouse, root, (0, 1))
     files = {
-        day: [str(p) for p in sorted(apply_state(TINY_PREPROCESS, state, tiny_warehouse, root, day).glob("*.parquet"))]
+        day: [str(p) for p in sorted(apply_state(TINY_PREPROCESS, state, warehouse, root, day).glob("*.parquet"))]
         for day in TINY_DAYS
     }
     return state, files
@@ -71,10 +75,4 @@ def multi_hot_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def multi_hot_features(multi_hot_warehouse: Path, tmp_path_factory: pytest.TempPathFactory):
     """The hash-mode state fitted on days 0–1 of the multi-hot days, and every day's files."""
-    root = tmp_path_factory.mktemp("mh-features")
-    state = fit_state(TINY_PREPROCESS, multi_hot_warehouse, root, (0, 1))
-    files = {
-        day: [str(p) for p in sorted(apply_state(TINY_PREPROCESS, state, multi_hot_warehouse, root, day).glob("*.parquet"))]
-        for day in TINY_DAYS
-    }
-    return state, files
+    return _fit_and_apply(multi_hot_warehouse, tmp_path_factory.mktemp("mh-features"))
