@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import functools
 import math
-import queue
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from ingestion.prefetch import prefetched
 from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS, multi_hot_of
 
 PAD_LABEL = -1.0
@@ -182,7 +181,7 @@ class BatchReader:
         return self.num_batches - self.start_batch
 
     def __iter__(self) -> Iterator[Batch]:
-        return _prefetched(self._batches(), self.prefetch)
+        return prefetched(self._batches(), self.prefetch, name="batch-prefetch")
 
     def _batches(self) -> Iterator[Batch]:
         emitted = self.start_batch
@@ -328,43 +327,3 @@ def example_of_values(kjt: KeyedJaggedTensor) -> torch.Tensor:
     lengths = kjt.lengths().to(torch.int64)
     examples = torch.arange(len(lengths), device=lengths.device) % kjt.stride()
     return torch.repeat_interleave(examples, lengths)
-
-
-_DONE = object()
-
-
-def _prefetched(source: Iterator[Batch], depth: int) -> Iterator[Batch]:
-    """Run `source` in a background thread, at most `depth` items ahead of the consumer."""
-    if depth <= 0:
-        yield from source
-        return
-    items: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for item in source:
-                while not stop.is_set():
-                    try:
-                        items.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            items.put(_DONE)
-        except BaseException as error:  # noqa: BLE001 - handed to the consumer, raised there
-            items.put(error)
-
-    worker = threading.Thread(target=produce, name="batch-prefetch", daemon=True)
-    worker.start()
-    try:
-        while True:
-            item = items.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()

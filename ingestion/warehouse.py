@@ -22,6 +22,7 @@ import shutil
 import time
 import uuid
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,12 +32,15 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ingestion.prefetch import prefetched
 from ingestion.raw_parse import parse_block
 from ingestion.schema import QUARANTINE_SCHEMA, SCHEMA_VERSION, check_multi_hot, warehouse_schema
 
 log = logging.getLogger(__name__)
 
-READ_BLOCK_BYTES = 32 << 20
+READ_CHUNK_BYTES = 4 << 20  # compressed bytes per read: keeps the decompressor's output small
+PARSE_BLOCK_BYTES = 32 << 20  # text per parsed block, ~130k Criteo lines
+PREFETCH_BLOCKS = 2  # blocks decompressed ahead of the parser, in a background thread
 ROW_GROUP_ROWS = 131_072
 _DAY_IN_NAME = re.compile(r"day_(\d+)")
 
@@ -139,7 +143,10 @@ def _ingest_file(source: str, day: int, staging: Path, index: int, multi_hot: tu
             quarantine_path, QUARANTINE_SCHEMA
         ) as bad_out:
             next_line = 1
-            for block in _read_line_blocks(source, digest, report):
+            # zlib, sha256 and the Parquet writer release the GIL: reading runs in a thread
+            # ahead of the parser and writing behind it, so a second core is used.
+            blocks = prefetched(_read_line_blocks(source, digest, report), PREFETCH_BLOCKS, name="ingest-read")
+            for block in blocks:
                 parsed = parse_block(block, next_line, source, multi_hot)
                 next_line += parsed.lines
                 rows_out.write(parsed.rows)
@@ -163,44 +170,54 @@ def _ingest_file(source: str, day: int, staging: Path, index: int, multi_hot: tu
 
 
 def _read_line_blocks(source: str, digest: hashlib._Hash, report: FileReport) -> Iterator[bytes]:
-    """Whole-line blocks of the decompressed file; gzip is detected by its magic bytes."""
+    """Whole-line blocks of the decompressed file, about `PARSE_BLOCK_BYTES` each; gzip is
+    detected by its magic bytes."""
     try:
         raw = fsspec.open(source, "rb").open()
     except (OSError, ValueError) as error:
         raise SourceReadError(f"{source}: cannot open: {error}") from None
     with raw:
         decompressor: zlib._Decompress | None = None
-        carry = b""
+        pending: list[bytes] = []
+        pending_bytes = 0
         lines_done = 0
         while True:
             try:
-                chunk = raw.read(READ_BLOCK_BYTES)
+                chunk = raw.read(READ_CHUNK_BYTES)
             except OSError as error:
                 raise SourceReadError(f"{source}: read failed after {report.size_bytes:,} bytes: {error}") from None
+            if chunk:
+                digest.update(chunk)
+                report.size_bytes += len(chunk)
+                if decompressor is None:
+                    gzipped = chunk[:2] == b"\x1f\x8b"
+                    decompressor = zlib.decompressobj(wbits=31) if gzipped else None
+                if decompressor is not None:
+                    chunk, decompressor = _decompress(decompressor, chunk, source, report, lines_done)
+                pending.append(chunk)
+                pending_bytes += len(chunk)
+                if pending_bytes < PARSE_BLOCK_BYTES:
+                    continue
+            data = b"".join(pending)
+            cut = data.rfind(b"\n") + 1 if chunk else len(data)
+            pending, pending_bytes = [data[cut:]], len(data) - cut
+            if cut:
+                block = data[:cut]
+                lines_done += block.count(b"\n")
+                yield block if block.endswith(b"\n") else block + b"\n"  # a last line without its newline
             if not chunk:
                 break
-            digest.update(chunk)
-            report.size_bytes += len(chunk)
-            if decompressor is None:
-                gzipped = chunk[:2] == b"\x1f\x8b"
-                decompressor = zlib.decompressobj(wbits=31) if gzipped else None
-            data = _decompress(decompressor, chunk, source, report, lines_done) if decompressor else chunk
-            data = carry + data
-            cut = data.rfind(b"\n") + 1
-            carry = data[cut:]
-            if cut:
-                lines_done += data.count(b"\n", 0, cut)
-                yield data[:cut]
         if decompressor is not None and not decompressor.eof:
             raise SourceReadError(
                 f"{source}: truncated gzip: the stream ends without its end marker after "
                 f"{report.size_bytes:,} compressed bytes (near line {lines_done + 1})"
             )
-        if carry:
-            yield carry + b"\n"  # a last line without its newline is still a line
 
 
-def _decompress(decompressor, chunk: bytes, source: str, report: FileReport, lines_done: int) -> bytes:
+def _decompress(
+    decompressor: zlib._Decompress, chunk: bytes, source: str, report: FileReport, lines_done: int
+) -> tuple[bytes, zlib._Decompress]:
+    """The chunk's decompressed bytes, and the decompressor for what follows."""
     try:
         out = decompressor.decompress(chunk)
         # Concatenated gzip members (as `cat a.gz b.gz` makes) are one valid stream.
@@ -208,7 +225,7 @@ def _decompress(decompressor, chunk: bytes, source: str, report: FileReport, lin
             rest = decompressor.unused_data
             decompressor = zlib.decompressobj(wbits=31)
             out += decompressor.decompress(rest)
-        return out
+        return out, decompressor
     except zlib.error as error:
         raise SourceReadError(
             f"{source}: corrupt gzip data after {report.size_bytes:,} compressed bytes "
@@ -217,13 +234,16 @@ def _decompress(decompressor, chunk: bytes, source: str, report: FileReport, lin
 
 
 class _ParquetSink:
-    """A Parquet writer that buffers small tables into streaming-sized row groups."""
+    """A Parquet writer that buffers small tables into streaming-sized row groups and
+    writes each one in a background thread (one at a time, in order)."""
 
     def __init__(self, path: Path, schema: pa.Schema) -> None:
         self.path, self.schema = path, schema
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
         self.writer = pq.ParquetWriter(path, schema, compression="zstd")
+        self.background = ThreadPoolExecutor(1, thread_name_prefix="parquet-write")
+        self.in_flight: Future | None = None
 
     def write(self, table: pa.Table) -> None:
         if table.num_rows:
@@ -233,16 +253,28 @@ class _ParquetSink:
             self._flush()
 
     def _flush(self) -> None:
+        self._wait()  # at most one table in flight bounds memory; its error surfaces here
         if self.pending:
-            self.writer.write_table(pa.concat_tables(self.pending), row_group_size=ROW_GROUP_ROWS)
+            table = pa.concat_tables(self.pending)
+            self.in_flight = self.background.submit(self.writer.write_table, table, row_group_size=ROW_GROUP_ROWS)
             self.pending, self.pending_rows = [], 0
+
+    def _wait(self) -> None:
+        if self.in_flight is not None:
+            in_flight, self.in_flight = self.in_flight, None
+            in_flight.result()
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self._flush()
-        self.writer.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        try:
+            if exc_type is None:
+                self._flush()
+            self._wait()
+        finally:
+            self.background.shutdown()
+            self.writer.close()
 
 
 def _write_manifest(data_dir: Path, report: DayReport) -> None:

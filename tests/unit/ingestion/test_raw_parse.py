@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from ingestion.raw_parse import parse_block
@@ -72,3 +73,35 @@ def test_windows_line_endings_are_accepted() -> None:
     parsed = parse_block((GOOD + "\r\n" + GOOD + "\r\n").encode(), first_line=1, source="s")
     assert parsed.rows.num_rows == 2 and parsed.quarantine.num_rows == 0
     assert parsed.rows["C26"].to_pylist() == [1, 1]
+
+
+def test_lengths_that_only_add_up_are_still_quarantined() -> None:
+    """A 7- and a 9-character id in one column have the total length of two good ones."""
+    short, long = GOOD.replace("0a1b2c3d", "0a1b2c3"), GOOD.replace("0a1b2c3d", "0a1b2c3d0")
+    parsed = parse_block(_block(short, long), first_line=1, source="s")
+    assert parsed.rows.num_rows == 0
+    assert [r["line"] for r in parsed.quarantine.to_pylist()] == [1, 2]
+
+
+def test_a_carriage_return_inside_a_line_is_quarantined() -> None:
+    line = GOOD.replace("0a1b2c3d", "0a1b\r3d")
+    parsed = parse_block(_block(GOOD, line, GOOD), first_line=1, source="s")
+    assert parsed.lines == 3 and parsed.rows.num_rows == 2
+    assert parsed.quarantine.to_pylist()[0]["reason"] == "carriage return inside the line"
+
+
+def test_clean_blocks_parse_the_same_whole_and_line_by_line() -> None:
+    """Clean text is parsed as one block; a carriage return sends it line by line instead.
+    Both paths must give the same rows, nulls and extremes included."""
+    rng = np.random.default_rng(0)
+    lines = []
+    for _ in range(2_000):
+        dense = ["" if rng.random() < 0.2 else str(rng.integers(-5, 10**12)) for _ in range(13)]
+        ids = ["" if rng.random() < 0.2 else f"{rng.integers(0, 2**32):08x}" for _ in range(26)]
+        lines.append("\t".join([str(rng.integers(0, 2)), *dense, *ids]))
+    whole = parse_block(_block(*lines), first_line=1, source="s")
+    by_line = parse_block(b"".join(line.encode() + b"\r\n" for line in lines), first_line=1, source="s")
+    assert whole.quarantine.num_rows == by_line.quarantine.num_rows == 0
+    assert whole.rows.equals(by_line.rows)
+    expected_c1 = [int(line.split("\t")[14], 16) if line.split("\t")[14] else None for line in lines]
+    assert whole.rows["C1"].to_pylist() == expected_c1
