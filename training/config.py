@@ -153,6 +153,10 @@ class TrainingConfig:
     # loss stay float32). Twice the GEMM rate on CPUs with AVX-512 BF16 or AMX, and on GPUs.
     precision: Literal["fp32", "bf16"] = "fp32"
     threads_per_proc: int = 1
+    # "sparse_dist": TorchRec's TrainPipelineSparseDist (device copies and the ids'
+    # all-to-all of the next batches overlap the current step); "plain": one batch at a
+    # time; "auto": the pipeline on GPUs, plain steps on CPU.
+    pipeline: Literal["auto", "sparse_dist", "plain"] = "auto"
     seed: int = 0
     log_every: int = 20
     # Sharded checkpoints every this many steps (0: only at the end); the last K are kept.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torchrec.datasets.utils import Batch
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -26,6 +29,7 @@ from training.checkpoint import RowLedger, TrainPosition, save_checkpoint
 from training.config import TrainingConfig
 from training.job import TrainJob
 from training.progress import Progress
+from training.steps import autocast, train_steps
 from training.schedule import LRSchedule
 
 
@@ -78,11 +82,6 @@ def _step_state(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     ])  # fmt: skip
 
 
-def autocast(config: TrainingConfig, device: torch.device) -> torch.autocast:
-    """The forward pass's precision context (a no-op for fp32)."""
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
-
-
 def reader_prefetch(config: TrainingConfig) -> int:
     """Batches to decode ahead in a background thread: only when a core is free for it.
 
@@ -132,40 +131,50 @@ def train(
 
     steps_per_epoch = reader(0).num_batches
     total_steps = steps_per_epoch * config.epochs
+    # Where each batch read came from, in reading order; a step pops the batch it trained
+    # (the pipeline reads up to two batches ahead of the one it trains).
+    read: deque[tuple[int, int, torch.Tensor]] = deque()
+
+    def batches() -> Iterator[Batch]:
+        for epoch in range(start.epoch, config.epochs):
+            first = start.batch if epoch == start.epoch else 0
+            for index, batch in enumerate(reader(epoch, first), start=first):
+                read.append((epoch, index, row_hashes(batch)))
+                # page-locked, so the copy to the GPU is asynchronous and overlaps the step
+                yield batch.pin_memory() if device.type == "cuda" else batch
+
     metrics_path = job.out / "metrics.jsonl" if rank == 0 else None
     progress = Progress(total_steps, config.batch_size, job.evaluation.ne_window, metrics_path)
     model.train()
+    steps = train_steps(model, optimizer, config, device)
+    stream = batches()
     step, started, evaluating = start.step, time.perf_counter(), 0.0
     pending = torch.zeros(4, dtype=torch.float64, device=device)
-    for epoch in range(start.epoch, config.epochs):
-        first = start.batch if epoch == start.epoch else 0
-        for index, batch in enumerate(reader(epoch, first), start=first):
-            schedule.apply(step, total_steps)
-            ledger.add(row_hashes(batch))
-            batch = batch.to(device, non_blocking=True)
-            with autocast(config, device):
-                loss, (_, logits, labels) = model(batch)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            step += 1
-            pending += _step_state(logits, labels)
-            every = job.evaluation.heldout_every_steps
-            if every and (step % every == 0 or step == total_steps):
-                paused = time.perf_counter()
-                progress.add_heldout(step, heldout_state(model, job, device))
-                evaluating += time.perf_counter() - paused  # not training time
-            if step % config.log_every == 0 or step == total_steps:
-                # one small all-reduce per logging interval, at the same steps on every rank
-                progress.add(all_reduce_state(BinaryState.from_array(pending.cpu().numpy()), device))
-                pending.zero_()
-                if rank == 0:
-                    progress.report(step, float(loss.detach()))
-            if config.checkpoint_every and step % config.checkpoint_every == 0 and step < total_steps:
-                paused = time.perf_counter()
-                position = TrainPosition(step, epoch, index + 1) if index + 1 < steps_per_epoch else TrainPosition(step, epoch + 1, 0)
-                save_checkpoint(model, optimizer, job.checkpoint_root, position, ledger, config.keep_checkpoints)
-                evaluating += time.perf_counter() - paused
+    while step < total_steps:
+        schedule.apply(step, total_steps)
+        loss, logits, labels = steps.step(stream)
+        epoch, index, hashes = read.popleft()
+        ledger.add(hashes)
+        step += 1
+        pending += _step_state(logits, labels)
+        every = job.evaluation.heldout_every_steps
+        if every and (step % every == 0 or step == total_steps):
+            paused = time.perf_counter()
+            progress.add_heldout(step, heldout_state(steps.pause(), job, device))
+            evaluating += time.perf_counter() - paused  # not training time
+        if step % config.log_every == 0 or step == total_steps:
+            # one small all-reduce per logging interval, at the same steps on every rank
+            progress.add(all_reduce_state(BinaryState.from_array(pending.cpu().numpy()), device))
+            pending.zero_()
+            if rank == 0:
+                progress.report(step, float(loss))
+        if config.checkpoint_every and step % config.checkpoint_every == 0 and step < total_steps:
+            paused = time.perf_counter()
+            position = TrainPosition(step, epoch, index + 1) if index + 1 < steps_per_epoch else TrainPosition(step, epoch + 1, 0)
+            save_checkpoint(model, optimizer, job.checkpoint_root, position, ledger, config.keep_checkpoints)
+            evaluating += time.perf_counter() - paused
+    steps.pause()  # the model's own forward again, for the final checkpoint and predictions
+    stream.close()
     progress.close()
     seconds = time.perf_counter() - started - evaluating
     trained = step - start.step

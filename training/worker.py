@@ -25,6 +25,7 @@ from training.device import backend_for, runtime_device
 from training.job import TrainJob
 from training.model import build_train_model, table_name
 from training.sharding import describe_plan, format_plan, plan_as_json, shard_model
+from training.steps import pipeline_kind
 from training.trainer import (
     attach_embedding_optimizer,
     build_optimizer,
@@ -67,6 +68,7 @@ def run(job: TrainJob, device: torch.device) -> None:
             "world_size": world,
             "device": device.type,
             "backend": backend_for(device),
+            "pipeline": pipeline_kind(config, device),
             "checkpoint": str(checkpoint),
             "eval_rows_rank0": rows,
         }

@@ -128,3 +128,30 @@ def test_checkpoints_load_across_world_sizes(tiny_features, tmp_path: Path) -> N
     for params in (_params(one), _params(back)):
         for name, value in two_params.items():
             assert torch.allclose(params[name], value, atol=1e-4), name  # lr 1e-12: the weights barely move
+
+
+def test_the_sparse_dist_pipeline_trains_what_plain_steps_train_and_resumes(tiny_features, tmp_path: Path) -> None:
+    """TorchRec's TrainPipelineSparseDist reads two batches ahead of the one it trains.
+    Killed mid-run and resumed, it must still train every row once, in the plain loop's
+    order, to the same parameters; held-out evaluations pause it between steps."""
+    evaluation = EvaluationConfig(batch_size=1024, ne_window=2048, heldout_every_steps=7, heldout_batches=1)
+    plain = replace(_job(tiny_features, tmp_path / "plain", pipeline="plain"), evaluation=evaluation)
+    launch(plain, on_line=lambda line: None)
+    expected = json.loads((plain.out / "summary.json").read_text())
+
+    job = replace(_job(tiny_features, tmp_path / "pipelined", pipeline="sparse_dist"), evaluation=evaluation)
+    watcher = _kill_one_worker_after(job, step=25)
+    with pytest.raises(TrainingFailed):
+        launch(job, on_line=lambda line: None)
+    watcher.join()
+    launch(job, on_line=lambda line: None)
+    resumed = json.loads((job.out / "summary.json").read_text())
+    assert resumed["pipeline"] == "sparse_dist" and expected["pipeline"] == "plain"
+    assert resumed["resumed_from_step"] >= 20
+    assert resumed["rows_trained"] == expected["rows_trained"]
+    assert resumed["rows_fingerprint"] == expected["rows_fingerprint"]
+    for name, value in _params(plain).items():
+        assert torch.allclose(_params(job)[name], value, atol=1e-6), name
+    heldout = [json.loads(line) for line in (job.out / "metrics.jsonl").read_text().splitlines()]
+    expected_heldout = [json.loads(line) for line in (plain.out / "metrics.jsonl").read_text().splitlines()]
+    assert [m.get("heldout_ne") for m in heldout] == pytest.approx([m.get("heldout_ne") for m in expected_heldout])

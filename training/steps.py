@@ -1,0 +1,99 @@
+"""How one training step runs: directly, or through TorchRec's `TrainPipelineSparseDist`.
+
+The pipeline copies batch i+2 to the device and starts batch i+1's input distribution (the
+all-to-all of its ids) while batch i trains, on side CUDA streams. Batches still train one
+at a time and in the order they were read, so the loop can match each step to the batch it
+trained: the trained-rows ledger and the checkpoint position follow trained batches, never
+the ones in flight (a resume reads those again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal, Protocol
+
+import torch
+from torch import nn
+from torchrec.datasets.utils import Batch
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.optim.keyed import CombinedOptimizer
+
+from training.config import TrainingConfig
+
+StepOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # loss, logits, labels (detached)
+
+
+def autocast(config: TrainingConfig, device: torch.device) -> torch.autocast:
+    """The forward pass's precision context (a no-op for fp32)."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
+
+
+def pipeline_kind(config: TrainingConfig, device: torch.device) -> Literal["sparse_dist", "plain"]:
+    """`auto` pipelines on GPUs, where copies and the ids' all-to-all run on side streams.
+
+    On CPU nothing runs beside the step (no streams) and the pipeline's bookkeeping costs
+    time, so `auto` takes plain steps there.
+    """
+    if config.pipeline == "auto":
+        return "sparse_dist" if device.type == "cuda" else "plain"
+    return config.pipeline
+
+
+class TrainSteps(Protocol):
+    def step(self, batches: Iterator[Batch]) -> StepOutput:
+        """Train the next batch of `batches` (forward, backward, optimizer step)."""
+        ...
+
+    def pause(self) -> nn.Module:
+        """The model with its own forward, for evaluation between steps or after training."""
+        ...
+
+
+class PlainSteps:
+    """One batch at a time: copy, forward, backward, step."""
+
+    def __init__(self, model: nn.Module, optimizer: CombinedOptimizer, config: TrainingConfig,
+                 device: torch.device) -> None:  # fmt: skip
+        self.model, self.optimizer, self.config, self.device = model, optimizer, config, device
+
+    def step(self, batches: Iterator[Batch]) -> StepOutput:
+        batch = next(batches).to(self.device, non_blocking=True)
+        with autocast(self.config, self.device):
+            loss, (_, logits, labels) = self.model(batch)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach(), logits, labels
+
+    def pause(self) -> nn.Module:
+        return self.model
+
+
+class PipelinedSteps:
+    """TorchRec's `TrainPipelineSparseDist`, with the forward in the configured precision."""
+
+    def __init__(self, model: nn.Module, optimizer: CombinedOptimizer, config: TrainingConfig,
+                 device: torch.device) -> None:  # fmt: skip
+        self.model = model
+
+        def forward(batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+            with autocast(config, device):
+                return model(batch)
+
+        self.pipeline = TrainPipelineSparseDist(model, optimizer, device, custom_model_fwd=forward)
+
+    def step(self, batches: Iterator[Batch]) -> StepOutput:
+        loss, logits, labels = self.pipeline.progress(batches)
+        return loss, logits, labels
+
+    def pause(self) -> nn.Module:
+        # Restores the sharded modules' own forwards; batches in flight stay queued, and the
+        # next `step` re-attaches the pipeline.
+        return self.pipeline.detach()
+
+
+def train_steps(model: nn.Module, optimizer: CombinedOptimizer, config: TrainingConfig,
+                device: torch.device) -> TrainSteps:  # fmt: skip
+    if pipeline_kind(config, device) == "sparse_dist":
+        return PipelinedSteps(model, optimizer, config, device)
+    return PlainSteps(model, optimizer, config, device)
