@@ -157,6 +157,9 @@ class TrainingConfig:
     # all-to-all of the next batches overlap the current step); "plain": one batch at a
     # time; "auto": the pipeline on GPUs, plain steps on CPU.
     pipeline: Literal["auto", "sparse_dist", "plain"] = "auto"
+    # torch.compile the bottom MLP, the interaction and the top MLP (fused element-wise work
+    # and casts). Costs seconds of compilation in the first step; needs a C++ compiler on CPU.
+    compile: bool = False
     seed: int = 0
     log_every: int = 20
     # Sharded checkpoints every this many steps (0: only at the end); the last K are kept.

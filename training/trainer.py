@@ -36,8 +36,9 @@ from training.schedule import LRSchedule
 @dataclass(frozen=True)
 class TrainStats:
     steps: int  # the step training ended at (counting steps before a resume)
-    samples: int  # samples trained by this launch
-    seconds: float
+    samples: int  # samples trained by this launch after its first step
+    seconds: float  # their training time (evaluations and checkpoints excluded)
+    first_step_seconds: float  # compilation, allocation and cache warm-up happen here
     ledger: RowLedger
     position: TrainPosition
 
@@ -148,7 +149,7 @@ def train(
     model.train()
     steps = train_steps(model, optimizer, config, device)
     stream = batches()
-    step, started, evaluating = start.step, time.perf_counter(), 0.0
+    step, started, evaluating, first_step_seconds = start.step, time.perf_counter(), 0.0, 0.0
     pending = torch.zeros(4, dtype=torch.float64, device=device)
     while step < total_steps:
         schedule.apply(step, total_steps)
@@ -156,6 +157,9 @@ def train(
         epoch, index, hashes = read.popleft()
         ledger.add(hashes)
         step += 1
+        if step == start.step + 1 < total_steps:
+            # Throughput is timed from the second step: the first one compiles and warms up.
+            first_step_seconds, started = time.perf_counter() - started, time.perf_counter()
         pending += _step_state(logits, labels)
         every = job.evaluation.heldout_every_steps
         if every and (step % every == 0 or step == total_steps):
@@ -177,8 +181,9 @@ def train(
     stream.close()
     progress.close()
     seconds = time.perf_counter() - started - evaluating
-    trained = step - start.step
-    return TrainStats(steps=step, samples=trained * config.batch_size, seconds=seconds, ledger=ledger,
+    timed = step - start.step - (1 if first_step_seconds else 0)
+    return TrainStats(steps=step, samples=timed * config.batch_size, seconds=seconds,
+                      first_step_seconds=first_step_seconds, ledger=ledger,
                       position=TrainPosition(step, config.epochs, 0))  # fmt: skip
 
 

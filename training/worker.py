@@ -23,7 +23,7 @@ from training.checkpoint import (
 )
 from training.device import backend_for, runtime_device
 from training.job import TrainJob
-from training.model import build_train_model, table_name
+from training.model import build_train_model, compile_dense_parts, table_name
 from training.sharding import describe_plan, format_plan, plan_as_json, shard_model
 from training.steps import pipeline_kind
 from training.trainer import (
@@ -44,6 +44,8 @@ def run(job: TrainJob, device: torch.device) -> None:
     attach_embedding_optimizer(model, config)
     pooling = {table_name(feature): factor for feature, factor in job.pooling_factors.items()}
     sharded, plan = shard_model(model, job.sharding, device, config.batch_size_per_rank, pooling)
+    if config.compile:
+        compile_dense_parts(sharded, device)
     if rank == 0:
         _write_plan(job, plan, world, device)
     optimizer = build_optimizer(sharded, config)
@@ -62,6 +64,8 @@ def run(job: TrainJob, device: torch.device) -> None:
             "samples": stats.samples,
             "seconds": stats.seconds,
             "samples_per_s": stats.samples_per_s,
+            "first_step_seconds": stats.first_step_seconds,
+            "compiled": config.compile,
             "rows_trained": rows_trained,
             "rows_fingerprint": fingerprint,
             "resumed_from_step": start.step if start else 0,

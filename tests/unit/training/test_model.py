@@ -43,3 +43,65 @@ def test_training_flops_grow_with_the_mlps() -> None:
     # FLOPs = 2 per multiply-add, training ≈ 3 × forward.
     assert large == 3 * 2 * (141_824 + 11_664 + 319_232)
     assert small < large
+
+
+def test_the_dot_interaction_matches_torchrecs_values_and_gradients() -> None:
+    from torchrec.models.dlrm import InteractionArch
+
+    from training.model import DotInteraction
+
+    torch.manual_seed(0)
+    dense = torch.randn(32, 8, dtype=torch.float64, requires_grad=True)
+    sparse = torch.randn(32, 5, 8, dtype=torch.float64, requires_grad=True)
+    ours, theirs = DotInteraction(5), InteractionArch(5)
+    out, expected = ours(dense, sparse), theirs(dense, sparse)
+    assert out.shape == (32, 8 + 5 * 6 // 2) and torch.allclose(out, expected)
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum(), (dense, sparse))
+    expected_grads = torch.autograd.grad((expected * weights).sum(), (dense, sparse))
+    for got, want in zip(grads, expected_grads, strict=True):
+        assert torch.allclose(got, want)
+
+
+def test_the_dot_model_uses_the_flat_gather(tiny_features) -> None:
+    from training.model import DotInteraction
+
+    state, _ = tiny_features
+    model = build_dlrm(ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1)), state.table_sizes,
+                       torch.device("meta"))  # fmt: skip
+    assert isinstance(model.inter_arch, DotInteraction) and model.inter_arch.F == len(state.table_sizes)
+
+
+def test_compiled_dense_parts_compute_what_the_eager_model_computes(tiny_features) -> None:
+    """Compiled in place: the same parameter names (checkpoints load either way), and the
+    same logits and gradients to float32 rounding."""
+    import copy
+
+    from training.model import compile_dense_parts
+
+    state, files = tiny_features
+    torch.manual_seed(0)
+    config = ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1))
+    eager = build_dlrm(config, state.table_sizes, torch.device("cpu"))
+    compiled = copy.deepcopy(eager)
+    assert compile_dense_parts(compiled, torch.device("cpu")) == ["dense_arch", "inter_arch", "over_arch"]
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    batch = next(iter(build_reader(files[2], 64)))
+    outputs = []
+    for model in (eager, compiled):
+        logits = model(batch.dense_features, batch.sparse_features)
+        logits.sum().backward()
+        outputs.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (eager_logits, eager_grads), (compiled_logits, compiled_grads) = outputs
+    assert torch.allclose(compiled_logits, eager_logits, atol=1e-5)
+    for name, grad in eager_grads.items():
+        assert torch.allclose(compiled_grads[name], grad, atol=1e-5), name
+
+
+def test_compiling_on_cpu_without_a_cxx_compiler_is_one_clear_error_mocked_path(monkeypatch) -> None:
+    """PATH is mocked to hold no C++ compiler."""
+    from training import model as model_module
+
+    monkeypatch.setattr(model_module.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="training.compile: .*C\\+\\+ compiler.*set training.compile = false"):
+        model_module.compile_dense_parts(torch.nn.Linear(2, 2), torch.device("cpu"))
