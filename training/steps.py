@@ -74,8 +74,6 @@ class PipelinedSteps:
 
     def __init__(self, model: nn.Module, optimizer: CombinedOptimizer, config: TrainingConfig,
                  device: torch.device) -> None:  # fmt: skip
-        self.model = model
-
         def forward(batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
             with autocast(config, device):
                 return model(batch)
@@ -83,8 +81,7 @@ class PipelinedSteps:
         self.pipeline = TrainPipelineSparseDist(model, optimizer, device, custom_model_fwd=forward)
 
     def step(self, batches: Iterator[Batch]) -> StepOutput:
-        loss, logits, labels = self.pipeline.progress(batches)
-        return loss, logits, labels
+        return self.pipeline.progress(batches)  # DLRMTrain's (loss, logits, labels), detached
 
     def pause(self) -> nn.Module:
         # Restores the sharded modules' own forwards; batches in flight stay queued, and the
