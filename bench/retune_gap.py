@@ -61,13 +61,16 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=12, help="trials per study")
     parser.add_argument("--batch", type=int, default=256, help="the small global batch B")
     parser.add_argument("--factor", type=int, default=8, help="the large batch is factor × B")
+    parser.add_argument("--seeds", type=int, default=2,
+                        help="training seeds per trial: every NE reported is a mean over them")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for both batch sizes, e.g. data.synthetic.rows_per_day=800000")
     args = parser.parse_args()
 
     run_dir = ROOT / "runs" / "bench-retune-gap"
     shutil.rmtree(run_dir, ignore_errors=True)  # fresh studies: the figures are this run's
-    common = [*args.overrides, f'run_dir="{run_dir}"', f"tuning.n_trials={args.trials}"]
+    common = [*args.overrides, f'run_dir="{run_dir}"', f"tuning.n_trials={args.trials}",
+              f"tuning.seeds_per_trial={args.seeds}"]
     small = load_config(args.config, [*common, f"training.batch_size={args.batch}"])
     # Held-out NE for the pruner at the same samples seen in both studies.
     every = max(1, small.evaluation.heldout_every_steps // args.factor)
@@ -96,6 +99,7 @@ def main() -> None:
         "batch_size": args.batch,
         "large_batch_size": args.batch * args.factor,
         "trials_per_study": args.trials,
+        "seeds_per_trial": args.seeds,
         "train_rows": sum(features.ingest[i]["rows_written"] for i, d in enumerate(small.data.all_days)
                           if d in small.data.train_days),
         "baseline_ne": round(baseline, 6),

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,6 @@ class TrainingTrial:
     def __call__(self, trial: optuna.Trial) -> float:
         params = suggest(trial, self.config.tuning)
         out = self.config.path("tuning") / trial.study.study_name / f"trial-{trial.number:04d}"
-        job = validation_job(self.config, self.features, params, out)
         run = self.client.create_run(
             self.client.get_run(self.parent_run).info.experiment_id, run_name=f"trial-{trial.number}",
             tags={"mlflow.parentRunId": self.parent_run, "tuning.trial": str(trial.number),
@@ -134,9 +134,19 @@ class TrainingTrial:
         )  # fmt: skip
         run_id = run.info.run_id
         self.client.log_batch(run_id, params=[_param(k, v) for k, v in params.items()])
+        seeds = trial_seeds(self.config)
+        per_seed: list[float] = []
         try:
-            launch(job, on_line=lambda line: self._on_line(trial, run_id, line))
-            ne = validation_ne(out / "predictions", self.config.validation_days)
+            for seed in seeds:
+                # Only the first seed's held-out NE feeds the pruner: Optuna compares trials
+                # at the same step, and every trial's first run has the same seed.
+                first = seed == seeds[0]
+                metric = "heldout_ne" if len(seeds) == 1 else f"heldout_ne.seed_{seed}"
+                job = validation_job(self.config, self.features, params, seed_dir(out, seed, seeds), seed)
+                launch(job, on_line=lambda line: self._on_line(trial, run_id, line, metric, prune=first))
+                per_seed.append(validation_ne(Path(job.out_dir) / "predictions", self.config.validation_days))
+                if len(seeds) > 1:
+                    self.client.log_metric(run_id, f"ne.seed_{seed}", per_seed[-1])
         except optuna.TrialPruned as pruned:
             self.client.set_tag(run_id, "tuning.state", "pruned")
             self.client.set_terminated(run_id, "KILLED")
@@ -146,20 +156,27 @@ class TrainingTrial:
             self.client.set_tag(run_id, "tuning.state", "failed")
             self.client.set_terminated(run_id, "FAILED")
             raise
+        ne = statistics.fmean(per_seed)
+        trial.set_user_attr("ne_per_seed", {str(s): v for s, v in zip(seeds, per_seed, strict=True)})
         self.client.log_metric(run_id, "ne", ne)
+        if len(seeds) > 1:
+            self.client.log_metric(run_id, "ne_seed_std", statistics.stdev(per_seed))
         self.client.set_tag(run_id, "tuning.state", "complete")
         self.client.set_terminated(run_id, "FINISHED")
-        self.log.info("trial #%d: NE %.5f with %s", trial.number, ne, params)
+        spread = f" (seeds {', '.join(f'{v:.5f}' for v in per_seed)})" if len(seeds) > 1 else ""
+        self.log.info("trial #%d: NE %.5f%s with %s", trial.number, ne, spread, params)
         return ne
 
-    def _on_line(self, trial: optuna.Trial, run_id: str, line: str) -> None:
+    def _on_line(self, trial: optuna.Trial, run_id: str, line: str, metric: str, prune: bool) -> None:
         match = HELDOUT_LINE.search(line)
         if not match:
             return
         step, total, ne = int(match[1]), int(match[2]), float(match[3])
         if not math.isfinite(ne):
             raise optuna.TrialPruned(f"held-out NE is {ne} at step {step} (diverged)")
-        self.client.log_metric(run_id, "heldout_ne", ne, step=step)
+        self.client.log_metric(run_id, metric, ne, step=step)
+        if not prune:
+            return
         # Reported against percent of training done, so the pruner compares trials at the
         # same progress whatever their batch size, and waits out the warm-up.
         trial.report(ne, round(100 * step / total))
@@ -167,10 +184,22 @@ class TrainingTrial:
             raise optuna.TrialPruned(f"held-out NE {ne:.5f} at step {step}/{total} is worse than the median")
 
 
-def validation_job(config: PipelineConfig, features: Features, params: Params, out: Path) -> TrainJob:
-    """A training run of `config` with `params` applied, scored on the validation days."""
+def trial_seeds(config: PipelineConfig) -> list[int]:
+    """The training seeds every trial of the study runs (the same for all trials)."""
+    return [config.training.seed + i for i in range(config.tuning.seeds_per_trial)]
+
+
+def seed_dir(out: Path, seed: int, seeds: list[int]) -> Path:
+    return out if len(seeds) == 1 else out / f"seed-{seed}"
+
+
+def validation_job(config: PipelineConfig, features: Features, params: Params, out: Path,
+                   seed: int | None = None) -> TrainJob:  # fmt: skip
+    """A training run of `config` with `params` applied (and another training seed, if
+    given), scored on the validation days."""
     training, model = apply_params(config.training, config.model, params)
-    training = dataclasses.replace(training, checkpoint_every=0, max_restarts=0)
+    training = dataclasses.replace(training, checkpoint_every=0, max_restarts=0,
+                                   seed=training.seed if seed is None else seed)  # fmt: skip
     trial_config = dataclasses.replace(config, training=training, model=model)
     return dataclasses.replace(
         build_job(trial_config, features.state, features.files, run_id=out.name),
@@ -180,9 +209,15 @@ def validation_job(config: PipelineConfig, features: Features, params: Params, o
 
 
 def train_and_score(config: PipelineConfig, features: Features, params: Params, out: Path) -> float:
-    """One training run with fixed parameters; its NE on the validation days."""
-    launch(validation_job(config, features, params, out), on_line=lambda line: None)
-    return validation_ne(out / "predictions", config.validation_days)
+    """Training runs with fixed parameters, one per trial seed; their mean NE on the
+    validation days, comparable with the study's trial values."""
+    seeds = trial_seeds(config)
+    scores = []
+    for seed in seeds:
+        job = validation_job(config, features, params, seed_dir(out, seed, seeds), seed)
+        launch(job, on_line=lambda line: None)
+        scores.append(validation_ne(Path(job.out_dir) / "predictions", config.validation_days))
+    return statistics.fmean(scores)
 
 
 def validation_ne(predictions: Path, days: tuple[int, ...]) -> float:

@@ -1,6 +1,7 @@
-"""Retuning in the flows: `retune_first` trains with the study's best; a tuned key is
-reused; `scale_and_schedule` scales the nearest key and creates a retune flow run; `off`
-keeps the configured values. Real trials (torchrun) on the tiny config."""
+"""Retuning in the flows: `retune_first` trains with the study's best; a trial scores the
+mean NE of its seeds; a tuned key is reused; `scale_and_schedule` scales the nearest key
+and creates a retune flow run; `off` keeps the configured values. Real trials (torchrun)
+on the tiny config."""
 
 import math
 from pathlib import Path
@@ -13,6 +14,7 @@ from prefect.client.orchestration import get_client
 
 from flows.config import load_config
 from flows.features import prepare_features
+from flows.retune import validation_ne
 from training.tuning.key import tuning_key
 from training.tuning.study import study_name
 
@@ -23,12 +25,12 @@ CONFIG = str(ROOT / "configs" / "tiny.toml")
 
 @pytest.fixture(scope="module")
 def tuned_run(prefect_server, tmp_path_factory: pytest.TempPathFactory):
-    """A pipeline run whose key was never tuned, under `retune_first` with 3 trials."""
+    """A pipeline run whose key was never tuned, under `retune_first` with 2 trials of 2 seeds."""
     from flows.pipeline import run_pipeline
 
     run_dir = tmp_path_factory.mktemp("retune-run")
-    overrides = [f'run_dir="{run_dir}"', 'tuning.policy="retune_first"', "tuning.n_trials=3",
-                 "tuning.sampler=\"tpe\""]  # fmt: skip
+    overrides = [f'run_dir="{run_dir}"', 'tuning.policy="retune_first"', "tuning.n_trials=2",
+                 "tuning.seeds_per_trial=2", "tuning.sampler=\"tpe\""]  # fmt: skip
     summary = run_pipeline(CONFIG, overrides)
     return load_config(CONFIG, overrides), overrides, summary
 
@@ -42,7 +44,7 @@ def test_retune_first_trains_with_the_best_trial(tuned_run) -> None:
     config, _, summary = tuned_run
     study = _study(config)
     finished = [t for t in study.trials if t.state.is_finished() and t.state.name != "FAIL"]
-    assert len(finished) == 3
+    assert len(finished) == 2
     assert summary["tuning_decision"] == "retune_first" and "retuned to NE" in summary["tuning_reason"]
     run = MlflowClient(config.tracking_uri).get_run(summary["mlflow_run_id"])
     for name, value in study.best_params.items():
@@ -50,6 +52,29 @@ def test_retune_first_trains_with_the_best_trial(tuned_run) -> None:
         assert (float(logged) == pytest.approx(value)) if isinstance(value, float) else logged == str(value), name
     assert run.data.tags["tuning.key"] == tuning_key(config.training).fingerprint
     assert run.data.tags["tuning.decision"] == "retune_first"
+
+
+def test_a_trial_scores_the_mean_ne_of_its_seeds(tuned_run) -> None:
+    config, _, _ = tuned_run
+    study = _study(config)
+    client = MlflowClient(config.tracking_uri)
+    children = {c.data.tags["tuning.trial"]: c for c in client.search_runs(
+        [client.get_run(study.user_attrs["mlflow_parent_run_id"]).info.experiment_id],
+        f"tags.mlflow.parentRunId = '{study.user_attrs['mlflow_parent_run_id']}'")}  # fmt: skip
+    seeds = [str(config.training.seed), str(config.training.seed + 1)]
+    for trial in (t for t in study.trials if t.state.name == "COMPLETE"):
+        per_seed = trial.user_attrs["ne_per_seed"]
+        assert sorted(per_seed) == sorted(seeds)
+        # Seeds change the initialisation and the shuffle, so the runs differ ...
+        assert per_seed[seeds[0]] != per_seed[seeds[1]]
+        # ... and the trial's value is their mean, each recomputed from its own predictions.
+        trial_dir = config.path("tuning") / study.study_name / f"trial-{trial.number:04d}"
+        recomputed = [validation_ne(trial_dir / f"seed-{s}" / "predictions", config.validation_days) for s in seeds]
+        assert recomputed == pytest.approx([per_seed[s] for s in seeds], abs=1e-9)
+        assert trial.value == pytest.approx(sum(recomputed) / 2, abs=1e-9)
+        metrics = children[str(trial.number)].data.metrics
+        assert metrics["ne"] == pytest.approx(trial.value)
+        assert metrics[f"ne.seed_{seeds[1]}"] == pytest.approx(per_seed[seeds[1]])
 
 
 def test_the_study_is_tracked_as_a_parent_run_with_nested_trials(tuned_run) -> None:
@@ -61,7 +86,7 @@ def test_the_study_is_tracked_as_a_parent_run_with_nested_trials(tuned_run) -> N
     assert parent.data.tags["tuning.key"] == tuning_key(config.training).fingerprint
     children = client.search_runs([parent.info.experiment_id],
                                   f"tags.mlflow.parentRunId = '{parent.info.run_id}'")  # fmt: skip
-    assert len(children) == 3
+    assert len(children) == 2
     states = {c.data.tags["tuning.trial"]: c.data.tags["tuning.state"] for c in children}
     for trial in study.trials:
         assert states[str(trial.number)] == {"COMPLETE": "complete", "PRUNED": "pruned"}[trial.state.name]

@@ -30,6 +30,10 @@ class TuningConfig:
     # No trial is pruned before this percent of its training (warm-up makes early NE noisy).
     prune_after_pct: int = 30
     n_trials: int = 12
+    # Each trial trains this many times, with training seeds seed, seed + 1, …, and scores
+    # their mean NE: a single seed's NE varies by more than the gaps a retune is after, so
+    # a best-of-n study over single runs partly selects luck. The pruner watches the first.
+    seeds_per_trial: int = 1
     timeout_s: float = 0.0  # wall-clock budget per worker; 0: none
     seed: int = 0
     warm_start: bool = True
@@ -67,6 +71,8 @@ class TuningConfig:
             raise ValueError(f"prune_after_pct: must be in [0, 100), got {self.prune_after_pct}")
         if self.n_trials < 1:
             raise ValueError(f"n_trials: must be at least 1, got {self.n_trials}")
+        if self.seeds_per_trial < 1:
+            raise ValueError(f"seeds_per_trial: must be at least 1, got {self.seeds_per_trial}")
         if self.timeout_s < 0 or self.heartbeat_s < 1:
             raise ValueError("timeout_s: must be ≥ 0, with heartbeat_s ≥ 1")
         if set(self.dense_optimizers) - {"adagrad", "adam"}:

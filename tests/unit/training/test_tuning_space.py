@@ -69,6 +69,8 @@ def test_bad_ranges_are_rejected_with_the_key() -> None:
         TuningConfig(embedding_lr=(0.0, 1.0))
     with pytest.raises(ValueError, match="lr_decay"):
         TuningConfig(lr_decay=("exponential",))
+    with pytest.raises(ValueError, match="seeds_per_trial"):
+        TuningConfig(seeds_per_trial=0)
 
 
 def test_the_dense_optimizer_is_searched_only_when_asked() -> None:
