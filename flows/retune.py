@@ -9,6 +9,7 @@ PostgreSQL storage join the same study.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import re
@@ -143,7 +144,7 @@ class TrainingTrial:
                 first = seed == seeds[0]
                 metric = "heldout_ne" if len(seeds) == 1 else f"heldout_ne.seed_{seed}"
                 job = validation_job(self.config, self.features, params, seed_dir(out, seed, seeds), seed)
-                launch(job, on_line=lambda line: self._on_line(trial, run_id, line, metric, prune=first))
+                launch(job, on_line=functools.partial(self._on_line, trial, run_id, metric=metric, prune=first))
                 per_seed.append(validation_ne(Path(job.out_dir) / "predictions", self.config.validation_days))
                 if len(seeds) > 1:
                     self.client.log_metric(run_id, f"ne.seed_{seed}", per_seed[-1])
@@ -167,7 +168,7 @@ class TrainingTrial:
         self.log.info("trial #%d: NE %.5f%s with %s", trial.number, ne, spread, params)
         return ne
 
-    def _on_line(self, trial: optuna.Trial, run_id: str, line: str, metric: str, prune: bool) -> None:
+    def _on_line(self, trial: optuna.Trial, run_id: str, line: str, *, metric: str, prune: bool) -> None:
         match = HELDOUT_LINE.search(line)
         if not match:
             return
