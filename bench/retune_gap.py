@@ -10,9 +10,11 @@ Gaps are in percent of the baseline NE (positive: worse than the baseline).
 Prints its figures last as one JSON line: baseline_ne, large_batch_ne, retuned_ne,
 gap_pct, retuned_gap_pct (and the studies' trial counts and seconds).
 
-    .venv/bin/python bench/retune_gap.py [--trials 12] [--batch 256] [--factor 8]
+    .venv/bin/python bench/retune_gap.py [--trials 12] [--batch 256] [--factor 8] [--seeds 2]
 
-About 15 minutes on 2 cores (800k training rows; each trial is a real 2-process run).
+Every NE is a mean over the same training seeds (`tuning.seeds_per_trial`), so the gaps
+compare parameters, not luck. About 35 minutes on 2 cores (2.4 M training rows; each
+trial is two real training runs).
 """
 
 from __future__ import annotations
