@@ -79,11 +79,13 @@ def compile_dense_parts(model: nn.Module, device: torch.device) -> list[str]:
 
 
 class DotInteraction(InteractionArch):
-    """TorchRec's dot interaction, with the upper triangle taken by one flat `index_select`.
+    """TorchRec's dot interaction, with the upper triangle taken by one flat `gather`.
 
     Same output as `InteractionArch`. Its two-index gather backpropagates through an
-    accumulating `index_put`, which sorts the indices on every step; `index_select`'s
-    backward is a plain `index_add` (8 % more samples/s on a 2-core CPU, fp32 and bf16).
+    accumulating `index_put`, which sorts the indices on every step; `gather`'s backward
+    is a plain `scatter_add`. `gather` rather than `index_select` along dim 1: on CPU in
+    bf16 the latter takes a slow path (fwd + bwd of [2048, 729] → [2048, 351]: 8.4 ms
+    against 1.3 ms for `gather`, 2 cores).
     """
 
     def __init__(self, num_sparse_features: int) -> None:
@@ -96,7 +98,8 @@ class DotInteraction(InteractionArch):
             return dense_features
         combined = torch.cat((dense_features.unsqueeze(1), sparse_features), dim=1)  # [B, F + 1, D]
         products = torch.bmm(combined, combined.transpose(1, 2)).flatten(1)  # [B, (F + 1)²]
-        return torch.cat((dense_features, products.index_select(1, self.triu_flat)), dim=1)
+        pairs = torch.gather(products, 1, self.triu_flat.expand(products.shape[0], -1))
+        return torch.cat((dense_features, pairs), dim=1)
 
 
 def build_train_model(config: ModelConfig, table_sizes: Mapping[str, int], device: torch.device) -> DLRMTrain:

@@ -6,10 +6,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-
-from evaluation.report import Scores
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from evaluation.report import Scores
 from ingestion.reader import PAD_LABEL, build_reader, first_ids
 
 # (dense [B, 13], sparse features) → logits [B]

@@ -8,8 +8,8 @@ row-wise and table-row-wise need CUDA, as do the host-memory (UVM) kernels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
