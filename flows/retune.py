@@ -14,6 +14,7 @@ import logging
 import math
 import re
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,12 +139,11 @@ class TrainingTrial:
         seeds = trial_seeds(self.config)
         per_seed: list[float] = []
         try:
-            for seed in seeds:
+            for seed, job in seed_jobs(self.config, self.features, params, out):
                 # Only the first seed's held-out NE feeds the pruner: Optuna compares trials
                 # at the same step, and every trial's first run has the same seed.
                 first = seed == seeds[0]
                 metric = "heldout_ne" if len(seeds) == 1 else f"heldout_ne.seed_{seed}"
-                job = validation_job(self.config, self.features, params, seed_dir(out, seed, seeds), seed)
                 launch(job, on_line=functools.partial(self._on_line, trial, run_id, metric=metric, prune=first))
                 per_seed.append(validation_ne(Path(job.out_dir) / "predictions", self.config.validation_days))
                 if len(seeds) > 1:
@@ -190,8 +190,14 @@ def trial_seeds(config: PipelineConfig) -> list[int]:
     return [config.training.seed + i for i in range(config.tuning.seeds_per_trial)]
 
 
-def seed_dir(out: Path, seed: int, seeds: list[int]) -> Path:
-    return out if len(seeds) == 1 else out / f"seed-{seed}"
+def seed_jobs(
+    config: PipelineConfig, features: Features, params: Params, out: Path
+) -> Iterator[tuple[int, TrainJob]]:
+    """One validation run per trial seed, each in its own folder under `out` (when several)."""
+    seeds = trial_seeds(config)
+    for seed in seeds:
+        folder = out if len(seeds) == 1 else out / f"seed-{seed}"
+        yield seed, validation_job(config, features, params, folder, seed)
 
 
 def validation_job(config: PipelineConfig, features: Features, params: Params, out: Path,
@@ -212,10 +218,8 @@ def validation_job(config: PipelineConfig, features: Features, params: Params, o
 def train_and_score(config: PipelineConfig, features: Features, params: Params, out: Path) -> float:
     """Training runs with fixed parameters, one per trial seed; their mean NE on the
     validation days, comparable with the study's trial values."""
-    seeds = trial_seeds(config)
     scores = []
-    for seed in seeds:
-        job = validation_job(config, features, params, seed_dir(out, seed, seeds), seed)
+    for _, job in seed_jobs(config, features, params, out):
         launch(job, on_line=lambda line: None)
         scores.append(validation_ne(Path(job.out_dir) / "predictions", config.validation_days))
     return statistics.fmean(scores)
