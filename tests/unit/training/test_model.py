@@ -1,5 +1,6 @@
 import pytest
 import torch
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from ingestion.reader import build_reader
 from training.config import ModelConfig
@@ -105,3 +106,40 @@ def test_compiling_on_cpu_without_a_cxx_compiler_is_one_clear_error_mocked_path(
     monkeypatch.setattr(model_module.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="training.compile: .*C\\+\\+ compiler.*set training.compile = false"):
         model_module.compile_dense_parts(torch.nn.Linear(2, 2), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("reordered", [False, True])
+def test_the_pooled_sparse_arch_matches_torchrecs_values_and_gradients(tiny_features, reordered: bool) -> None:
+    """Same [B, F, D] as TorchRec's `SparseArch`: as a view when the collection's keys come
+    in the arch's feature order, by stacking per feature when they do not."""
+    from torchrec.models.dlrm import SparseArch
+
+    from training.model import PooledSparseArch
+
+    state, files = tiny_features
+    tables = embedding_tables(ModelConfig(embedding_dim=8, bottom_mlp=(8,)), state.table_sizes)
+    bags = EmbeddingBagCollection(tables=tables)
+    archs = PooledSparseArch(bags), SparseArch(bags)
+    if reordered:
+        for arch in archs:
+            arch._sparse_feature_names = arch.sparse_feature_names[::-1]
+    features = next(iter(build_reader(files[2], 64))).sparse_features
+    ours, theirs = (arch(features) for arch in archs)
+    assert (ours._base is None) == reordered  # a view of the pooled output, unless reordered
+    assert ours.shape == (64, len(tables), 8) and torch.equal(ours, theirs)
+    weights = torch.randn_like(ours)
+    params = list(bags.parameters())
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(torch.autograd.grad((ours * weights).sum(), params),
+                        torch.autograd.grad((theirs * weights).sum(), params), strict=True)  # fmt: skip
+    )
+
+
+def test_both_archs_use_the_pooled_sparse_arch(tiny_features) -> None:
+    from training.model import PooledSparseArch
+
+    state, _ = tiny_features
+    for arch in ("dlrm", "dlrm_dcn"):
+        model = build_dlrm(ModelConfig(arch=arch, dcn_low_rank_dim=4), state.table_sizes, torch.device("meta"))
+        assert isinstance(model.sparse_arch, PooledSparseArch)
