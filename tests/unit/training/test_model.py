@@ -143,3 +143,24 @@ def test_both_archs_use_the_pooled_sparse_arch(tiny_features) -> None:
     for arch in ("dlrm", "dlrm_dcn"):
         model = build_dlrm(ModelConfig(arch=arch, dcn_low_rank_dim=4), state.table_sizes, torch.device("meta"))
         assert isinstance(model.sparse_arch, PooledSparseArch)
+
+
+def test_the_dot_interaction_in_bf16_moves_bits_exactly() -> None:
+    """In bf16 the pairs are the Gram matrix's entries bit for bit, and the vectors'
+    gradient is the bmm of the symmetric pair gradients, both computed here with plain ops."""
+    from training.model import DotInteraction
+
+    torch.manual_seed(0)
+    dense = torch.randn(16, 8, dtype=torch.bfloat16, requires_grad=True)
+    sparse = torch.randn(16, 5, 8, dtype=torch.bfloat16, requires_grad=True)
+    out = DotInteraction(5)(dense, sparse)
+    vectors = torch.cat((dense.unsqueeze(1), sparse), dim=1).detach()
+    gram = torch.bmm(vectors, vectors.transpose(1, 2))
+    rows, cols = torch.triu_indices(6, 6, offset=1)
+    assert torch.equal(out[:, 8:], gram[:, rows, cols])
+    weights = torch.randn_like(out)
+    out.backward(weights)
+    symmetric = torch.zeros(16, 6, 6, dtype=torch.bfloat16)
+    symmetric[:, rows, cols] = weights[:, 8:]
+    symmetric[:, cols, rows] = weights[:, 8:]
+    assert torch.equal(sparse.grad, torch.bmm(symmetric, vectors)[:, 1:])
