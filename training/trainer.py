@@ -109,12 +109,12 @@ def row_hashes(batch) -> torch.Tensor:
     kjt = batch.sparse_features
     # each id weighted by its feature, summed per example (multi-hot bags included)
     feature_weights = torch.arange(1, len(kjt.keys()) + 1, dtype=torch.int64).mul_(0x9E3779B1)
-    ids = kjt.values().cpu().to(torch.int64)
+    ids = kjt.values().cpu().to(torch.int64)  # the batch's own tensor when int64 on CPU: never in place
     lengths = kjt.lengths()
     if ids.numel() == lengths.numel() and bool(lengths.eq(1).all()):
         # one id per feature and example (values are feature-major): a [F, B] product, no
         # per-value scatter (0.7 → 0.1 ms at batch 2048); the same sums, wrapping alike
-        summed = ids.view(len(kjt.keys()), -1).mul_(feature_weights.unsqueeze(1)).sum(0)
+        summed = (ids.view(len(kjt.keys()), -1) * feature_weights.unsqueeze(1)).sum(0)
     else:
         weights = torch.repeat_interleave(feature_weights, torch.tensor(kjt.length_per_key()))
         summed = torch.zeros(len(batch.labels), dtype=torch.int64).index_add_(

@@ -46,3 +46,15 @@ def test_multi_hot_and_missing_bags_hash_as_the_oracle_says() -> None:
     labels = [1, 0, 1]
     assert as_unsigned(row_hashes(batch_of(features, labels))) == oracle(features, labels)
 
+
+
+def test_hashing_leaves_the_batch_as_it_was() -> None:
+    """The ids are hashed where the model reads them (int64 on CPU is the batch's own tensor)."""
+    features = [[[11], [12]], [[13], [14]]]
+    batch = batch_of(features, [0, 1])
+    kjt = batch.sparse_features
+    batch.sparse_features = KeyedJaggedTensor.from_lengths_sync(keys=kjt.keys(), values=kjt.values().to(torch.int64),
+                                                                lengths=kjt.lengths())  # fmt: skip
+    before = batch.sparse_features.values().clone()
+    row_hashes(batch)
+    assert torch.equal(batch.sparse_features.values(), before)
