@@ -110,23 +110,22 @@ def test_compiling_on_cpu_without_a_cxx_compiler_is_one_clear_error_mocked_path(
 
 @pytest.mark.parametrize("reordered", [False, True])
 def test_the_pooled_sparse_arch_matches_torchrecs_values_and_gradients(tiny_features, reordered: bool) -> None:
-    """Same [B, F, D] as TorchRec's `SparseArch`: as a view when the collection's keys come
-    in the arch's feature order, by stacking per feature when they do not."""
+    """Same [B, F, D] as TorchRec's `SparseArch`: a view when the collection's keys come in
+    the arch's feature order, blocks put in order when they do not (as from a sharded one)."""
     from torchrec.models.dlrm import SparseArch
 
     from training.model import PooledSparseArch
 
     state, files = tiny_features
-    tables = embedding_tables(ModelConfig(embedding_dim=8, bottom_mlp=(8,)), state.table_sizes)
-    bags = EmbeddingBagCollection(tables=tables)
+    bags = EmbeddingBagCollection(tables=embedding_tables(ModelConfig(embedding_dim=8, bottom_mlp=(8,)), state.table_sizes))
     archs = PooledSparseArch(bags), SparseArch(bags)
     if reordered:
         for arch in archs:
             arch._sparse_feature_names = arch.sparse_feature_names[::-1]
     features = next(iter(build_reader(files[2], 64))).sparse_features
     ours, theirs = (arch(features) for arch in archs)
-    assert (ours._base is None) == reordered  # a view of the pooled output, unless reordered
-    assert ours.shape == (64, len(tables), 8) and torch.equal(ours, theirs)
+    assert (ours._base is None) == reordered  # no copy in feature order
+    assert ours.shape == (64, len(state.table_sizes), 8) and torch.equal(ours, theirs)
     weights = torch.randn_like(ours)
     params = list(bags.parameters())
     assert all(
