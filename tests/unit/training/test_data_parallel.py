@@ -1,0 +1,44 @@
+"""Dense modules are wrapped in DDP only when there are gradients to all-reduce."""
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+from ingestion.schema import SPARSE_COLUMNS
+from training.config import ModelConfig, ShardingConfig
+from training.model import build_train_model
+from training.sharding import shard_model
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        config = ModelConfig(embedding_dim=4, bottom_mlp=(8, 4), top_mlp=(8, 1))
+        model = build_train_model(config, {name: 10 for name in SPARSE_COLUMNS}, torch.device("meta"))
+        sharded, _ = shard_model(model, ShardingConfig(), torch.device("cpu"), 16)
+        results[(world, rank)] = (
+            isinstance(sharded._dmp_wrapped_module, DistributedDataParallel),
+            sorted(name for name, _ in sharded.named_parameters() if "embedding_bags" not in name),
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_one_process_trains_without_ddp_and_two_with_it_under_the_same_names() -> None:
+    results = mp.Manager().dict()
+    for world in (1, 2):
+        mp.spawn(_worker, args=(world, _free_port(), results), nprocs=world, join=True)
+    assert results[(1, 0)][0] is False
+    assert results[(2, 0)][0] is True and results[(2, 1)][0] is True
+    assert results[(1, 0)][1] == results[(2, 0)][1] != []  # checkpoints name parameters alike
