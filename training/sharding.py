@@ -15,7 +15,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torchrec.distributed.model_parallel import DataParallelWrapper, DefaultDataParallelWrapper, DistributedModelParallel
+from torchrec.distributed.model_parallel import (
+    DataParallelWrapper,
+    DefaultDataParallelWrapper,
+    DistributedModelParallel,
+)
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.sharding_plan import get_default_sharders

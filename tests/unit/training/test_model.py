@@ -128,11 +128,9 @@ def test_the_pooled_sparse_arch_matches_torchrecs_values_and_gradients(tiny_feat
     assert ours.shape == (64, len(state.table_sizes), 8) and torch.equal(ours, theirs)
     weights = torch.randn_like(ours)
     params = list(bags.parameters())
-    assert all(
-        torch.equal(a, b)
-        for a, b in zip(torch.autograd.grad((ours * weights).sum(), params),
-                        torch.autograd.grad((theirs * weights).sum(), params), strict=True)  # fmt: skip
-    )
+    our_grads = torch.autograd.grad((ours * weights).sum(), params)
+    their_grads = torch.autograd.grad((theirs * weights).sum(), params)
+    assert all(torch.equal(a, b) for a, b in zip(our_grads, their_grads, strict=True))
 
 
 def test_both_archs_use_the_pooled_sparse_arch(tiny_features) -> None:
