@@ -10,6 +10,7 @@ one it is built on (`meta` when sharding will materialise it).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import shutil
 from collections.abc import Mapping
@@ -109,8 +110,13 @@ def in_feature_order(pooled: KeyedTensor, features: list[str], dim: int) -> torc
     blocks = pooled.values().reshape(-1, len(keys), dim)
     if keys == features:
         return blocks
-    order = torch.tensor([keys.index(name) for name in features], device=blocks.device)
-    return blocks.index_select(1, order)
+    return blocks.index_select(1, _block_order(tuple(keys), tuple(features), blocks.device))
+
+
+@functools.lru_cache(maxsize=8)
+def _block_order(keys: tuple[str, ...], features: tuple[str, ...], device: torch.device) -> torch.Tensor:
+    """Where each feature's block sits among `keys`; built once, not copied to a GPU every step."""
+    return torch.tensor([keys.index(name) for name in features], device=device)
 
 
 class DotInteraction(InteractionArch):
