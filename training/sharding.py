@@ -206,7 +206,9 @@ class AloneDataParallelWrapper(DataParallelWrapper):
     checkpoints move between world sizes."""
 
     def wrap(self, dmp: DistributedModelParallel, env: Any, device: torch.device) -> None:
-        return None
+        # What TorchRec's DDP wrapper does first: buffers built off the meta device (the
+        # interaction's pair indices) move to the device, a GPU included.
+        dmp._dmp_wrapped_module.to(device)
 
 
 def _local_world_size(world_size: int) -> int:

@@ -113,7 +113,7 @@ def row_hashes(batch) -> torch.Tensor:
     lengths = kjt.lengths()
     if ids.numel() == lengths.numel() and bool(lengths.eq(1).all()):
         # one id per feature and example (values are feature-major): a [F, B] product, no
-        # per-value scatter (0.7 → 0.1 ms at batch 2048); the same sums, wrapping alike
+        # per-value scatter (0.48 → 0.15 ms at batch 2048); the same sums, wrapping alike
         summed = (ids.view(len(kjt.keys()), -1) * feature_weights.unsqueeze(1)).sum(0)
     else:
         weights = torch.repeat_interleave(feature_weights, torch.tensor(kjt.length_per_key()))

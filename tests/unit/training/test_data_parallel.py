@@ -42,3 +42,16 @@ def test_one_process_trains_without_ddp_and_two_with_it_under_the_same_names() -
     assert results[(1, 0)][0] is False
     assert results[(2, 0)][0] is True and results[(2, 1)][0] is True
     assert results[(1, 0)][1] == results[(2, 0)][1] != []  # checkpoints name parameters alike
+
+
+def test_one_process_moves_its_dense_buffers_to_the_device_mocked_device() -> None:
+    """The interaction's index buffers are built on the CPU; alone, as under DDP, they must
+    follow the model to its device. 'meta' stands in for a GPU here."""
+    from types import SimpleNamespace
+
+    from training.model import DotInteraction
+    from training.sharding import AloneDataParallelWrapper
+
+    dmp = SimpleNamespace(_dmp_wrapped_module=torch.nn.Sequential(DotInteraction(3)))
+    AloneDataParallelWrapper().wrap(dmp, env=None, device=torch.device("meta"))
+    assert {buffer.device.type for buffer in dmp._dmp_wrapped_module.buffers()} == {"meta"}
