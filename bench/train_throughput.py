@@ -136,14 +136,8 @@ def gemm_flops_per_s(dtype: torch.dtype, rounds: int = 5) -> float:
     best = 0.0
     for m, k, n in ((BATCH, 512, 512), (BATCH, 367, 512), (BATCH, 512, 256)):
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-        for _ in range(3):
-            a @ b
-        repeats = 30
-        for _ in range(rounds):
-            started = time.perf_counter()
-            for _ in range(repeats):
-                a @ b
-            best = max(best, 2.0 * m * k * n * repeats / (time.perf_counter() - started))
+        seconds = best_seconds(functools.partial(torch.mm, a, b), repeats=30, rounds=rounds)
+        best = max(best, 2.0 * m * k * n / seconds)
     return best
 
 
