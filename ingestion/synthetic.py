@@ -19,8 +19,8 @@ from __future__ import annotations
 import gzip
 import json
 import math
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 

@@ -22,8 +22,8 @@ import shutil
 import time
 import uuid
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Self
