@@ -152,6 +152,7 @@ def _track(
             "pipeline.config": config.name,
             "training.world_size": str(training["world_size"]),
             "training.device": training["device"],
+            "training.precision": training["precision"],  # what `auto` resolved to on this device
             "evaluation.days": ",".join(map(str, config.data.eval_days)),
             **tuning_tags,
         },
@@ -188,7 +189,7 @@ def _publish_artifacts(result: PipelineResult) -> None:
             report_markdown(result.report, f"DLRM pipeline: {result.config.name}", champion)
             + decision
             + f"\n**Training:** {summary['train_samples_per_s']:,.0f} samples/s, "
-            f"{result.training['world_size']} processes on {result.training['device']}\n"
+            f"{result.training['world_size']} processes on {result.training['device']} in {result.training['precision']}\n"
             + f"\n**MLflow run:** {_run_link(result)} (model version {result.tracked.model_version})\n"
         ),
         description="Held-out quality against references and the champion, throughput, MLflow run",

@@ -150,8 +150,9 @@ class TrainingConfig:
     min_lr_fraction: float = 0.0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # "bf16": matrix work of the forward pass in bfloat16 (weights, optimizer state and the
-    # loss stay float32). Twice the GEMM rate on CPUs with AVX-512 BF16 or AMX, and on GPUs.
-    precision: Literal["fp32", "bf16"] = "fp32"
+    # loss stay float32). Twice the GEMM rate on CPUs with AVX-512 BF16 or AMX, and on GPUs;
+    # far slower than fp32 elsewhere. "auto": bf16 where the device has it natively, else fp32.
+    precision: Literal["auto", "fp32", "bf16"] = "fp32"
     threads_per_proc: int = 1
     # "sparse_dist": TorchRec's TrainPipelineSparseDist (device copies and the ids'
     # all-to-all of the next batches overlap the current step); "plain": one batch at a

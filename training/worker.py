@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -24,6 +25,7 @@ from training.checkpoint import (
 from training.device import backend_for, runtime_device
 from training.job import TrainJob
 from training.model import build_train_model, compile_dense_parts, table_name
+from training.precision import resolve_precision
 from training.sharding import describe_plan, format_plan, plan_as_json, shard_model
 from training.steps import pipeline_kind
 from training.trainer import (
@@ -37,6 +39,10 @@ from training.trainer import (
 
 def run(job: TrainJob, device: torch.device) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
+    precision, warning = resolve_precision(job.training.precision, device)
+    if rank == 0 and warning:
+        print(f"[train] warning: {warning}", flush=True)
+    job = dataclasses.replace(job, training=dataclasses.replace(job.training, precision=precision))
     config = job.training
     torch.set_num_threads(config.threads_per_proc)
     torch.manual_seed(config.seed)
@@ -66,6 +72,7 @@ def run(job: TrainJob, device: torch.device) -> None:
             "samples_per_s": stats.samples_per_s,
             "first_step_seconds": stats.first_step_seconds,
             "compiled": config.compile,
+            "precision": config.precision,
             "rows_trained": rows_trained,
             "rows_fingerprint": fingerprint,
             "resumed_from_step": start.step if start else 0,

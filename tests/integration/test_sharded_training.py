@@ -1,5 +1,6 @@
 """Real torchrun jobs: 2 gloo processes on CPU, on the tiny generated days."""
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.export import export_model
 from training.job import TrainJob
 from training.launcher import TrainingFailed, launch
+from training.precision import native_bf16
 
 pytestmark = pytest.mark.slow
 
@@ -62,11 +64,25 @@ def test_bf16_training_converges_like_fp32(tiny_features, tmp_path: Path) -> Non
     results = {}
     for precision in ("fp32", "bf16"):
         job = _job(tiny_features, tmp_path / precision, ShardingConfig(), precision=precision)
-        launch(job, on_line=lambda line: None)
+        lines: list[str] = []
+        launch(job, on_line=lines.append)
         table = pq.read_table(sorted((job.out / "predictions" / "day=2").glob("*.parquet")))
         results[precision] = summarize(table["label"].to_numpy(), table["prediction"].to_numpy())["ne"]
+        assert json.loads((job.out / "summary.json").read_text())["precision"] == precision
+        warned = [line for line in lines if "no native bf16" in line]
+        # bf16 on a CPU without AMX / AVX-512 BF16 trains, and says it will be slow, once
+        assert len(warned) == (precision == "bf16" and not native_bf16(torch.device("cpu")))
     assert results["bf16"] < 0.93
     assert abs(results["bf16"] - results["fp32"]) / results["fp32"] < 0.02
+
+
+def test_auto_precision_resolves_for_this_cpu(tiny_features, tmp_path: Path) -> None:
+    job = _job(tiny_features, tmp_path, ShardingConfig(), precision="auto", epochs=1)
+    lines: list[str] = []
+    launch(job, on_line=lines.append)
+    expected = "bf16" if native_bf16(torch.device("cpu")) else "fp32"
+    assert json.loads((job.out / "summary.json").read_text())["precision"] == expected
+    assert not [line for line in lines if "no native bf16" in line]
 
 
 def test_exported_model_reproduces_the_sharded_predictions(tiny_features, tmp_path: Path) -> None:
@@ -119,7 +135,7 @@ def test_a_caller_that_stops_the_job_leaves_no_worker_behind(tiny_features, tmp_
 
 
 def test_multi_hot_bags_train_and_score(multi_hot_features, tmp_path: Path) -> None:
-    state, files = multi_hot_features
+    state, _files = multi_hot_features
     job = replace(_job(multi_hot_features, tmp_path, ShardingConfig("column_wise", "fused")), pooling_factors=state.multi_hot)
     launch(job, on_line=lambda line: None)
     predictions = pq.read_table(sorted((tmp_path / "predictions" / "day=2").glob("*.parquet")))

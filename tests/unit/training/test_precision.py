@@ -1,0 +1,49 @@
+"""Which precision a run computes in: bf16 only where the device multiplies it natively."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.precision import native_bf16, resolve_precision
+
+CPU = torch.device("cpu")
+
+
+def _cpu_probes(monkeypatch: pytest.MonkeyPatch, amx: bool, avx512_bf16: bool) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").is_file(), reason="reads the kernel's CPU flags")
+def test_native_bf16_agrees_with_the_kernels_cpu_flags() -> None:
+    flags = {flag for line in Path("/proc/cpuinfo").read_text().splitlines()
+             if line.startswith("flags") for flag in line.split(":", 1)[1].split()}  # fmt: skip
+    assert native_bf16(CPU) == bool({"amx_tile", "avx512_bf16"} & flags)
+
+
+@pytest.mark.parametrize(("amx", "avx512_bf16", "expected"),
+                         [(False, False, "fp32"), (True, False, "bf16"), (False, True, "bf16")])  # fmt: skip
+def test_auto_takes_bf16_only_where_native_mocked_cpu(monkeypatch, amx, avx512_bf16, expected) -> None:
+    _cpu_probes(monkeypatch, amx, avx512_bf16)
+    assert resolve_precision("auto", CPU) == (expected, None)
+
+
+def test_explicit_bf16_without_native_support_warns_and_is_kept_mocked_cpu(monkeypatch) -> None:
+    _cpu_probes(monkeypatch, amx=False, avx512_bf16=False)
+    precision, warning = resolve_precision("bf16", CPU)
+    assert precision == "bf16"
+    assert warning is not None and "no native bf16" in warning and "'auto' or 'fp32'" in warning
+
+
+def test_explicit_choices_where_native_are_silent_mocked_cpu(monkeypatch) -> None:
+    _cpu_probes(monkeypatch, amx=True, avx512_bf16=True)
+    assert resolve_precision("bf16", CPU) == ("bf16", None)
+    assert resolve_precision("fp32", CPU) == ("fp32", None)
+
+
+def test_a_torch_without_the_cpu_probes_stays_in_fp32(monkeypatch) -> None:
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported", raising=False)
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported", raising=False)
+    assert not native_bf16(CPU)
+    assert resolve_precision("auto", CPU) == ("fp32", None)
