@@ -56,10 +56,11 @@ def test_the_dot_interaction_matches_torchrecs_values_and_gradients() -> None:
     sparse = torch.randn(32, 5, 8, dtype=torch.float64, requires_grad=True)
     ours, theirs = DotInteraction(5), InteractionArch(5)
     out, expected = ours(dense, sparse), theirs(dense, sparse)
-    assert out.shape == (32, 8 + 5 * 6 // 2) and torch.allclose(out, expected)
-    weights = torch.randn_like(out)
+    width = 8 + 5 * 6 // 2  # 23, padded to 24 with zeros
+    assert out.shape == (32, 24) and torch.allclose(out[:, :width], expected) and not out[:, width:].any()
+    weights = torch.randn_like(out)  # the padding's gradient goes nowhere
     grads = torch.autograd.grad((out * weights).sum(), (dense, sparse))
-    expected_grads = torch.autograd.grad((expected * weights).sum(), (dense, sparse))
+    expected_grads = torch.autograd.grad((expected * weights[:, :width]).sum(), (dense, sparse))
     for got, want in zip(grads, expected_grads, strict=True):
         assert torch.allclose(got, want)
 
@@ -154,10 +155,43 @@ def test_the_dot_interaction_in_bf16_moves_bits_exactly() -> None:
     vectors = torch.cat((dense.unsqueeze(1), sparse), dim=1).detach()
     gram = torch.bmm(vectors, vectors.transpose(1, 2))
     rows, cols = torch.triu_indices(6, 6, offset=1)
-    assert torch.equal(out[:, 8:], gram[:, rows, cols])
+    assert torch.equal(out[:, 8:23], gram[:, rows, cols])
     weights = torch.randn_like(out)
     out.backward(weights)
     symmetric = torch.zeros(16, 6, 6, dtype=torch.bfloat16)
-    symmetric[:, rows, cols] = weights[:, 8:]
-    symmetric[:, cols, rows] = weights[:, 8:]
+    symmetric[:, rows, cols] = weights[:, 8:23]
+    symmetric[:, cols, rows] = weights[:, 8:23]
     assert torch.equal(sparse.grad, torch.bmm(symmetric, vectors)[:, 1:])
+
+
+def test_the_zero_padded_linear_is_the_linear_of_the_unpadded_input() -> None:
+    from training.model import ZeroPaddedInputLinear
+
+    torch.manual_seed(0)
+    padded = ZeroPaddedInputLinear(23, 7).double()
+    plain = torch.nn.Linear(23, 7).double()
+    plain.load_state_dict(padded.state_dict())
+    features = torch.randn(9, 23, dtype=torch.float64)
+    wide = torch.cat((features, torch.zeros(9, 1, dtype=torch.float64)), dim=1)
+    weights = torch.randn(9, 7, dtype=torch.float64)
+    (padded(wide) * weights).sum().backward()
+    (plain(features) * weights).sum().backward()
+    assert torch.allclose(padded(wide), plain(features)) and torch.allclose(padded(features), plain(features))
+    assert padded.weight.grad.shape == (7, 23)
+    assert torch.allclose(padded.weight.grad, plain.weight.grad) and torch.allclose(padded.bias.grad, plain.bias.grad)
+
+
+def test_the_dot_model_keeps_torchrecs_parameter_names_and_shapes(tiny_features) -> None:
+    """The padded interaction and top-MLP layer change no parameter: checkpoints and
+    exported models are TorchRec's DLRM's."""
+    from torchrec.models.dlrm import DLRM
+
+    from training.model import ZeroPaddedInputLinear
+
+    state, _ = tiny_features
+    config = ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1))
+    ours = build_dlrm(config, state.table_sizes, torch.device("meta"))
+    theirs = DLRM(embedding_bag_collection=ours.sparse_arch.embedding_bag_collection, dense_in_features=13,
+                  dense_arch_layer_sizes=[32, 8], over_arch_layer_sizes=[32, 1], dense_device=torch.device("meta"))  # fmt: skip
+    assert isinstance(ours.over_arch.model[0]._mlp[0]._linear, ZeroPaddedInputLinear)
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
