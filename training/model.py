@@ -171,11 +171,17 @@ class DotProducts(torch.autograd.Function):
         vectors = torch.cat((dense.unsqueeze(1), sparse), dim=1)
         gram = torch.bmm(vectors, vectors.transpose(1, 2)).flatten(1)  # [B, V²]
         pairs = upper.numel()
-        out = dense.new_empty(batch, padded_width(dim + pairs, pad_to))
+        width = padded_width(dim + pairs, pad_to)
+        ctx.save_for_backward(vectors, gram, upper, lower, diagonal)
+        if torch.compiler.is_compiling():
+            # functional form: dynamo cannot trace `out=` into a view once the batch size
+            # turns symbolic (evaluation batches), and inductor fuses the concatenation anyway
+            upper_pairs = _bits(gram).gather(1, upper.expand(batch, -1)).view(gram.dtype)
+            return torch.cat((dense, upper_pairs, dense.new_zeros(batch, width - dim - pairs)), dim=1)
+        out = dense.new_empty(batch, width)
         out[:, :dim] = dense
         torch.gather(_bits(gram), 1, upper.expand(batch, -1), out=_bits(out[:, dim : dim + pairs]))
         out[:, dim + pairs :] = 0
-        ctx.save_for_backward(vectors, gram, upper, lower, diagonal)
         return out
 
     @staticmethod

@@ -98,6 +98,12 @@ def test_compiled_dense_parts_compute_what_the_eager_model_computes(tiny_feature
     assert torch.allclose(compiled_logits, eager_logits, atol=1e-5)
     for name, grad in eager_grads.items():
         assert torch.allclose(compiled_grads[name], grad, atol=1e-5), name
+    # evaluation batches of other sizes recompile with a symbolic batch size
+    with torch.no_grad():
+        for size in (200, 37):
+            other = next(iter(build_reader(files[2], size)))
+            expected = eager(other.dense_features, other.sparse_features)
+            assert torch.allclose(compiled(other.dense_features, other.sparse_features), expected, atol=1e-5)
 
 
 def test_compiling_on_cpu_without_a_cxx_compiler_is_one_clear_error_mocked_path(monkeypatch) -> None:
