@@ -35,7 +35,7 @@ $(CHROMIUM):
 	|| { tail -5 $(VENV)/apt.log; echo "could not install chromium: run 'sudo apt-get install chromium'"; exit 1; }
 
 test: install $(CHROMIUM)
-	PREFECT_HOME=$(CURDIR)/.pytest-prefect $(BIN)/python -m pytest -q
+	PREFECT_HOME=$(CURDIR)/.pytest-prefect $(BIN)/python -m pytest -q --durations=15
 
 bench: install
 	$(BIN)/python bench/generate.py
