@@ -23,13 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flows.prefect_defaults import apply_prefect_defaults
+
 # Our packages log through the standard library; Prefect shows those records in the UI too.
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ingestion,training,evaluation,flows")
-# The local server's usage telemetry needs the internet and only adds errors without it.
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-# The local server migrates a fresh database before it answers; Prefect waits 20 s for it,
-# which a busy 2-core machine overran (a demo and a test failed to start, then passed).
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+apply_prefect_defaults()
 # Prefect keeps its local server's database in PREFECT_HOME but does not create the folder.
 if os.environ.get("PREFECT_HOME"):
     Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)

@@ -6,11 +6,10 @@ import os
 import tempfile
 from pathlib import Path
 
-# Before Prefect is imported anywhere: no usage telemetry from the test server (no internet).
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-# The local server migrates a fresh database before it answers; Prefect waits 20 s for it,
-# which a busy 2-core machine overran (a demo and a test failed to start, then passed).
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+from flows.prefect_defaults import apply_prefect_defaults
+
+# Before Prefect is imported anywhere: the same local-server settings as the `dlrm` command.
+apply_prefect_defaults()
 # Flows refuse data paths outside their run folder unless allowed: tests run in temp folders.
 os.environ.setdefault("DLRM_DATA_DIRS", tempfile.gettempdir())
 
