@@ -153,6 +153,7 @@ def _track(
             "training.world_size": str(training["world_size"]),
             "training.device": training["device"],
             "training.precision": training["precision"],  # what `auto` resolved to on this device
+            "training.embedding_update": training.get("embedding_update", "fbgemm"),
             "evaluation.days": ",".join(map(str, config.data.eval_days)),
             **tuning_tags,
         },

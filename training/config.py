@@ -154,6 +154,11 @@ class TrainingConfig:
     # far slower than fp32 elsewhere. "auto": bf16 where the device has it natively, else fp32.
     precision: Literal["auto", "fp32", "bf16"] = "fp32"
     threads_per_proc: int = 1
+    # The embeddings' row-wise Adagrad update on CPU. "vectorized": this project's kernel
+    # (training/cpu_rowwise_adagrad.py); "fbgemm": fbgemm's JIT kernel, which on CPUs that
+    # charge for mixing AVX and SSE code costs ~550 ns per distinct row a step (2.7-8x
+    # slower). GPUs always use fbgemm's CUDA kernels.
+    cpu_embedding_update: Literal["vectorized", "fbgemm"] = "vectorized"
     # "sparse_dist": TorchRec's TrainPipelineSparseDist (device copies and the ids'
     # all-to-all of the next batches overlap the current step); "plain": one batch at a
     # time; "auto": the pipeline on GPUs, plain steps on CPU.

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from training import cpu_rowwise_adagrad
 from training.checkpoint import (
     RowLedger,
     TrainPosition,
@@ -45,6 +46,8 @@ def run(job: TrainJob, device: torch.device) -> None:
     job = dataclasses.replace(job, training=dataclasses.replace(job.training, precision=precision))
     config = job.training
     torch.set_num_threads(config.threads_per_proc)
+    if device.type == "cpu" and config.cpu_embedding_update == "vectorized":
+        cpu_rowwise_adagrad.install()
     torch.manual_seed(config.seed)
     model = build_train_model(job.model, job.table_sizes, torch.device("meta"))
     attach_embedding_optimizer(model, config)
@@ -73,6 +76,7 @@ def run(job: TrainJob, device: torch.device) -> None:
             "first_step_seconds": stats.first_step_seconds,
             "compiled": config.compile,
             "precision": config.precision,
+            "embedding_update": f"cpu-{config.cpu_embedding_update}" if device.type == "cpu" else "fbgemm",
             "rows_trained": rows_trained,
             "rows_fingerprint": fingerprint,
             "resumed_from_step": start.step if start else 0,

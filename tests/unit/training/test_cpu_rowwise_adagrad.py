@@ -1,0 +1,165 @@
+"""The vectorised CPU row-wise Adagrad against fbgemm's own kernel and a float64 oracle,
+through fbgemm's real table-batched embedding module (forward, backward, fused update)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+    ComputeDevice,
+    EmbeddingLocation,
+    PoolingMode,
+)
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
+
+from training import cpu_rowwise_adagrad
+
+LR, EPS = 0.05, 1e-6
+
+
+@dataclass(frozen=True)
+class Case:
+    tables: tuple[tuple[int, int], ...]  # (rows, dim)
+    feature_table_map: tuple[int, ...]
+    max_bag: int  # bag lengths drawn from 0..max_bag (1: one id per bag)
+    pooling: PoolingMode = PoolingMode.SUM
+    weighted: bool = False
+
+
+CASES = {
+    "one_id_per_bag": Case(((50, 16), (7, 16), (300, 16)), (0, 1, 2), max_bag=1),
+    "multi_hot_sum": Case(((40, 8), (9, 8)), (0, 1), max_bag=4),
+    "multi_hot_mean": Case(((40, 8), (9, 8)), (0, 1), max_bag=4, pooling=PoolingMode.MEAN),
+    "per_id_weights": Case(((40, 8), (9, 8)), (0, 1), max_bag=3, weighted=True),
+    "mixed_dims": Case(((30, 4), (20, 16), (25, 8)), (0, 1, 2), max_bag=2),
+    "shared_table": Case(((30, 8), (12, 8)), (0, 0, 1), max_bag=2),
+}
+BATCH, STEPS = 6, 3
+
+
+def _module(case: Case) -> SplitTableBatchedEmbeddingBagsCodegen:
+    torch.manual_seed(0)
+    module = SplitTableBatchedEmbeddingBagsCodegen(
+        [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for rows, dim in case.tables],
+        feature_table_map=list(case.feature_table_map),
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=LR,
+        eps=EPS,
+        pooling_mode=case.pooling,
+    )
+    module.init_embedding_weights_uniform(-0.5, 0.5)
+    return module
+
+
+def _batches(case: Case) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    """(ids, offsets, per-id weights, output gradient) per step; ids repeat within a batch."""
+    generator = torch.Generator().manual_seed(1)
+    width = sum(case.tables[t][1] for t in case.feature_table_map)
+    batches = []
+    for _ in range(STEPS):
+        low = 1 if case.max_bag == 1 else 0
+        lengths = torch.randint(low, case.max_bag + 1, (len(case.feature_table_map) * BATCH,), generator=generator)
+        ids = torch.cat([
+            torch.randint(0, max(2, case.tables[t][0] // 3), (int(lengths[f * BATCH:(f + 1) * BATCH].sum()),),
+                          generator=generator)
+            for f, t in enumerate(case.feature_table_map)
+        ])  # fmt: skip
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        weights = torch.rand(ids.numel(), generator=generator) + 0.5 if case.weighted else None
+        batches.append((ids, offsets, weights, torch.randn(BATCH, width, generator=generator)))
+    return batches
+
+
+def _train(case: Case) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    module = _module(case)
+    for ids, offsets, weights, grad in _batches(case):
+        module(ids, offsets, per_sample_weights=weights).backward(grad)
+    return ([w.detach().clone() for w in module.split_embedding_weights()],
+            [s[0].detach().clone().reshape(-1) for s in module.split_optimizer_states()])  # fmt: skip
+
+
+def _oracle(case: Case) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Exact row-wise Adagrad in float64, bag by bag, from the module's initial weights."""
+    weights = [w.double().numpy().copy() for w in _module(case).split_embedding_weights()]
+    moments = [np.zeros(rows) for rows, _ in case.tables]
+    starts = np.cumsum([0] + [case.tables[t][1] for t in case.feature_table_map])
+    for ids, offsets, id_weights, grad in _batches(case):
+        summed: dict[tuple[int, int], np.ndarray] = {}
+        for f, t in enumerate(case.feature_table_map):
+            for b in range(BATCH):
+                lo, hi = int(offsets[f * BATCH + b]), int(offsets[f * BATCH + b + 1])
+                g = grad[b, starts[f]:starts[f + 1]].double().numpy()
+                for i in range(lo, hi):
+                    factor = 1.0 / (hi - lo) if case.pooling == PoolingMode.MEAN else 1.0
+                    factor *= float(id_weights[i]) if id_weights is not None else 1.0
+                    key = (t, int(ids[i]))
+                    summed[key] = summed.get(key, 0.0) + factor * g
+        for (t, row), g in summed.items():
+            moments[t][row] += np.mean(g * g)
+            weights[t][row] -= LR * g / (np.sqrt(moments[t][row]) + EPS)
+    return weights, moments
+
+
+@pytest.fixture
+def vectorised():
+    cpu_rowwise_adagrad.install()
+    yield
+    cpu_rowwise_adagrad.uninstall()
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_fbgemms_kernel_and_a_float64_oracle(name: str, vectorised) -> None:
+    case = CASES[name]
+    ours = _train(case)
+    cpu_rowwise_adagrad.uninstall()
+    fbgemm = _train(case)
+    cpu_rowwise_adagrad.install()
+    oracle = _oracle(case)
+    for mine, theirs, exact in zip(ours[0] + ours[1], fbgemm[0] + fbgemm[1], oracle[0] + oracle[1], strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(mine.double().numpy(), exact, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(w, w0) for w, w0 in zip(ours[0], _module(case).split_embedding_weights(), strict=True))
+
+
+def test_large_key_spaces_sort_instead_of_a_scratch_array(monkeypatch, vectorised) -> None:
+    monkeypatch.setattr(cpu_rowwise_adagrad, "SCRATCH_MAX_ROWS", 0)
+    case = CASES["multi_hot_sum"]
+    sorted_path = _train(case)
+    monkeypatch.undo()
+    scratch_path = _train(case)
+    for a, b in zip(sorted_path[0] + sorted_path[1], scratch_path[0] + scratch_path[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_uninstall_restores_fbgemms_kernel(vectorised) -> None:
+    case = CASES["one_id_per_bag"]
+    calls = []
+    original = cpu_rowwise_adagrad.rowwise_adagrad_backward
+    cpu_rowwise_adagrad.uninstall()
+    try:
+        cpu_rowwise_adagrad.rowwise_adagrad_backward = lambda *a, **k: calls.append(1) or original(*a, **k)
+        cpu_rowwise_adagrad.install()
+        _train(case)
+        assert len(calls) == STEPS and cpu_rowwise_adagrad.installed()
+        cpu_rowwise_adagrad.uninstall()
+        _train(case)
+        assert len(calls) == STEPS and not cpu_rowwise_adagrad.installed()
+    finally:
+        cpu_rowwise_adagrad.rowwise_adagrad_backward = original
+
+
+def test_unsupported_settings_name_the_fix(vectorised) -> None:
+    torch.manual_seed(0)
+    module = SplitTableBatchedEmbeddingBagsCodegen(
+        [(10, 8, EmbeddingLocation.HOST, ComputeDevice.CPU)], optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=LR, weight_decay=0.1,
+    )  # fmt: skip
+    out = module(torch.tensor([1, 2]), torch.tensor([0, 1, 2]))
+    with pytest.raises(NotImplementedError, match="cpu_embedding_update = 'fbgemm'"):
+        out.backward(torch.ones_like(out))

@@ -1,0 +1,235 @@
+"""Exact row-wise Adagrad for fbgemm's CPU embedding backward, in vectorised torch ops.
+
+TorchRec's fused embedding optimizer runs inside fbgemm's table-batched embedding backward
+(`fbgemm::split_embedding_backward_codegen_rowwise_adagrad_cpu`). On CPU, fbgemm updates
+each touched row with a JIT-compiled kernel that mixes AVX2 (VEX) and legacy SSE scalar
+instructions. On CPUs that charge for switching between the two (seen on a 2-core Xeon
+VM with AVX-512 and AMX: about 100 ns per switch, measured in isolation) every row costs
+about 550 ns: a batch of 2048 × 26 ids with 53k distinct rows took 29 ms, against 3.7 ms
+here, and the benchmark's batches (5.6k distinct rows) 4.4 ms against 1.6 ms.
+
+`install()` registers `rowwise_adagrad_backward` as that op's CPU kernel for this process
+(GPU kernels are untouched); `uninstall()` restores fbgemm's. Same update, same state
+layout: checkpoints, sharding and the fused optimizer's state are TorchRec's. For each
+distinct row r of a table, with g the sum of its occurrences' gradients in the batch:
+
+    m[r] += mean(g²);  w[r] -= lr · g / (√m[r] + eps)
+
+Summation order matches fbgemm's (occurrences in batch order), so results agree with it to
+float rounding of the mean square.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+OP = "split_embedding_backward_codegen_rowwise_adagrad_cpu"
+POOLING_SUM, POOLING_MEAN = 0, 1
+# Distinct rows are found through a scratch array over every row of the batched tables
+# (4 bytes a row): cheaper than sorting the ids, up to this many rows; a sort beyond.
+SCRATCH_MAX_ROWS = 1 << 23
+
+_library: torch.library.Library | None = None
+_scratch: dict[int, torch.Tensor] = {}
+
+
+def install() -> None:
+    """Make `rowwise_adagrad_backward` fbgemm's CPU kernel for row-wise Adagrad (idempotent)."""
+    global _library
+    if _library is not None:
+        return
+    import fbgemm_gpu  # noqa: F401  (registers the fbgemm ops this overrides)
+
+    library = torch.library.Library("fbgemm", "IMPL")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
+        library.impl(OP, rowwise_adagrad_backward, "CPU")
+    _library = library
+
+
+def uninstall() -> None:
+    """fbgemm's own kernel again."""
+    global _library
+    if _library is not None:
+        _library._destroy()
+        _library = None
+    _scratch.clear()
+
+
+def installed() -> bool:
+    return _library is not None
+
+
+def rowwise_adagrad_backward(
+    grad_output: torch.Tensor,
+    host_weights: torch.Tensor,
+    weights_placements: torch.Tensor,
+    weights_offsets: torch.Tensor,
+    D_offsets: torch.Tensor,
+    max_D: int,
+    hash_size_cumsum: torch.Tensor,
+    total_hash_size_bits: int,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    pooling_mode: int,
+    indice_weights: torch.Tensor | None,
+    stochastic_rounding: bool,
+    momentum1_host: torch.Tensor,
+    momentum1_placements: torch.Tensor,
+    momentum1_offsets: torch.Tensor,
+    learning_rate_tensor: torch.Tensor,
+    eps: float = 0.0,
+    weight_decay: float = 0.0,
+    weight_decay_mode: int = 0,
+    max_norm: float = 0.0,
+    output_dtype: int = 0,
+) -> None:
+    """Applies one step of exact row-wise Adagrad to `host_weights` and `momentum1_host`, in
+    place, for the pooled lookups of `indices`/`offsets` whose output gradient is `grad_output`
+    [B, ΣD] (the signature is fbgemm's op schema)."""
+    _check_supported(host_weights, momentum1_host, pooling_mode, weight_decay, max_norm)
+    if indices.numel() == 0:
+        return
+    lr = float(learning_rate_tensor)
+    dims = D_offsets.diff()
+    batch = (offsets.numel() - 1) // dims.numel()
+    bag, scale = _bags(offsets, indices.numel(), pooling_mode, indice_weights)
+    grad_output = grad_output.float()
+    widths = dims.unique().tolist()
+    if bag is None and scale is None and len(widths) == 1:
+        _one_id_per_bag(grad_output, host_weights, weights_offsets, hash_size_cumsum, indices, momentum1_host,
+                        momentum1_offsets, lr, eps, widths[0], batch)  # fmt: skip
+        return
+    if bag is None and len(widths) > 1:
+        bag = torch.arange(indices.numel())
+    for dim in widths:
+        if dim == 0:
+            continue
+        if bool((dims == dim).all()):
+            ids, bags, factor = indices.long(), bag, scale
+            grads = _uniform_grads(grad_output, dim, bags)
+        else:
+            chosen = (dims.index_select(0, _feature_of(bag, batch, 0)) == dim).nonzero().squeeze(1)
+            ids, bags = indices.index_select(0, chosen).long(), bag.index_select(0, chosen)
+            factor = None if scale is None else scale.index_select(0, chosen)
+            grads = _sliced_grads(grad_output, D_offsets, dim, bags, batch)
+        if factor is not None:
+            grads = grads * factor.unsqueeze(1)
+        feature = _feature_of(bags, batch, ids.numel())
+        keys = hash_size_cumsum.index_select(0, feature) + ids  # one row of the batched tables: one key
+        slots, first = _distinct(keys, int(hash_size_cumsum[-1]))
+        summed = _summed(grads, slots, first.numel())
+        _update(host_weights, weights_offsets, momentum1_host, momentum1_offsets, summed,
+                feature.index_select(0, first), ids.index_select(0, first), lr, eps)  # fmt: skip
+
+
+def _one_id_per_bag(grad_output: torch.Tensor, host_weights: torch.Tensor, weights_offsets: torch.Tensor,
+                    hash_size_cumsum: torch.Tensor, indices: torch.Tensor, momentum1_host: torch.Tensor,
+                    momentum1_offsets: torch.Tensor, lr: float, eps: float, dim: int, batch: int) -> None:  # fmt: skip
+    """The common case (one id per feature and sample, every feature `dim` wide) without
+    reordering the gradient: ids come feature-major [F, B], `grad_output` is [B, F, D]."""
+    ids = indices.long().view(-1, batch)
+    keys = (ids + hash_size_cumsum[:-1].unsqueeze(1)).reshape(-1)
+    slots, first = _distinct(keys, int(hash_size_cumsum[-1]))
+    # the slots in the gradient's sample-major order: a row's occurrences still sum by sample
+    summed = _summed(grad_output.reshape(-1, dim), slots.view(ids.shape).t().reshape(-1), first.numel())
+    _update(host_weights, weights_offsets, momentum1_host, momentum1_offsets, summed,
+            first.div(batch, rounding_mode="floor"), ids.view(-1).index_select(0, first), lr, eps)  # fmt: skip
+
+
+def _summed(grads: torch.Tensor, slots: torch.Tensor, distinct: int) -> torch.Tensor:
+    """[distinct, D]: the gradients of each distinct row's ids, added in id order."""
+    summed = torch.zeros(distinct, grads.shape[1], dtype=torch.float32)
+    return summed.scatter_add_(0, slots.unsqueeze(1).expand_as(grads), grads)
+
+
+def _update(host_weights: torch.Tensor, weights_offsets: torch.Tensor, momentum1_host: torch.Tensor,
+            momentum1_offsets: torch.Tensor, summed: torch.Tensor, feature: torch.Tensor, rows: torch.Tensor,
+            lr: float, eps: float) -> None:  # fmt: skip
+    """Row-wise Adagrad on each distinct (feature's table, row) with its summed gradient."""
+    dim = summed.shape[1]
+    moment_at = momentum1_offsets.index_select(0, feature) + rows
+    moment = momentum1_host.index_select(0, moment_at).add_(summed.square().mean(1))
+    momentum1_host.index_copy_(0, moment_at, moment)
+    step = summed.mul_((-lr / moment.sqrt_().add_(eps)).unsqueeze(1))
+    _add_rows(host_weights, weights_offsets.index_select(0, feature) + rows * dim, dim, step)
+
+
+def _check_supported(weights: torch.Tensor, momentum: torch.Tensor, pooling_mode: int, weight_decay: float,
+                     max_norm: float) -> None:  # fmt: skip
+    problem = None
+    if weights.dtype != torch.float32 or momentum.dtype != torch.float32:
+        problem = f"{weights.dtype} embedding weights (fp32 only)"
+    elif pooling_mode not in (POOLING_SUM, POOLING_MEAN):
+        problem = f"pooling mode {pooling_mode} (sum and mean only)"
+    elif weight_decay or max_norm:
+        problem = "weight decay or max-norm on embeddings"
+    if problem:
+        raise NotImplementedError(
+            f"training.cpu_embedding_update = 'vectorized' does not handle {problem}; "
+            "set training.cpu_embedding_update = 'fbgemm'"
+        )
+
+
+def _bags(offsets: torch.Tensor, count: int, pooling_mode: int,
+          indice_weights: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+    """Each id's bag (feature-major: feature · B + sample; None when id i is bag i) and the
+    factor on its bag's gradient (None: 1)."""
+    bags = offsets.numel() - 1
+    lengths = offsets.diff()
+    one_per_bag = count == bags and bool((lengths == 1).all())
+    bag = None if one_per_bag else torch.repeat_interleave(torch.arange(bags), lengths.long(), output_size=count)
+    scale = None
+    if pooling_mode == POOLING_MEAN and bag is not None:
+        scale = lengths.clamp(min=1).float().reciprocal().index_select(0, bag)
+    if indice_weights is not None and indice_weights.numel():
+        scale = indice_weights.float() if scale is None else scale * indice_weights.float()
+    return bag, scale
+
+
+def _feature_of(bag: torch.Tensor | None, batch: int, count: int) -> torch.Tensor:
+    """Each id's feature; `count` ids when `bag` is None (id i in bag i)."""
+    return (torch.arange(count) if bag is None else bag).div(batch, rounding_mode="floor")
+
+
+def _uniform_grads(grad_output: torch.Tensor, dim: int, bag: torch.Tensor | None) -> torch.Tensor:
+    """[ids, dim] when every feature is `dim` wide: [B, F·D] seen feature-major, by bag."""
+    by_bag = grad_output.reshape(grad_output.shape[0], -1, dim).transpose(0, 1).reshape(-1, dim)
+    return by_bag if bag is None else by_bag.index_select(0, bag)
+
+
+def _sliced_grads(grad_output: torch.Tensor, D_offsets: torch.Tensor, dim: int, bag: torch.Tensor,
+                  batch: int) -> torch.Tensor:  # fmt: skip
+    """[ids, dim]: each id's slice of its sample's output gradient (features of mixed width)."""
+    feature = bag.div(batch, rounding_mode="floor")
+    width = grad_output.shape[1]
+    start = (bag - feature * batch) * width + D_offsets.index_select(0, feature)
+    return grad_output.reshape(-1)[start.unsqueeze(1) + torch.arange(dim)]
+
+
+def _distinct(keys: torch.Tensor, key_space: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(slot of each key among the distinct keys, position of one occurrence of each)."""
+    if key_space > SCRATCH_MAX_ROWS:
+        _, slots = torch.unique(keys, return_inverse=True)
+        first = torch.empty(int(slots.max()) + 1, dtype=torch.int64).index_put_((slots,), torch.arange(keys.numel()))
+        return slots, first
+    scratch = _scratch.get(key_space)
+    if scratch is None:
+        scratch = _scratch[key_space] = torch.empty(key_space, dtype=torch.int32)
+    positions = torch.arange(keys.numel(), dtype=torch.int32)
+    # every occurrence writes its position; the one that lands speaks for all its key's ids
+    scratch.index_put_((keys,), positions)
+    speaker = scratch.index_select(0, keys)
+    is_speaker = speaker == positions
+    slot_of_speaker = is_speaker.cumsum(0).sub_(1)
+    return slot_of_speaker.index_select(0, speaker.long()), is_speaker.nonzero().squeeze(1)
+
+
+def _add_rows(weights: torch.Tensor, starts: torch.Tensor, dim: int, step: torch.Tensor) -> None:
+    """weights[start : start + dim] += step[i] for each distinct start."""
+    if bool((starts % dim == 0).all()) and weights.numel() % dim == 0:
+        weights.view(-1, dim).index_add_(0, starts.div(dim, rounding_mode="floor"), step)
+    else:
+        weights.index_add_(0, (starts.unsqueeze(1) + torch.arange(dim)).reshape(-1), step.reshape(-1))
