@@ -14,8 +14,8 @@ bottom MLP 13-512-256-16, top MLP 512-256-1, dot interaction, global batch 2048.
 (d) a kernel floor, in the fastest layout's precision: the time one step of 2048 cannot go
     below with these kernels, each timed
     alone on this step's own shapes and data (best of 5): the MLPs' matrix products forward
-    and backward, the interaction's `bmm`s, fbgemm's embedding lookup with its fused
-    row-wise Adagrad backward, and reading the batch. Element-wise work and per-op overhead
+    and backward, the interaction's `bmm`s, fbgemm's embedding lookup with the trainer's
+    fused row-wise Adagrad backward, and reading the batch. Element-wise work and per-op overhead
     come on top, so no trainer that uses these kernels reaches it.
 
 Prints its figures last as one JSON line: samples_per_s, baseline_samples_per_s, speedup,
@@ -47,6 +47,7 @@ from ingestion.reader import build_reader
 from ingestion.schema import NUM_DENSE, SPARSE_COLUMNS
 from ingestion.synthetic import generate_day
 from ingestion.warehouse import ingest_day
+from training import cpu_rowwise_adagrad
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.job import TrainJob
 from training.launcher import launch
@@ -182,8 +183,9 @@ def matrix_seconds(dtype: torch.dtype) -> dict[str, float]:
 
 
 def embedding_seconds(files: list[str]) -> float:
-    """fbgemm's batched lookup of the 26 tables and its fused row-wise Adagrad backward, on
-    the benchmark's own batches (their ids repeat as real ids do, which the update exploits)."""
+    """fbgemm's batched lookup of the 26 tables and the backward with the row-wise Adagrad
+    update the trainer uses (on CPU, by default, training/cpu_rowwise_adagrad.py), on the
+    benchmark's own batches (their ids repeat as real ids do, which the update exploits)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
         ComputeDevice,
@@ -206,7 +208,12 @@ def embedding_seconds(files: list[str]) -> float:
         ids, offsets = next(cycle)
         tables(ids, offsets).backward(grad)
 
-    return best_seconds(step)
+    if TrainingConfig().cpu_embedding_update == "vectorized":
+        cpu_rowwise_adagrad.install()
+    try:
+        return best_seconds(step)
+    finally:
+        cpu_rowwise_adagrad.uninstall()
 
 
 def read_seconds(files: list[str]) -> float:
