@@ -21,6 +21,7 @@ float rounding of the mean square.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import torch
@@ -40,13 +41,24 @@ def install() -> None:
     global _library
     if _library is not None:
         return
-    import fbgemm_gpu  # noqa: F401  (registers the fbgemm ops this overrides)
+    import fbgemm_gpu
 
+    expected = list(inspect.signature(rowwise_adagrad_backward).parameters)
+    if schema_arguments() != expected:
+        raise RuntimeError(
+            f"training.cpu_embedding_update = 'vectorized': fbgemm {fbgemm_gpu.__version__} changed the "
+            f"arguments of fbgemm::{OP} (now {schema_arguments()}); set training.cpu_embedding_update = 'fbgemm'"
+        )
     library = torch.library.Library("fbgemm", "IMPL")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
         library.impl(OP, rowwise_adagrad_backward, "CPU")
     _library = library
+
+
+def schema_arguments() -> list[str]:
+    """The argument names of the fbgemm op this module's kernel stands in for."""
+    return [argument.name for argument in getattr(torch.ops.fbgemm, OP).default._schema.arguments]
 
 
 def uninstall() -> None:

@@ -3,6 +3,8 @@ through fbgemm's real table-batched embedding module (forward, backward, fused u
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,7 +145,13 @@ def test_uninstall_restores_fbgemms_kernel(vectorised) -> None:
     original = cpu_rowwise_adagrad.rowwise_adagrad_backward
     cpu_rowwise_adagrad.uninstall()
     try:
-        cpu_rowwise_adagrad.rowwise_adagrad_backward = lambda *a, **k: calls.append(1) or original(*a, **k)
+
+        @functools.wraps(original)  # the same signature, which install() checks against fbgemm's op
+        def counting(*args, **kwargs):
+            calls.append(1)
+            return original(*args, **kwargs)
+
+        cpu_rowwise_adagrad.rowwise_adagrad_backward = counting
         cpu_rowwise_adagrad.install()
         _train(case)
         assert len(calls) == STEPS and cpu_rowwise_adagrad.installed()
@@ -163,3 +171,15 @@ def test_unsupported_settings_name_the_fix(vectorised) -> None:
     out = module(torch.tensor([1, 2]), torch.tensor([0, 1, 2]))
     with pytest.raises(NotImplementedError, match="cpu_embedding_update = 'fbgemm'"):
         out.backward(torch.ones_like(out))
+
+
+def test_the_kernel_takes_the_arguments_of_the_installed_fbgemms_op() -> None:
+    assert cpu_rowwise_adagrad.schema_arguments() == list(inspect.signature(cpu_rowwise_adagrad.rowwise_adagrad_backward).parameters)
+
+
+def test_a_changed_fbgemm_op_is_refused_with_the_fix_mocked_schema(monkeypatch) -> None:
+    cpu_rowwise_adagrad.uninstall()
+    monkeypatch.setattr(cpu_rowwise_adagrad, "schema_arguments", lambda: ["grad_output", "something_new"])
+    with pytest.raises(RuntimeError, match="changed the arguments.*cpu_embedding_update = 'fbgemm'"):
+        cpu_rowwise_adagrad.install()
+    assert not cpu_rowwise_adagrad.installed()
