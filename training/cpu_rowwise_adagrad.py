@@ -222,21 +222,26 @@ def _sliced_grads(grad_output: torch.Tensor, D_offsets: torch.Tensor, dim: int, 
 
 
 def _distinct(keys: torch.Tensor, key_space: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(slot of each key among the distinct keys, position of one occurrence of each)."""
+    """(slot of each key among the distinct keys, numbered in order of first occurrence;
+    the position of each distinct key's first occurrence). The same on every run: nothing
+    depends on which of two threads writes first."""
+    count = keys.numel()
     if key_space > SCRATCH_MAX_ROWS:
         _, slots = torch.unique(keys, return_inverse=True)
-        first = torch.empty(int(slots.max()) + 1, dtype=torch.int64).index_put_((slots,), torch.arange(keys.numel()))
-        return slots, first
+        first = torch.full((int(slots.max()) + 1,), count, dtype=torch.int64)
+        first.scatter_reduce_(0, slots, torch.arange(count), reduce="amin")
+        order = first.argsort()  # slots by first occurrence, as the scratch path numbers them
+        return order.argsort().index_select(0, slots), first.index_select(0, order)
     scratch = _scratch.get(key_space)
     if scratch is None:
         scratch = _scratch[key_space] = torch.empty(key_space, dtype=torch.int32)
-    positions = torch.arange(keys.numel(), dtype=torch.int32)
-    # every occurrence writes its position; the one that lands speaks for all its key's ids
-    scratch.index_put_((keys,), positions)
-    speaker = scratch.index_select(0, keys)
-    is_speaker = speaker == positions
-    slot_of_speaker = is_speaker.cumsum(0).sub_(1)
-    return slot_of_speaker.index_select(0, speaker.long()), is_speaker.nonzero().squeeze(1)
+    positions = torch.arange(count, dtype=torch.int32)
+    scratch.index_fill_(0, keys, count)
+    scratch.scatter_reduce_(0, keys, positions, reduce="amin")  # each key's first position
+    first_of_key = scratch.index_select(0, keys)
+    is_first = first_of_key == positions
+    slot_of_first = is_first.cumsum(0).sub_(1)
+    return slot_of_first.index_select(0, first_of_key.long()), is_first.nonzero().squeeze(1)
 
 
 def _add_rows(weights: torch.Tensor, starts: torch.Tensor, dim: int, step: torch.Tensor) -> None:

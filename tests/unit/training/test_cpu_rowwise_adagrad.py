@@ -183,3 +183,17 @@ def test_a_changed_fbgemm_op_is_refused_with_the_fix_mocked_schema(monkeypatch) 
     with pytest.raises(RuntimeError, match="changed the arguments.*cpu_embedding_update = 'fbgemm'"):
         cpu_rowwise_adagrad.install()
     assert not cpu_rowwise_adagrad.installed()
+
+
+@pytest.mark.parametrize("scratch", [True, False], ids=["scratch", "sort"])
+def test_distinct_rows_are_numbered_by_first_occurrence(monkeypatch, scratch: bool) -> None:
+    """Slots follow first occurrences on every run, whichever thread writes first."""
+    if not scratch:
+        monkeypatch.setattr(cpu_rowwise_adagrad, "SCRATCH_MAX_ROWS", 0)
+    keys = torch.randint(0, 500, (50_000,), generator=torch.Generator().manual_seed(0))
+    slots, first = cpu_rowwise_adagrad._distinct(keys, 1000)
+    _, expected_first = np.unique(keys.numpy(), return_index=True)
+    expected_first.sort()
+    assert first.tolist() == expected_first.tolist()
+    assert torch.equal(keys.index_select(0, first.index_select(0, slots)), keys), "each id's slot holds its key"
+    assert torch.equal(slots[first], torch.arange(first.numel())), "slot k is the k-th key to appear"

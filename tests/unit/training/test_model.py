@@ -201,3 +201,22 @@ def test_the_dot_model_keeps_torchrecs_parameter_names_and_shapes(tiny_features)
                   dense_arch_layer_sizes=[32, 8], over_arch_layer_sizes=[32, 1], dense_device=torch.device("meta"))  # fmt: skip
     assert isinstance(ours.over_arch.model[0]._mlp[0]._linear, ZeroPaddedInputLinear)
     assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+
+
+def test_the_logit_layer_computes_in_float32_under_bf16_autocast() -> None:
+    """bf16 logits would come in steps of 1/64 near −2: predictions tie and calibration
+    coarsens. The last layer takes its bf16 input to float32 and multiplies there."""
+    from training.model import Float32Linear
+
+    torch.manual_seed(0)
+    layer = Float32Linear(256, 1)
+    hidden = torch.randn(512, 256).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = layer(hidden)
+    assert logits.dtype == torch.float32
+    exact = hidden.double() @ layer.weight.double().t() + layer.bias.double()
+    assert torch.allclose(logits.double(), exact, atol=1e-5)
+    assert logits.unique().numel() == logits.numel(), "no two predictions tie"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        coarse = torch.nn.functional.linear(hidden, layer.weight, layer.bias)
+    assert coarse.dtype == torch.bfloat16 and coarse.unique().numel() < logits.numel()
