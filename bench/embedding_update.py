@@ -31,33 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from train_throughput import BATCH, MODEL, TABLE_ROWS, prepare
+from train_throughput import BATCH, MODEL, TABLE_ROWS, embedding_module, id_batches, prepare
 
-from ingestion.reader import build_reader
 from ingestion.schema import SPARSE_COLUMNS
 from training import cpu_rowwise_adagrad
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-
-
-def embedding_module():
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
-        ComputeDevice,
-        EmbeddingLocation,
-    )
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        SplitTableBatchedEmbeddingBagsCodegen,
-    )
-
-    spec = (TABLE_ROWS, MODEL.embedding_dim, EmbeddingLocation.HOST, ComputeDevice.CPU)
-    return SplitTableBatchedEmbeddingBagsCodegen([spec] * len(SPARSE_COLUMNS), optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-                                                 learning_rate=0.01)  # fmt: skip
-
-
-def bench_batches(files: list[str]) -> list[Batch]:
-    return [(b.sparse_features.values().long(), b.sparse_features.offsets().long())
-            for b in itertools.islice(build_reader(files, BATCH, prefetch=0), 20)]  # fmt: skip
 
 
 def uniform_batches() -> list[Batch]:
@@ -116,7 +95,7 @@ def main() -> dict[str, object]:
     torch.set_num_threads(os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as tmp:
         files = prepare(Path(tmp))
-        kinds = {"bench": bench_batches(files), "uniform": uniform_batches()}
+        kinds = {"bench": id_batches(files), "uniform": uniform_batches()}
         figures = {kind: compare(batches) for kind, batches in kinds.items()}
     for kind, f in figures.items():
         print(f"{kind} batches ({f['distinct_rows']:,.0f} distinct rows of {len(SPARSE_COLUMNS) * BATCH:,} ids): "

@@ -182,10 +182,8 @@ def matrix_seconds(dtype: torch.dtype) -> dict[str, float]:
     return {"mlp": mlp, "interaction": interaction}
 
 
-def embedding_seconds(files: list[str]) -> float:
-    """fbgemm's batched lookup of the 26 tables and the backward with the row-wise Adagrad
-    update the trainer uses (on CPU, by default, training/cpu_rowwise_adagrad.py), on the
-    benchmark's own batches (their ids repeat as real ids do, which the update exploits)."""
+def embedding_module():
+    """fbgemm's table-batched module of this benchmark's 26 tables, with exact row-wise Adagrad."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
         ComputeDevice,
@@ -195,14 +193,25 @@ def embedding_seconds(files: list[str]) -> float:
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
-    torch.set_num_threads(os.cpu_count() or 1)
     spec = (TABLE_ROWS, MODEL.embedding_dim, EmbeddingLocation.HOST, ComputeDevice.CPU)
-    tables = SplitTableBatchedEmbeddingBagsCodegen([spec] * len(SPARSE_COLUMNS),
-                                                   optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01)  # fmt: skip
-    batches = [(b.sparse_features.values().to(torch.int64), b.sparse_features.offsets().to(torch.int64))
-               for b in itertools.islice(build_reader(files, BATCH, prefetch=0), 20)]  # fmt: skip
+    return SplitTableBatchedEmbeddingBagsCodegen([spec] * len(SPARSE_COLUMNS),
+                                                 optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01)  # fmt: skip
+
+
+def id_batches(files: list[str], count: int = 20) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(ids, offsets) of the benchmark's first `count` batches, as fbgemm's module takes them."""
+    return [(b.sparse_features.values().to(torch.int64), b.sparse_features.offsets().to(torch.int64))
+            for b in itertools.islice(build_reader(files, BATCH, prefetch=0), count)]  # fmt: skip
+
+
+def embedding_seconds(files: list[str]) -> float:
+    """fbgemm's batched lookup of the 26 tables and the backward with the row-wise Adagrad
+    update the trainer uses (on CPU, by default, training/cpu_rowwise_adagrad.py), on the
+    benchmark's own batches (their ids repeat as real ids do, which the update exploits)."""
+    torch.set_num_threads(os.cpu_count() or 1)
+    tables = embedding_module()
     grad = torch.randn(BATCH, len(SPARSE_COLUMNS) * MODEL.embedding_dim)
-    cycle = itertools.cycle(batches)
+    cycle = itertools.cycle(id_batches(files))
 
     def step() -> None:
         ids, offsets = next(cycle)

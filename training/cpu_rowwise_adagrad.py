@@ -116,20 +116,20 @@ def rowwise_adagrad_backward(
         return
     if bag is None and len(widths) > 1:
         bag = torch.arange(indices.numel())
+    feature_of_id = (torch.arange(indices.numel()) if bag is None else bag).div(batch, rounding_mode="floor")
     for dim in widths:
         if dim == 0:
             continue
         if bool((dims == dim).all()):
-            ids, bags, factor = indices.long(), bag, scale
-            grads = _uniform_grads(grad_output, dim, bags)
+            ids, feature, factor = indices.long(), feature_of_id, scale
+            grads = _uniform_grads(grad_output, dim, bag)
         else:
-            chosen = (dims.index_select(0, _feature_of(bag, batch, 0)) == dim).nonzero().squeeze(1)
-            ids, bags = indices.index_select(0, chosen).long(), bag.index_select(0, chosen)
+            chosen = (dims.index_select(0, feature_of_id) == dim).nonzero().squeeze(1)
+            ids, feature = indices.index_select(0, chosen).long(), feature_of_id.index_select(0, chosen)
             factor = None if scale is None else scale.index_select(0, chosen)
-            grads = _sliced_grads(grad_output, D_offsets, dim, bags, batch)
+            grads = _sliced_grads(grad_output, D_offsets, dim, bag.index_select(0, chosen), feature, batch)
         if factor is not None:
             grads = grads * factor.unsqueeze(1)
-        feature = _feature_of(bags, batch, ids.numel())
         keys = hash_size_cumsum.index_select(0, feature) + ids  # one row of the batched tables: one key
         slots, first = _distinct(keys, int(hash_size_cumsum[-1]))
         summed = _summed(grads, slots, first.numel())
@@ -201,11 +201,6 @@ def _bags(offsets: torch.Tensor, count: int, pooling_mode: int,
     return bag, scale
 
 
-def _feature_of(bag: torch.Tensor | None, batch: int, count: int) -> torch.Tensor:
-    """Each id's feature; `count` ids when `bag` is None (id i in bag i)."""
-    return (torch.arange(count) if bag is None else bag).div(batch, rounding_mode="floor")
-
-
 def _uniform_grads(grad_output: torch.Tensor, dim: int, bag: torch.Tensor | None) -> torch.Tensor:
     """[ids, dim] when every feature is `dim` wide: [B, F·D] seen feature-major, by bag."""
     by_bag = grad_output.reshape(grad_output.shape[0], -1, dim).transpose(0, 1).reshape(-1, dim)
@@ -213,9 +208,8 @@ def _uniform_grads(grad_output: torch.Tensor, dim: int, bag: torch.Tensor | None
 
 
 def _sliced_grads(grad_output: torch.Tensor, D_offsets: torch.Tensor, dim: int, bag: torch.Tensor,
-                  batch: int) -> torch.Tensor:  # fmt: skip
+                  feature: torch.Tensor, batch: int) -> torch.Tensor:  # fmt: skip
     """[ids, dim]: each id's slice of its sample's output gradient (features of mixed width)."""
-    feature = bag.div(batch, rounding_mode="floor")
     width = grad_output.shape[1]
     start = (bag - feature * batch) * width + D_offsets.index_select(0, feature)
     return grad_output.reshape(-1)[start.unsqueeze(1) + torch.arange(dim)]
