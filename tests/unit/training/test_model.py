@@ -74,19 +74,20 @@ def test_the_dot_model_uses_the_flat_gather(tiny_features) -> None:
     assert isinstance(model.inter_arch, DotInteraction) and model.inter_arch.F == len(state.table_sizes)
 
 
-def test_compiled_dense_parts_compute_what_the_eager_model_computes(tiny_features) -> None:
-    """Compiled in place: the same parameter names (checkpoints load either way), and the
-    same logits and gradients to float32 rounding."""
+@pytest.mark.parametrize("arch", ["dlrm", "dlrm_dcn"])
+def test_compiled_dense_parts_compute_what_the_eager_model_computes(tiny_features, arch: str) -> None:
+    """Compiled in place, as one graph: the same parameter names (checkpoints load either
+    way), and the same logits and gradients to float32 rounding."""
     import copy
 
     from training.model import compile_dense_parts
 
     state, files = tiny_features
     torch.manual_seed(0)
-    config = ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1))
+    config = ModelConfig(arch=arch, embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1), dcn_low_rank_dim=4)
     eager = build_dlrm(config, state.table_sizes, torch.device("cpu"))
     compiled = copy.deepcopy(eager)
-    assert compile_dense_parts(compiled, torch.device("cpu")) == ["dense_arch", "inter_arch", "over_arch"]
+    assert compile_dense_parts(compiled, torch.device("cpu")) == ["dense_path"]
     assert list(compiled.state_dict()) == list(eager.state_dict())
     batch = next(iter(build_reader(files[2], 64)))
     outputs = []
