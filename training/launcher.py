@@ -119,17 +119,36 @@ def _worth_showing(line: str) -> bool:
 def first_cause(output: str) -> tuple[int, int, int] | None:
     """(rank, local rank, exit code) of the worker that caused a failure, from torchrun's report.
 
-    torchrun stops the surviving workers with SIGTERM once one fails, and its "first
-    observed failure" can be one of those; a worker that raised, or that died of another
-    signal, is the cause.
+    torchrun lists every worker that ended badly, and its "first observed failure" is only
+    the first it noticed. What each exit code says of its cause (`blame`, lowest first):
+    - killed by SIGKILL, or crashed (SIGSEGV, SIGBUS, SIGILL, SIGFPE): no peer causes these;
+      a SIGKILL comes from outside (a user, the OOM killer);
+    - raised an exception: its own error, or a peer's death seen as a broken connection
+      in a collective, which is why a killed peer ranks first;
+    - another signal: SIGABRT is how NCCL's watchdog ends the survivors of a dead peer;
+    - SIGTERM: torchrun stopping the survivors once one worker failed.
+    Ties go to torchrun's first observed failure, then to the report's order.
     """
-    failures = [(int(m[1]), int(m[2]), int(m[3])) for m in FAILURE_RECORD.finditer(output)]
+    root_at = output.find("Root Cause")
+    failures = [(int(m[1]), int(m[2]), int(m[3]), 0 if 0 <= root_at < m.start() else 1)
+                for m in FAILURE_RECORD.finditer(output)]  # fmt: skip
+    if not failures:
+        return None
+    rank, local_rank, code, _ = min(failures, key=lambda failure: (blame(failure[2]), failure[3]))
+    return rank, local_rank, code
 
-    def blame(failure: tuple[int, int, int]) -> int:
-        code = failure[2]
-        return 0 if code > 0 else 1 if code != -signal.SIGTERM else 2
 
-    return min(failures, key=blame) if failures else None
+SELF_INFLICTED = {signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE}
+
+
+def blame(exit_code: int) -> int:
+    """How likely a worker that ended with `exit_code` (negative: killed by that signal)
+    caused the failure: 0 most likely; see `first_cause`."""
+    if exit_code > 0:
+        return 1
+    if -exit_code in SELF_INFLICTED:
+        return 0
+    return 3 if exit_code == -signal.SIGTERM else 2
 
 
 def _failure(job: TrainJob, output: str, launcher_code: int) -> TrainingFailed:

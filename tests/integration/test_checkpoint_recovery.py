@@ -51,13 +51,22 @@ def _worker_of_rank(job_path: Path, rank: int) -> int | None:
     return None
 
 
+def _logged_step(metrics: str) -> int:
+    """The last step in metrics.jsonl; a line still being written is not counted yet."""
+    steps = [0]
+    for line in metrics.splitlines(keepends=True):
+        if line.endswith("\n"):
+            steps.append(json.loads(line)["step"])
+    return max(steps)
+
+
 def _kill_one_worker_after(job: TrainJob, step: int) -> threading.Thread:
     """SIGKILL rank 1's process once the run has logged `step`."""
     def watch() -> None:
         metrics = job.out / "metrics.jsonl"
         deadline = time.time() + 120
         while time.time() < deadline:
-            if metrics.is_file() and any(json.loads(l)["step"] >= step for l in metrics.read_text().splitlines() if l):
+            if metrics.is_file() and _logged_step(metrics.read_text()) >= step:
                 pid = _worker_of_rank(job.out / "job.json", rank=1)
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
