@@ -150,3 +150,18 @@ def test_multi_hot_bags_train_and_score(multi_hot_features, tmp_path: Path) -> N
             for b in build_reader(job.eval_files["2"], 1000, drop_remainder=False)
         ])  # fmt: skip
     assert np.allclose(np.sort(unsharded), np.sort(predictions["prediction"].to_numpy()), atol=1e-5)
+
+
+def test_compiled_training_in_two_processes_trains_what_eager_trains(tiny_features, tmp_path: Path) -> None:
+    """`training.compile` under sharding: each process compiles its dense path as one graph
+    (table-wise, so the pooled blocks come shard by shard and are put in feature order
+    before it); evaluation batches of another size recompile. Same parameters as eager to
+    float rounding, which fused kernels reorder (3e-7 after an epoch here)."""
+    params = {}
+    for compiled in (False, True):
+        job = _job(tiny_features, tmp_path / str(compiled), ShardingConfig(), compile=compiled, epochs=1)
+        launch(job, on_line=lambda line: None)
+        assert json.loads((job.out / "summary.json").read_text())["compiled"] is compiled
+        params[compiled] = export_model(job, latest_checkpoint(job.checkpoint_root)).state_dict()
+    for name, value in params[False].items():
+        assert torch.allclose(params[True][name], value, atol=1e-5), name
