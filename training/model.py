@@ -100,8 +100,9 @@ def compile_dense_parts(model: nn.Module, device: torch.device) -> list[str]:
     One graph, not one per module: inductor fuses across the modules' edges (the bottom
     MLP's last ReLU into the interaction's concatenation), and a step pays one guard check
     and one compiled-function call forward and backward instead of three (a bf16 step took
-    0.95–0.99 of the time in five in-process A/Bs on 2 AVX-512 cores). The method is replaced on the instance, so parameter names
-    and checkpoints are those of the eager model. Returns the compiled paths' names.
+    0.95–0.99 of the time in five in-process A/Bs on 2 AVX-512 cores). The method is
+    replaced on the instance, so parameter names and checkpoints are those of the eager
+    model. Returns the compiled paths' names.
     """
     if device.type == "cpu" and not any(map(shutil.which, ("g++", "c++", "clang++"))):
         raise RuntimeError(
