@@ -73,9 +73,16 @@ class ShardingConfig:
     sharding_type: ShardingType = "table_wise"
     compute_kernel: ComputeKernel = "fused"
     tables: dict[str, TableSharding] = field(default_factory=dict)
+    # The planner's greedy searches stop after this many plans in a row that are no faster
+    # than their best (0: search every proposal, TorchRec's default). For the scaled M3 on
+    # 2 × 8 GPUs the full search rated 3,050 proposals in 28–41 s on 2 CPU cores; stopping
+    # after 50 found a plan of the same estimated cost in 10.6 s (after 10, in 8.8 s).
+    search_patience: int = 50
 
     def __post_init__(self) -> None:
         _check_pair(self.sharding_type, self.compute_kernel)
+        if self.search_patience < 0:
+            raise ValueError(f"search_patience: must be ≥ 0 (0 searches exhaustively), got {self.search_patience}")
 
     def for_table(self, table: str) -> TableSharding:
         override = self.tables.get(table, TableSharding())

@@ -21,7 +21,12 @@ from torchrec.distributed.model_parallel import (
     DistributedModelParallel,
 )
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from torchrec.distributed.planner.types import PlannerError
+from torchrec.distributed.planner.proposers import (
+    GreedyProposer,
+    GridSearchProposer,
+    UniformProposer,
+)
+from torchrec.distributed.planner.types import PlannerError, Proposer
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ShardingPlan
 
@@ -128,6 +133,7 @@ def plan_sharding(
         topology=topology,
         batch_size=batch_size_per_rank,
         constraints=constraints_for(model, config, topology.compute_device, pooling_factor),
+        proposer=proposers(config.search_patience),
         debug=False,
         callbacks=[keep_best],
     )
@@ -139,6 +145,14 @@ def plan_sharding(
     except PlannerError:
         raise ShardingError(_no_fit_message(model, topology)) from None
     return plan, _rank_estimates(chosen, topology.world_size)
+
+
+def proposers(patience: int) -> list[Proposer]:
+    """TorchRec's default proposers, its two greedy searches stopping after `patience` plans
+    in a row that do not beat their best (0: never)."""
+    threshold = patience or None
+    return [GridSearchProposer(), GreedyProposer(threshold=threshold), GreedyProposer(use_depth=False, threshold=threshold),
+            UniformProposer()]  # fmt: skip
 
 
 def _rank_estimates(options: list, world_size: int) -> list[RankEstimate]:

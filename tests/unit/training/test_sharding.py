@@ -125,3 +125,38 @@ def test_multi_hot_pooling_factors_reach_the_planner_cost_model() -> None:
     _, multi_hot = plan_sharding(_model(), ShardingConfig(), topology, 1024, pooling_factor=bags)
     # 26 extra lookups per example on two tables cost more than one lookup per table
     assert sum(e.perf_ms for e in multi_hot) > sum(e.perf_ms for e in one_hot)
+
+
+def test_the_patient_search_finds_the_exhaustive_searchs_plan_with_fewer_proposals(monkeypatch) -> None:
+    """24 tables of 1–20 M rows × 512 on 2 × 8 GPUs, planned with TorchRec's full greedy
+    searches (patience 0) and with the default patience: the same estimated cost per rank."""
+    from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
+
+    from training.config import ClusterConfig, DeclaredTables, ModelConfig
+    from training.sharding import cluster_topology
+
+    sizes = DeclaredTables(count=24, max_rows=20_000_000, min_rows=1_000_000).table_sizes()
+    model = build_train_model(ModelConfig(embedding_dim=512, bottom_mlp=(1024, 512), top_mlp=(1024, 1)), sizes,
+                              torch.device("meta"))  # fmt: skip
+    topology = cluster_topology(ClusterConfig(hosts=2, devices_per_host=8))
+    partitioned = []
+    partition = GreedyPerfPartitioner.partition
+
+    def counting(self, *args, **kwargs):
+        partitioned[-1] += 1
+        return partition(self, *args, **kwargs)
+
+    monkeypatch.setattr(GreedyPerfPartitioner, "partition", counting)
+    costs = []
+    for patience in (0, ShardingConfig().search_patience):
+        partitioned.append(0)
+        config = ShardingConfig(sharding_type="auto", compute_kernel="auto", search_patience=patience)
+        _, estimates = plan_sharding(model, config, topology, 4096, pooling_factor=20.0)
+        costs.append([round(e.perf_ms, 6) for e in estimates])
+    assert costs[0] == costs[1]
+    assert partitioned[1] < partitioned[0] / 2, partitioned
+
+
+def test_a_negative_search_patience_is_refused() -> None:
+    with pytest.raises(ValueError, match="search_patience: must be ≥ 0"):
+        ShardingConfig(search_patience=-1)
