@@ -10,9 +10,10 @@ bottom MLP 13-512-256-16, top MLP 512-256-1, dot interaction, global batch 2048.
     each layout and the baseline are the best of `--repeats` runs, default 2);
 (b) the reference formulation: one `nn.EmbeddingBag(mode="sum", sparse=True)` per table and
     `torch.optim.Adagrad` over every parameter, in one process with every core;
-(c) the roofline: measured GEMM FLOP/s ÷ the model's training FLOPs per sample;
+(c) the roofline: the best GEMM FLOP/s measured (torch.mm or oneDNN) ÷ the model's training FLOPs
+    per sample;
 (d) a kernel floor, in the fastest layout's precision: the time one step of 2048 cannot go
-    below with these kernels, each timed
+    below with the trainer's kernels, each timed
     alone on this step's own shapes and data (best of 5): the MLPs' matrix products forward
     and backward, the interaction's `bmm`s, fbgemm's embedding lookup with the trainer's
     fused row-wise Adagrad backward, and reading the batch. Element-wise work and per-op overhead
@@ -47,7 +48,7 @@ from ingestion.reader import build_reader
 from ingestion.schema import NUM_DENSE, SPARSE_COLUMNS
 from ingestion.synthetic import generate_day
 from ingestion.warehouse import ingest_day
-from training import cpu_rowwise_adagrad
+from training import cpu_linear, cpu_rowwise_adagrad
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.job import TrainJob
 from training.launcher import launch
@@ -136,13 +137,18 @@ def classic_baseline(files: list[str]) -> float:
 
 def gemm_flops_per_s(dtype: torch.dtype, rounds: int = 5) -> float:
     """Sustained GEMM rate with every core, at the MLPs' shapes: the best of `rounds`
-    timings per shape, so a busy moment of a shared machine does not lower the roofline."""
+    timings per shape, so a busy moment of a shared machine does not lower the roofline.
+    Both of torch's CPU GEMM libraries are timed (`torch.mm`: MKL in fp32, oneDNN in bf16;
+    oneDNN directly), and the faster counts: on some CPUs oneDNN's fp32 kernels beat MKL's."""
     torch.set_num_threads(os.cpu_count() or 1)
     best = 0.0
     for m, k, n in ((BATCH, 512, 512), (BATCH, 367, 512), (BATCH, 512, 256)):
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-        seconds = best_seconds(functools.partial(torch.mm, a, b), repeats=30, rounds=rounds)
-        best = max(best, 2.0 * m * k * n / seconds)
+        products = [functools.partial(torch.mm, a, b)]
+        if cpu_linear.available():
+            products.append(functools.partial(torch.ops.mkldnn._linear_pointwise, a, b.t().contiguous(), None, "none", [], ""))
+        for product in products:
+            best = max(best, 2.0 * m * k * n / best_seconds(product, repeats=30, rounds=rounds))
     return best
 
 
@@ -162,19 +168,26 @@ def best_seconds(run, repeats: int = 20, rounds: int = 5) -> float:
 def matrix_seconds(dtype: torch.dtype) -> dict[str, float]:
     """One step's matrix products at the model's shapes: each MLP layer's forward, input
     gradient (not the first layer's: the dense input needs none) and weight gradient; the
-    interaction's Gram `bmm` forward and its two backward `bmm`s."""
+    interaction's Gram `bmm` forward and its two backward `bmm`s. In fp32 the ReLU layers'
+    forward and input gradient are oneDNN's, as the trainer computes them by default."""
     torch.set_num_threads(os.cpu_count() or 1)
     vectors = len(SPARSE_COLUMNS) + 1
     top_in = MODEL.embedding_dim + vectors * (vectors - 1) // 2
+    onednn = dtype == torch.float32 and TrainingConfig().cpu_matmul == "onednn" and cpu_linear.available()
     mlp = 0.0
     for sizes in ([NUM_DENSE, *MODEL.bottom_mlp], [top_in, *MODEL.top_mlp]):
         for i, (k, n) in enumerate(itertools.pairwise(sizes)):
             x, w = torch.randn(BATCH, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
             bias, grad = torch.randn(n, dtype=dtype), torch.randn(BATCH, n, dtype=dtype)
-            mlp += best_seconds(functools.partial(torch.addmm, bias, x, w.t()))
+            relu_layer = onednn and n > 1  # the logit layer is a plain linear
+            if relu_layer:
+                mlp += best_seconds(functools.partial(cpu_linear.onednn_linear_relu, x, w, bias))
+            else:
+                mlp += best_seconds(functools.partial(torch.addmm, bias, x, w.t()))
             mlp += best_seconds(functools.partial(torch.mm, grad.t(), x))
             if i > 0 or sizes[0] != NUM_DENSE:
-                mlp += best_seconds(functools.partial(torch.mm, grad, w))
+                input_grad = cpu_linear.onednn_input_grad if relu_layer else torch.mm
+                mlp += best_seconds(functools.partial(input_grad, grad, w))
     stack = torch.randn(BATCH, vectors, MODEL.embedding_dim, dtype=dtype)
     gram_grad = torch.randn(BATCH, vectors, vectors, dtype=dtype)
     interaction = best_seconds(functools.partial(torch.bmm, stack, stack.transpose(1, 2)))

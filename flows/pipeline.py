@@ -154,6 +154,7 @@ def _track(
             "training.device": training["device"],
             "training.precision": training["precision"],  # what `auto` resolved to on this device
             "training.embedding_update": training.get("embedding_update", "fbgemm"),
+            "training.matmul": training.get("matmul", "aten"),
             "evaluation.days": ",".join(map(str, config.data.eval_days)),
             **tuning_tags,
         },

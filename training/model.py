@@ -20,9 +20,11 @@ from torch import nn
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain, InteractionArch, SparseArch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.mlp import Perceptron
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from ingestion.schema import NUM_DENSE
+from training import cpu_linear
 from training.config import ModelConfig
 
 
@@ -91,6 +93,8 @@ def build_dlrm(config: ModelConfig, table_sizes: Mapping[str, int], device: torc
     last = model.over_arch.model[1]
     model.over_arch.model[1] = Float32Linear(last.in_features, last.out_features, device=device)
     model.sparse_arch = PooledSparseArch(bags)
+    for mlp in (model.dense_arch.model, model.over_arch.model[0]):
+        mlp._mlp = nn.Sequential(*(ReLUPerceptron.taking_over(layer) for layer in mlp._mlp))
     return model
 
 
@@ -249,6 +253,36 @@ class ZeroPaddedInputLinear(nn.Linear):
 def linear_zero_padded(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     extra = features.shape[-1] - weight.shape[1]
     return nn.functional.linear(features, nn.functional.pad(weight, (0, extra)) if extra else weight, bias)
+
+
+class ReLUPerceptron(Perceptron):
+    """TorchRec's `Perceptron` with a ReLU (same modules, same parameter names) whose fp32
+    product on CPU runs in oneDNN with the bias and the ReLU fused, once
+    `training.cpu_linear` is enabled; everywhere else it computes as TorchRec's does."""
+
+    @classmethod
+    def taking_over(cls, layer: nn.Module) -> nn.Module:
+        """`layer` as a `ReLUPerceptron` with its own linear module, if it is a ReLU perceptron."""
+        if type(layer) is not Perceptron or layer._activation_fn is not torch.relu:
+            return layer
+        taken = cls(layer._in_size, layer._out_size, device=torch.device("meta"))
+        taken._linear = layer._linear
+        return taken
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        padded = isinstance(self._linear, ZeroPaddedInputLinear)
+        return linear_relu(input, self._linear.weight, self._linear.bias, padded)
+
+
+@torch.fx.wrap  # branches on the input's device and dtype: one opaque call in traced pipelines
+def linear_relu(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, zero_padded_input: bool) -> torch.Tensor:
+    """relu(features @ weight.T + bias), multiplying a zero-padded weight when
+    `zero_padded_input` (see `ZeroPaddedInputLinear`)."""
+    extra = features.shape[-1] - weight.shape[1] if zero_padded_input else 0
+    weight = nn.functional.pad(weight, (0, extra)) if extra else weight
+    if cpu_linear.takes(features):
+        return cpu_linear.linear_relu(features, weight, bias)
+    return torch.relu(nn.functional.linear(features, weight, bias))
 
 
 class Float32Linear(nn.Linear):

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from training import cpu_rowwise_adagrad
+from training import cpu_linear, cpu_rowwise_adagrad
 from training.checkpoint import (
     RowLedger,
     TrainPosition,
@@ -23,6 +23,7 @@ from training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from training.config import TrainingConfig
 from training.device import backend_for, runtime_device
 from training.job import TrainJob
 from training.model import build_train_model, compile_dense_parts, table_name
@@ -48,6 +49,8 @@ def run(job: TrainJob, device: torch.device) -> None:
     torch.set_num_threads(config.threads_per_proc)
     if device.type == "cpu" and config.cpu_embedding_update == "vectorized":
         cpu_rowwise_adagrad.install()
+    if device.type == "cpu" and config.cpu_matmul == "onednn":
+        cpu_linear.enable()
     torch.manual_seed(config.seed)
     model = build_train_model(job.model, job.table_sizes, torch.device("meta"))
     attach_embedding_optimizer(model, config)
@@ -77,6 +80,7 @@ def run(job: TrainJob, device: torch.device) -> None:
             "compiled": config.compile,
             "precision": config.precision,
             "embedding_update": f"cpu-{config.cpu_embedding_update}" if device.type == "cpu" else "fbgemm",
+            "matmul": _matmul(config, device),
             "rows_trained": rows_trained,
             "rows_fingerprint": fingerprint,
             "resumed_from_step": start.step if start else 0,
@@ -90,6 +94,14 @@ def run(job: TrainJob, device: torch.device) -> None:
         (job.out / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"[train] done: {stats.steps} steps, {rows_trained:,} rows trained, "
               f"{stats.samples_per_s:,.0f} samples/s", flush=True)
+
+
+def _matmul(config: TrainingConfig, device: torch.device) -> str:
+    """Whose kernels multiplied the MLPs' matrices: oneDNN's fused layers (fp32 on CPU with
+    `cpu_matmul = 'onednn'`), or PyTorch's (MKL, or oneDNN for bf16, on CPU; cuBLAS on GPUs)."""
+    if device.type != "cpu":
+        return "aten"
+    return "onednn" if config.precision == "fp32" and cpu_linear.enabled() else "aten"
 
 
 def _restore(model, optimizer, job: TrainJob) -> tuple[TrainPosition | None, RowLedger | None]:

@@ -1,0 +1,129 @@
+import copy
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from ingestion.reader import build_reader
+from training import cpu_linear
+from training.config import ModelConfig
+from training.model import (
+    ReLUPerceptron,
+    ZeroPaddedInputLinear,
+    build_dlrm,
+    compile_dense_parts,
+    linear_relu,
+)
+
+
+@pytest.fixture
+def onednn() -> Iterator[None]:
+    cpu_linear.enable()
+    yield
+    cpu_linear.disable()
+
+
+def _layer(in_features: int, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    return torch.randn(out_features, in_features) / in_features**0.5, torch.randn(out_features) * 0.1
+
+
+def test_the_fused_layer_matches_a_float64_relu_linear_in_values_and_gradients(onednn) -> None:
+    weight, bias = (t.requires_grad_() for t in _layer(48, 24))
+    features = torch.randn(64, 48, requires_grad=True)
+    assert cpu_linear.takes(features)
+    out = linear_relu(features, weight, bias, False)
+    upstream = torch.randn_like(out)
+    grads = torch.autograd.grad((out * upstream).sum(), (features, weight, bias))
+
+    exact = [t.detach().double().requires_grad_() for t in (features, weight, bias)]
+    expected = torch.relu(torch.nn.functional.linear(*exact))
+    expected_grads = torch.autograd.grad((expected * upstream.double()).sum(), exact)
+    assert (expected == 0).any() and (expected > 0).any(), "both sides of the ReLU are exercised"
+    assert torch.allclose(out.double(), expected, atol=1e-5)
+    for got, want in zip(grads, expected_grads, strict=True):
+        assert got.dtype == torch.float32 and torch.allclose(got.double(), want, atol=1e-4)
+
+
+def test_a_zero_padded_input_multiplies_a_zero_padded_weight(onednn) -> None:
+    weight, bias = (t.requires_grad_() for t in _layer(23, 16))
+    features = torch.randn(32, 23)
+    wide = torch.cat((features, torch.zeros(32, 1)), dim=1)
+    out = linear_relu(wide, weight, bias, True)
+    out.sum().backward()
+    assert weight.grad.shape == (16, 23)
+    assert torch.allclose(out, torch.relu(torch.nn.functional.linear(features, weight, bias)), atol=1e-5)
+
+
+def test_the_custom_ops_pass_torchs_checks(onednn) -> None:
+    """Schema, fake (meta) kernels, autograd registration: what torch.compile relies on."""
+    weight, bias = _layer(16, 8)
+    features = torch.randn(8, 16, requires_grad=True)
+    torch.library.opcheck(cpu_linear.onednn_linear_relu, (features, weight.requires_grad_(), bias.requires_grad_()))
+    torch.library.opcheck(cpu_linear.onednn_input_grad, (torch.randn(8, 8), weight.detach()))
+
+
+def test_only_fp32_two_dimensional_cpu_inputs_outside_autocast_take_the_oneDNN_path(onednn) -> None:
+    features = torch.randn(4, 8)
+    assert cpu_linear.takes(features)
+    assert not cpu_linear.takes(features.to(torch.bfloat16))
+    assert not cpu_linear.takes(features.double())
+    assert not cpu_linear.takes(features.view(2, 2, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not cpu_linear.takes(features)
+    cpu_linear.disable()
+    assert not cpu_linear.takes(features)
+
+
+def test_a_torch_without_oneDNN_is_one_clear_error_mocked_build(monkeypatch) -> None:
+    """The torch build is mocked to lack oneDNN."""
+    monkeypatch.setattr(cpu_linear, "available", lambda: False)
+    with pytest.raises(cpu_linear.OneDnnUnavailable, match="training.cpu_matmul = 'onednn'.*set training.cpu_matmul = 'aten'"):
+        cpu_linear.enable()
+    assert not cpu_linear.enabled()
+
+
+def _scores(model: torch.nn.Module, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    logits = model(batch.dense_features, batch.sparse_features)
+    logits.sum().backward()
+    return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("arch", ["dlrm", "dlrm_dcn"])
+def test_the_model_computes_with_oneDNN_what_it_computes_with_aten(tiny_features, arch: str) -> None:
+    state, files = tiny_features
+    config = ModelConfig(arch=arch, embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1), dcn_low_rank_dim=4)
+    torch.manual_seed(0)
+    model = build_dlrm(config, state.table_sizes, torch.device("cpu"))
+    relu_layers = [m for m in model.modules() if isinstance(m, ReLUPerceptron)]
+    assert len(relu_layers) == 3, "both bottom layers and the top MLP's hidden layer"
+    assert any(isinstance(m._linear, ZeroPaddedInputLinear) for m in relu_layers) == (arch == "dlrm")
+    batch = next(iter(build_reader(files[2], 64)))
+    aten_logits, aten_grads = _scores(model, batch)
+    cpu_linear.enable()
+    try:
+        onednn_logits, onednn_grads = _scores(model, batch)
+    finally:
+        cpu_linear.disable()
+    assert torch.allclose(onednn_logits, aten_logits, atol=1e-5)
+    for name, grad in aten_grads.items():
+        assert torch.allclose(onednn_grads[name], grad, atol=1e-5), name
+
+
+def test_the_compiled_dense_path_calls_the_oneDNN_layers_and_computes_the_same(tiny_features, onednn) -> None:
+    state, files = tiny_features
+    torch.manual_seed(0)
+    eager = build_dlrm(ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1)), state.table_sizes,
+                       torch.device("cpu"))  # fmt: skip
+    compiled = copy.deepcopy(eager)
+    compile_dense_parts(compiled, torch.device("cpu"))
+    batch = next(iter(build_reader(files[2], 64)))
+    with torch.profiler.profile() as profile:
+        compiled_logits, compiled_grads = _scores(compiled, batch)
+    calls = [e.name for e in profile.events() if "onednn_linear_relu" in e.name or "onednn_input_grad" in e.name]
+    assert any("onednn_linear_relu" in name for name in calls) and any("onednn_input_grad" in name for name in calls)
+    eager_logits, eager_grads = _scores(eager, batch)
+    assert torch.allclose(compiled_logits, eager_logits, atol=1e-5)
+    for name, grad in eager_grads.items():
+        assert torch.allclose(compiled_grads[name], grad, atol=1e-5), name
