@@ -8,7 +8,7 @@ one thread or two. The forward also adds the bias and applies the ReLU in the pr
 epilogue instead of two more passes over [B, N].
 
 `enable()` makes `takes()` true for fp32 2-D inputs on CPU outside autocast; the model's
-ReLU layers then call `linear_relu`, whose forward and input gradient are oneDNN products
+ReLU layers then call `onednn_linear_relu`, whose forward and input gradient are oneDNN products
 (`dlrm_pipeline::onednn_linear_relu`, `dlrm_pipeline::onednn_input_grad`: custom ops, so
 `torch.compile` calls them as they are) and whose weight gradient stays with `torch.mm`,
 which was as fast or faster there. Same parameters, same values to float rounding.
@@ -50,7 +50,7 @@ def enabled() -> bool:
 
 
 def takes(features: Tensor) -> bool:
-    """Whether `linear_relu` multiplies `features` in oneDNN (else the caller uses aten)."""
+    """Whether the model's ReLU layers multiply `features` in oneDNN (else in aten)."""
     return (
         _enabled
         and features.device.type == "cpu"
@@ -97,8 +97,3 @@ def _backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor |
 
 
 onednn_linear_relu.register_autograd(_backward, setup_context=_save)
-
-
-def linear_relu(features: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """relu(features @ weight.T + bias) in oneDNN; call only where `takes(features)`."""
-    return onednn_linear_relu(features, weight, bias)

@@ -251,14 +251,19 @@ class ZeroPaddedInputLinear(nn.Linear):
 
 @torch.fx.wrap  # branches on a shape: one opaque call in TorchRec's traced train pipeline
 def linear_zero_padded(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    extra = features.shape[-1] - weight.shape[1]
-    return nn.functional.linear(features, nn.functional.pad(weight, (0, extra)) if extra else weight, bias)
+    return nn.functional.linear(features, padded_to(weight, features.shape[-1]), bias)
+
+
+def padded_to(weight: torch.Tensor, width: int) -> torch.Tensor:
+    """[N, K] → [N, width]: the weight with zero columns after its K."""
+    extra = width - weight.shape[1]
+    return nn.functional.pad(weight, (0, extra)) if extra else weight
 
 
 class ReLUPerceptron(Perceptron):
     """TorchRec's `Perceptron` with a ReLU (same modules, same parameter names) whose fp32
-    product on CPU runs in oneDNN with the bias and the ReLU fused, once
-    `training.cpu_linear` is enabled; everywhere else it computes as TorchRec's does."""
+    product on CPU runs in oneDNN with the bias and the ReLU fused once `cpu_linear.enable()`
+    was called (training/cpu_linear.py); everywhere else it computes as TorchRec's does."""
 
     @classmethod
     def taking_over(cls, layer: nn.Module) -> nn.Module:
@@ -271,17 +276,17 @@ class ReLUPerceptron(Perceptron):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         padded = isinstance(self._linear, ZeroPaddedInputLinear)
-        return linear_relu(input, self._linear.weight, self._linear.bias, padded)
+        return relu_layer(input, self._linear.weight, self._linear.bias, padded)
 
 
-@torch.fx.wrap  # branches on the input's device and dtype: one opaque call in traced pipelines
-def linear_relu(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, zero_padded_input: bool) -> torch.Tensor:
+@torch.fx.wrap  # branches on the input's device, dtype and shape: one opaque call in traced pipelines
+def relu_layer(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, zero_padded_input: bool) -> torch.Tensor:
     """relu(features @ weight.T + bias), multiplying a zero-padded weight when
     `zero_padded_input` (see `ZeroPaddedInputLinear`)."""
-    extra = features.shape[-1] - weight.shape[1] if zero_padded_input else 0
-    weight = nn.functional.pad(weight, (0, extra)) if extra else weight
+    if zero_padded_input:
+        weight = padded_to(weight, features.shape[-1])
     if cpu_linear.takes(features):
-        return cpu_linear.linear_relu(features, weight, bias)
+        return cpu_linear.onednn_linear_relu(features, weight, bias)
     return torch.relu(nn.functional.linear(features, weight, bias))
 
 

@@ -12,7 +12,7 @@ from training.model import (
     ZeroPaddedInputLinear,
     build_dlrm,
     compile_dense_parts,
-    linear_relu,
+    relu_layer,
 )
 
 
@@ -32,7 +32,7 @@ def test_the_fused_layer_matches_a_float64_relu_linear_in_values_and_gradients(o
     weight, bias = (t.requires_grad_() for t in _layer(48, 24))
     features = torch.randn(64, 48, requires_grad=True)
     assert cpu_linear.takes(features)
-    out = linear_relu(features, weight, bias, False)
+    out = relu_layer(features, weight, bias, False)
     upstream = torch.randn_like(out)
     grads = torch.autograd.grad((out * upstream).sum(), (features, weight, bias))
 
@@ -49,7 +49,7 @@ def test_a_zero_padded_input_multiplies_a_zero_padded_weight(onednn) -> None:
     weight, bias = (t.requires_grad_() for t in _layer(23, 16))
     features = torch.randn(32, 23)
     wide = torch.cat((features, torch.zeros(32, 1)), dim=1)
-    out = linear_relu(wide, weight, bias, True)
+    out = relu_layer(wide, weight, bias, True)
     out.sum().backward()
     assert weight.grad.shape == (16, 23)
     assert torch.allclose(out, torch.relu(torch.nn.functional.linear(features, weight, bias)), atol=1e-5)
