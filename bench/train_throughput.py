@@ -48,7 +48,7 @@ from ingestion.reader import build_reader
 from ingestion.schema import NUM_DENSE, SPARSE_COLUMNS
 from ingestion.synthetic import generate_day
 from ingestion.warehouse import ingest_day
-from training import cpu_linear, cpu_rowwise_adagrad
+from training import cpu_linear, embedding_update
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.job import TrainJob
 from training.launcher import launch
@@ -70,7 +70,7 @@ def prepare(folder: Path) -> list[str]:
 
 
 def this_trainer(files: list[str], folder: Path, nproc: int, threads: int, precision: str, compiled: bool,
-                 attempt: int = 0) -> float:  # fmt: skip
+                 attempt: int = 0) -> dict:  # fmt: skip
     job = TrainJob(
         model=MODEL,
         sharding=ShardingConfig(),
@@ -83,7 +83,7 @@ def this_trainer(files: list[str], folder: Path, nproc: int, threads: int, preci
         out_dir=str(folder / f"train-{nproc}x{threads}-{precision}{'-compiled' if compiled else ''}-{attempt}"),
     )
     launch(job, on_line=lambda line: None)
-    return json.loads((job.out / "summary.json").read_text())["samples_per_s"]
+    return json.loads((job.out / "summary.json").read_text())
 
 
 class ClassicDLRM(nn.Module):
@@ -217,10 +217,10 @@ def id_batches(files: list[str], count: int = 20) -> list[tuple[torch.Tensor, to
             for b in itertools.islice(build_reader(files, BATCH, prefetch=0), count)]  # fmt: skip
 
 
-def embedding_seconds(files: list[str]) -> float:
+def embedding_seconds(files: list[str], kernel: embedding_update.Kernel) -> float:
     """fbgemm's batched lookup of the 26 tables and the backward with the row-wise Adagrad
-    update the trainer uses (on CPU, by default, training/cpu_rowwise_adagrad.py), on the
-    benchmark's own batches (their ids repeat as real ids do, which the update exploits)."""
+    update the trainer chose (`kernel`: training/embedding_update.py), on the benchmark's own
+    batches (their ids repeat as real ids do, which the update exploits)."""
     torch.set_num_threads(os.cpu_count() or 1)
     tables = embedding_module()
     grad = torch.randn(BATCH, len(SPARSE_COLUMNS) * MODEL.embedding_dim)
@@ -230,12 +230,11 @@ def embedding_seconds(files: list[str]) -> float:
         ids, offsets = next(cycle)
         tables(ids, offsets).backward(grad)
 
-    if TrainingConfig().cpu_embedding_update == "vectorized":
-        cpu_rowwise_adagrad.install()
+    embedding_update.use(kernel)
     try:
         return best_seconds(step)
     finally:
-        cpu_rowwise_adagrad.uninstall()
+        embedding_update.use("fbgemm")
 
 
 def read_seconds(files: list[str]) -> float:
@@ -257,6 +256,7 @@ def main(repeats: int = 2) -> dict[str, float]:
         # Each figure is the best of `repeats` runs, taken in turns, as the GEMM rate is a
         # best of rounds: on a shared machine a busy minute otherwise decides the ranking.
         trainer: dict[str, float] = {}
+        updates: dict[str, embedding_update.Kernel] = {}  # the CPU embedding update each layout chose
         baselines = []
         # bf16 without a native unit runs a reference kernel ~100x slower than fp32: not a
         # layout anyone would choose, and it would take most of an hour to time
@@ -266,13 +266,14 @@ def main(repeats: int = 2) -> dict[str, float]:
                 for precision in precisions:
                     for n, t in layouts:
                         name = f"{n}x{t}-{precision}{'-compiled' if compiled else ''}"
-                        rate = this_trainer(files, folder, n, t, precision, compiled, attempt)
-                        trainer[name] = max(trainer.get(name, 0.0), rate)
+                        summary = this_trainer(files, folder, n, t, precision, compiled, attempt)
+                        updates[name] = summary["embedding_update"].removeprefix("cpu-")
+                        trainer[name] = max(trainer.get(name, 0.0), summary["samples_per_s"])
             baselines.append(classic_baseline(files))
         baseline = max(baselines)
         best_layout = max(trainer, key=trainer.get)
         best, best_precision = trainer[best_layout], best_layout.split("-")[1]
-        floor_parts = {**matrix_seconds(DTYPES[best_precision]), "embedding": embedding_seconds(files), "read": read_seconds(files)}
+        floor_parts = {**matrix_seconds(DTYPES[best_precision]), "embedding": embedding_seconds(files, updates[best_layout]), "read": read_seconds(files)}
     flops = {precision: gemm_flops_per_s(DTYPES[precision]) for precision in precisions}
     per_sample = training_flops_per_sample(MODEL, len(SPARSE_COLUMNS))
     roofline = {precision: rate / per_sample for precision, rate in flops.items()}
@@ -289,6 +290,7 @@ def main(repeats: int = 2) -> dict[str, float]:
     return {
         "samples_per_s": round(best),
         "best_layout": best_layout,
+        "embedding_update": updates[best_layout],
         "baseline_samples_per_s": round(baseline),
         "speedup": round(best / baseline, 3),
         # the roofline at the precision the fastest layout computes in

@@ -163,13 +163,19 @@ class TrainingConfig:
     threads_per_proc: int = 1
     # The embeddings' row-wise Adagrad update on CPU. "vectorized": this project's kernel
     # (training/cpu_rowwise_adagrad.py); "fbgemm": fbgemm's JIT kernel, which on CPUs that
-    # charge for mixing AVX and SSE code costs ~550 ns per distinct row a step (2.7-8x
-    # slower). GPUs always use fbgemm's CUDA kernels.
-    cpu_embedding_update: Literal["vectorized", "fbgemm"] = "vectorized"
+    # charge for mixing AVX and SSE code costs ~550 ns per distinct row a step (1.8-4.4x
+    # slower there, 2x faster on a Zen 4 EPYC); "auto": times both at start-up
+    # (training/embedding_update.py) and keeps the faster. GPUs always use fbgemm's CUDA kernels.
+    cpu_embedding_update: Literal["auto", "vectorized", "fbgemm"] = "auto"
     # The MLPs' fp32 matrix products on CPU. "onednn": oneDNN's kernels with the bias and ReLU
     # fused (training/cpu_linear.py; 20-30 % faster than MKL's on a Zen 4 EPYC); "aten":
     # PyTorch's own (MKL). bf16 products go to oneDNN either way; GPUs use cuBLAS.
     cpu_matmul: Literal["onednn", "aten"] = "onednn"
+    # Host memory on CPU. "retain": glibc's malloc keeps freed blocks up to 32 MB for the
+    # next step instead of returning them to the system, which faults them in again page
+    # by page (training/cpu_memory.py; a bf16 step 35.5 → 27.6 ms on a Zen 4 EPYC);
+    # "system": glibc's defaults.
+    cpu_malloc: Literal["retain", "system"] = "retain"
     # "sparse_dist": TorchRec's TrainPipelineSparseDist (device copies and the ids'
     # all-to-all of the next batches overlap the current step); "plain": one batch at a
     # time; "auto": the pipeline on GPUs, plain steps on CPU.

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from training import cpu_linear, cpu_rowwise_adagrad
+from training import cpu_linear, cpu_memory, embedding_update
 from training.checkpoint import (
     RowLedger,
     TrainPosition,
@@ -47,8 +47,8 @@ def run(job: TrainJob, device: torch.device) -> None:
     job = dataclasses.replace(job, training=dataclasses.replace(job.training, precision=precision))
     config = job.training
     torch.set_num_threads(config.threads_per_proc)
-    if device.type == "cpu" and config.cpu_embedding_update == "vectorized":
-        cpu_rowwise_adagrad.install()
+    malloc = "retain" if device.type == "cpu" and config.cpu_malloc == "retain" and cpu_memory.retain() else "system"
+    update = _embedding_update(job, device) if device.type == "cpu" else None
     if device.type == "cpu" and config.cpu_matmul == "onednn":
         cpu_linear.enable()
     torch.manual_seed(config.seed)
@@ -79,8 +79,10 @@ def run(job: TrainJob, device: torch.device) -> None:
             "first_step_seconds": stats.first_step_seconds,
             "compiled": config.compile,
             "precision": config.precision,
-            "embedding_update": f"cpu-{config.cpu_embedding_update}" if device.type == "cpu" else "fbgemm",
+            "embedding_update": f"cpu-{update.kernel}" if update else "fbgemm",
+            "embedding_update_probe_ms": update.probe_ms if update else {},
             "matmul": _matmul(config, device),
+            "malloc": malloc,
             "rows_trained": rows_trained,
             "rows_fingerprint": fingerprint,
             "resumed_from_step": start.step if start else 0,
@@ -94,6 +96,31 @@ def run(job: TrainJob, device: torch.device) -> None:
         (job.out / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"[train] done: {stats.steps} steps, {rows_trained:,} rows trained, "
               f"{stats.samples_per_s:,.0f} samples/s", flush=True)
+
+
+def _embedding_update(job: TrainJob, device: torch.device) -> embedding_update.UpdateChoice:
+    """Install the configured CPU embedding update; for `auto`, the faster on this machine,
+    the same on every rank. A resumed run keeps the kernel it started with, so it continues
+    exactly as an uninterrupted run would (the two agree only to float rounding)."""
+    setting = job.training.cpu_embedding_update
+    recorded = job.checkpoint_root / "cpu_embedding_update"
+    if setting == "auto" and latest_checkpoint(job.checkpoint_root) is not None and recorded.is_file():
+        choice = embedding_update.UpdateChoice(recorded.read_text().strip(), {})  # type: ignore[arg-type]
+    elif setting == "auto":
+        times = embedding_update.probe_ms(job.model.embedding_dim, job.training.batch_size_per_rank)
+        summed = torch.tensor([times[k] for k in embedding_update.KERNELS], dtype=torch.float64, device=device)
+        dist.all_reduce(summed)  # every rank decides on the same sums
+        times = {k: round(float(t) / dist.get_world_size(), 3) for k, t in zip(embedding_update.KERNELS, summed)}
+        choice = embedding_update.UpdateChoice(embedding_update.faster(times), times)
+    else:
+        choice = embedding_update.UpdateChoice(setting, {})
+    embedding_update.use(choice.kernel)
+    if dist.get_rank() == 0:
+        recorded.parent.mkdir(parents=True, exist_ok=True)
+        recorded.write_text(choice.kernel + "\n")
+        timed = ", ".join(f"{k} {v:.2f} ms" for k, v in choice.probe_ms.items())
+        print(f"[train] embedding update on CPU: {choice.kernel}" + (f" (probe step: {timed})" if timed else ""), flush=True)
+    return choice
 
 
 def _matmul(config: TrainingConfig, device: torch.device) -> str:

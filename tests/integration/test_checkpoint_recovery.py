@@ -87,7 +87,9 @@ def test_killed_worker_resumes_to_the_same_parameters(tiny_features, tmp_path: P
     launch(reference, on_line=lambda line: None)
     expected = json.loads((reference.out / "summary.json").read_text())
 
-    job = _job(tiny_features, tmp_path / "killed")
+    # the kernel `auto` chose for the reference: the two runs must update alike to compare
+    kernel = expected["embedding_update"].removeprefix("cpu-")
+    job = _job(tiny_features, tmp_path / "killed", cpu_embedding_update=kernel)
     watcher = _kill_one_worker_after(job, step=25)
     with pytest.raises(TrainingFailed) as caught:
         launch(job, on_line=lambda line: None)
@@ -120,6 +122,12 @@ def test_a_failed_launch_is_relaunched_and_resumes(tiny_features, tmp_path: Path
     assert any("relaunching (restart 1 of 1)" in line for line in lines)
     assert summary["resumed_from_step"] >= 20 and any("resuming from" in line for line in lines)
     assert summary["rows_trained"] == summary["steps"] * 256
+    # `auto` timed both embedding updates once; the relaunch kept the kernel the run started with
+    probes = [line for line in lines if "embedding update on CPU" in line]
+    assert len(probes) == 2 and "probe step: fbgemm" in probes[0] and "probe step" not in probes[1]
+    kept = (job.checkpoint_root / "cpu_embedding_update").read_text().strip()
+    assert probes[0].split(": ")[1].split(" ")[0] == kept and summary["embedding_update"] == f"cpu-{kept}"
+    assert summary["embedding_update_probe_ms"] == {}
 
 
 def test_checkpoints_load_across_world_sizes(tiny_features, tmp_path: Path) -> None:

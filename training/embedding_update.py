@@ -1,0 +1,86 @@
+"""Which kernel updates the embeddings on CPU: fbgemm's, or this project's vectorised one.
+
+Neither wins everywhere. fbgemm's JIT kernel updates row by row in code that mixes AVX and
+SSE instructions: on a Xeon VM with AMX that cost ~550 ns per distinct row and the
+vectorised kernel (training/cpu_rowwise_adagrad.py) was 1.8-4.4x faster; on a Zen 4 EPYC,
+which does not charge for the mix, fbgemm's was about 2x faster than the vectorised one.
+`training.cpu_embedding_update = "auto"` therefore times both on a probe shaped like the
+job's tables and keeps the faster, and every rank keeps the same one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from training import cpu_rowwise_adagrad
+
+Kernel = Literal["fbgemm", "vectorized"]
+KERNELS: tuple[Kernel, ...] = ("fbgemm", "vectorized")
+# Probe: a few tables of the job's width and its local batch, ids drawn uniformly (every
+# id a distinct row, the per-row cost that separates the two kernels).
+PROBE_TABLES, PROBE_ROWS, PROBE_MAX_BATCH = 8, 50_000, 2048
+# The vectorised kernel must win by this much to replace the library's own.
+MARGIN = 0.9
+
+
+@dataclass(frozen=True)
+class UpdateChoice:
+    kernel: Kernel
+    probe_ms: dict[str, float]  # per kernel; empty when the kernel was configured, not timed
+
+
+def use(kernel: Kernel) -> None:
+    """Make `kernel` the embeddings' CPU update in this process."""
+    if kernel == "vectorized":
+        cpu_rowwise_adagrad.install()
+    else:
+        cpu_rowwise_adagrad.uninstall()
+
+
+def probe_ms(embedding_dim: int, batch: int, turns: int = 3, steps: int = 4) -> dict[str, float]:
+    """Forward + backward with the update of a probe table batch, per kernel, in ms: the best
+    of `turns`, taken in turns so a busy moment of a shared machine hits both alike. Leaves
+    fbgemm's kernel installed."""
+    tables = _probe_tables(embedding_dim)
+    batch = max(1, min(batch, PROBE_MAX_BATCH))
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, PROBE_ROWS, (PROBE_TABLES * batch,), generator=generator)
+    offsets = torch.arange(ids.numel() + 1)
+    grad = torch.randn(batch, PROBE_TABLES * embedding_dim, generator=generator)
+    best = dict.fromkeys(KERNELS, float("inf"))
+    try:
+        for _ in range(turns):
+            for kernel in KERNELS:
+                use(kernel)
+                tables(ids, offsets).backward(grad)  # warm: fbgemm compiles its kernel here
+                started = time.perf_counter()
+                for _ in range(steps):
+                    tables(ids, offsets).backward(grad)
+                best[kernel] = min(best[kernel], (time.perf_counter() - started) / steps * 1e3)
+    finally:
+        use("fbgemm")
+    return best
+
+
+def faster(times_ms: dict[str, float]) -> Kernel:
+    """The vectorised kernel only when clearly faster: ties keep the library's own."""
+    return "vectorized" if times_ms["vectorized"] < MARGIN * times_ms["fbgemm"] else "fbgemm"
+
+
+def _probe_tables(embedding_dim: int) -> torch.nn.Module:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+        ComputeDevice,
+        EmbeddingLocation,
+    )
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    spec = (PROBE_ROWS, embedding_dim, EmbeddingLocation.HOST, ComputeDevice.CPU)
+    return SplitTableBatchedEmbeddingBagsCodegen([spec] * PROBE_TABLES, optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                                                 learning_rate=0.01)  # fmt: skip
