@@ -14,11 +14,11 @@ bottom MLP 13-512-256-16, top MLP 512-256-1, dot interaction, global batch 2048.
 (c) the roofline: the best GEMM FLOP/s measured (torch.mm or oneDNN) ÷ the model's training FLOPs
     per sample;
 (d) a kernel floor, in the fastest layout's precision: the time one step of 2048 cannot go
-    below with the trainer's kernels, each timed
-    alone on this step's own shapes and data (best of 5, in a fresh process): the MLPs' matrix products forward
-    and backward, the interaction's `bmm`s, fbgemm's embedding lookup with the trainer's
-    fused row-wise Adagrad backward, and reading the batch. Element-wise work and per-op overhead
-    come on top, so no trainer that uses these kernels reaches it.
+    below with the trainer's kernels, each timed alone on this step's own shapes and data
+    (best of 5, in a fresh process): the MLPs' matrix products forward and backward, the
+    interaction's `bmm`s, fbgemm's embedding lookup with the trainer's fused row-wise Adagrad
+    backward, and reading the batch. Element-wise work and per-op overhead come on top, so
+    no trainer that uses these kernels reaches it.
 
 Prints its figures last as one JSON line: samples_per_s, baseline_samples_per_s, speedup,
 roofline_samples_per_s, roofline_fraction (and the per-layout figures, and the floor).
@@ -203,18 +203,7 @@ def matrix_seconds(dtype: torch.dtype) -> dict[str, float]:
 
 def embedding_module():
     """fbgemm's table-batched module of this benchmark's 26 tables, with exact row-wise Adagrad."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
-        ComputeDevice,
-        EmbeddingLocation,
-    )
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        SplitTableBatchedEmbeddingBagsCodegen,
-    )
-
-    spec = (TABLE_ROWS, MODEL.embedding_dim, EmbeddingLocation.HOST, ComputeDevice.CPU)
-    return SplitTableBatchedEmbeddingBagsCodegen([spec] * len(SPARSE_COLUMNS),
-                                                 optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01)  # fmt: skip
+    return embedding_update.cpu_tables(len(SPARSE_COLUMNS), TABLE_ROWS, MODEL.embedding_dim)
 
 
 def id_batches(files: list[str], count: int = 20) -> list[tuple[torch.Tensor, torch.Tensor]]:

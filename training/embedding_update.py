@@ -45,7 +45,7 @@ def probe_ms(embedding_dim: int, batch: int, turns: int = 3, steps: int = 4) -> 
     """Forward + backward with the update of a probe table batch, per kernel, in ms: the best
     of `turns`, taken in turns so a busy moment of a shared machine hits both alike. Leaves
     fbgemm's kernel installed."""
-    tables = _probe_tables(embedding_dim)
+    tables = cpu_tables(PROBE_TABLES, PROBE_ROWS, embedding_dim)
     batch = max(1, min(batch, PROBE_MAX_BATCH))
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, PROBE_ROWS, (PROBE_TABLES * batch,), generator=generator)
@@ -71,7 +71,9 @@ def faster(times_ms: dict[str, float]) -> Kernel:
     return "vectorized" if times_ms["vectorized"] < MARGIN * times_ms["fbgemm"] else "fbgemm"
 
 
-def _probe_tables(embedding_dim: int) -> torch.nn.Module:
+def cpu_tables(count: int, rows: int, embedding_dim: int) -> torch.nn.Module:
+    """fbgemm's table-batched module of `count` tables in host memory, with exact row-wise
+    Adagrad fused into its backward (what TorchRec builds for a CPU shard)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
         ComputeDevice,
@@ -81,6 +83,6 @@ def _probe_tables(embedding_dim: int) -> torch.nn.Module:
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
-    spec = (PROBE_ROWS, embedding_dim, EmbeddingLocation.HOST, ComputeDevice.CPU)
-    return SplitTableBatchedEmbeddingBagsCodegen([spec] * PROBE_TABLES, optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+    spec = (rows, embedding_dim, EmbeddingLocation.HOST, ComputeDevice.CPU)
+    return SplitTableBatchedEmbeddingBagsCodegen([spec] * count, optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
                                                  learning_rate=0.01)  # fmt: skip

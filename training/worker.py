@@ -104,8 +104,9 @@ def _embedding_update(job: TrainJob, device: torch.device) -> embedding_update.U
     exactly as an uninterrupted run would (the two agree only to float rounding)."""
     setting = job.training.cpu_embedding_update
     recorded = job.checkpoint_root / "cpu_embedding_update"
-    if setting == "auto" and latest_checkpoint(job.checkpoint_root) is not None and recorded.is_file():
-        choice = embedding_update.UpdateChoice(recorded.read_text().strip(), {})  # type: ignore[arg-type]
+    kept = recorded.read_text().strip() if recorded.is_file() else None
+    if setting == "auto" and kept in embedding_update.KERNELS and latest_checkpoint(job.checkpoint_root) is not None:
+        choice = embedding_update.UpdateChoice(kept, {})  # type: ignore[arg-type]
     elif setting == "auto":
         times = embedding_update.probe_ms(job.model.embedding_dim, job.training.batch_size_per_rank)
         summed = torch.tensor([times[k] for k in embedding_update.KERNELS], dtype=torch.float64, device=device)
@@ -116,8 +117,11 @@ def _embedding_update(job: TrainJob, device: torch.device) -> embedding_update.U
         choice = embedding_update.UpdateChoice(setting, {})
     embedding_update.use(choice.kernel)
     if dist.get_rank() == 0:
-        recorded.parent.mkdir(parents=True, exist_ok=True)
-        recorded.write_text(choice.kernel + "\n")
+        if kept != choice.kernel:  # replaced whole: another rank may be reading it
+            recorded.parent.mkdir(parents=True, exist_ok=True)
+            staged = recorded.with_suffix(".staged")
+            staged.write_text(choice.kernel + "\n")
+            staged.replace(recorded)
         timed = ", ".join(f"{k} {v:.2f} ms" for k, v in choice.probe_ms.items())
         print(f"[train] embedding update on CPU: {choice.kernel}" + (f" (probe step: {timed})" if timed else ""), flush=True)
     return choice
