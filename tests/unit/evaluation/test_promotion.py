@@ -13,6 +13,8 @@ def test_first_model_is_promoted() -> None:
     [
         (0.79, 0.80, 0.0, True),
         (0.80, 0.80, 0.0, False),  # equal is not better
+        (0.80 * (1 - 1e-9), 0.80, 0.0, False),  # the same NE to float rounding (other kernels)
+        (0.80 * (1 - 1e-5), 0.80, 0.0, True),  # a real, if small, improvement
         (0.81, 0.80, 0.0, False),
         (0.7992, 0.80, 0.001, True),  # 0.1 % better: exactly the margin
         (0.7993, 0.80, 0.001, False),  # 0.0875 % better: short of it
