@@ -43,8 +43,7 @@ def install() -> None:
         return
     import fbgemm_gpu
 
-    expected = list(inspect.signature(rowwise_adagrad_backward).parameters)
-    if schema_arguments() != expected:
+    if not fits_this_fbgemm():
         raise RuntimeError(
             f"training.cpu_embedding_update = 'vectorized': fbgemm {fbgemm_gpu.__version__} changed the "
             f"arguments of fbgemm::{OP} (now {schema_arguments()}); set training.cpu_embedding_update = 'fbgemm'"
@@ -54,6 +53,13 @@ def install() -> None:
         warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
         library.impl(OP, rowwise_adagrad_backward, "CPU")
     _library = library
+
+
+def fits_this_fbgemm() -> bool:
+    """Whether fbgemm's op still takes `rowwise_adagrad_backward`'s arguments."""
+    import fbgemm_gpu  # noqa: F401 - registers fbgemm's ops with torch
+
+    return schema_arguments() == list(inspect.signature(rowwise_adagrad_backward).parameters)
 
 
 def schema_arguments() -> list[str]:

@@ -109,9 +109,10 @@ def _embedding_update(job: TrainJob, device: torch.device) -> embedding_update.U
         choice = embedding_update.UpdateChoice(kept, {})  # type: ignore[arg-type]
     elif setting == "auto":
         times = embedding_update.probe_ms(job.model.embedding_dim, job.training.batch_size_per_rank)
-        summed = torch.tensor([times[k] for k in embedding_update.KERNELS], dtype=torch.float64, device=device)
+        kernels = list(times)  # the same on every rank: one fbgemm, one codebase
+        summed = torch.tensor([times[k] for k in kernels], dtype=torch.float64, device=device)
         dist.all_reduce(summed)  # every rank decides on the same sums
-        times = {k: round(float(t) / dist.get_world_size(), 3) for k, t in zip(embedding_update.KERNELS, summed)}
+        times = {k: round(float(t) / dist.get_world_size(), 3) for k, t in zip(kernels, summed)}
         choice = embedding_update.UpdateChoice(embedding_update.faster(times), times)
     else:
         choice = embedding_update.UpdateChoice(setting, {})

@@ -34,3 +34,11 @@ def test_use_switches_the_installed_kernel() -> None:
     assert cpu_rowwise_adagrad.installed()
     embedding_update.use("fbgemm")
     assert not cpu_rowwise_adagrad.installed()
+
+
+def test_only_fbgemms_kernel_is_timed_and_kept_when_its_op_changed_its_arguments(monkeypatch) -> None:
+    """Mocks fbgemm's op schema (a newer fbgemm's) to differ from the vectorised kernel's."""
+    monkeypatch.setattr(cpu_rowwise_adagrad, "schema_arguments", lambda: ["grad_output", "a_new_argument"])
+    assert not cpu_rowwise_adagrad.fits_this_fbgemm()
+    times = embedding_update.probe_ms(embedding_dim=8, batch=64, turns=1, steps=1)
+    assert list(times) == ["fbgemm"] and embedding_update.faster(times) == "fbgemm"
