@@ -173,7 +173,7 @@ class TrainingConfig:
     cpu_matmul: Literal["onednn", "aten"] = "onednn"
     # Host memory on CPU. "retain": glibc's malloc keeps freed blocks up to 32 MB for the
     # next step instead of returning them to the system, which faults them in again page
-    # by page (training/cpu_memory.py; a bf16 step 35.5 → 27.6 ms on a Zen 4 EPYC);
+    # by page (training/cpu_memory.py; a bf16 step ~35.5 → 25.7-29.1 ms on a Zen 4 EPYC);
     # "system": glibc's defaults.
     cpu_malloc: Literal["retain", "system"] = "retain"
     # "sparse_dist": TorchRec's TrainPipelineSparseDist (device copies and the ids'

@@ -7,8 +7,8 @@ back with `munmap` on free, or returns the top of its heap to the system once mo
 128 KB is free there; either way the next step touches fresh pages, and the kernel faults
 each 4 KB page in and zeroes it. Measured on the benchmark model (bf16, compiled, 2 threads
 on a Zen 4 EPYC): 3,000-4,000 page faults and ~10 ms of system time per step; the step took
-35.5 ms (median of three processes) against 27.6 ms with `retain()`, which left 0-5 faults
-a step. The same reason has PyTorch's CPU tuning guides recommend jemalloc or tcmalloc;
+35.4-35.8 ms (medians, three processes) against 25.7-29.1 ms with `retain()`, which left
+0-5 faults a step. The same reason has PyTorch's CPU tuning guides recommend jemalloc or tcmalloc;
 this needs no preloaded library.
 """
 
