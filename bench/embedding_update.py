@@ -1,5 +1,6 @@
 """The embeddings' fused row-wise Adagrad on CPU: fbgemm's JIT kernel against this project's
-vectorised one (training/cpu_rowwise_adagrad.py), on the same module and the same batches.
+vectorised one (training/cpu_rowwise_adagrad.py) and native one (training/native_rowwise_adagrad.py),
+on the same module and the same batches.
 
 fbgemm's table-batched module of the throughput benchmark's shape (26 tables of 100k rows ×
 dim 16, batch 2048, one id per table and example), forward + backward with the update, in
@@ -10,12 +11,13 @@ turns of 10 steps of each kernel, best of 5 turns. Two kinds of batch:
     high-cardinality features are.
 The forward alone is timed too, so the backward's share is known.
 
-Prints its figures last as one JSON line: per kind of batch, fbgemm's and the vectorised
-step in ms and the speedup of the backward with its update.
+Prints its figures last as one JSON line: per kind of batch, each kernel's step in ms and
+the speedup of each of this project's backwards (with the update) over fbgemm's.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -34,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from train_throughput import BATCH, MODEL, TABLE_ROWS, embedding_module, id_batches, prepare
 
 from ingestion.schema import SPARSE_COLUMNS
-from training import cpu_rowwise_adagrad
+from training import embedding_update
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -74,20 +76,21 @@ def compare(batches: list[Batch]) -> dict[str, float]:
         with torch.no_grad():
             module(*next(cycle))
 
-    times = {"forward": [], "fbgemm": [], "vectorized": []}
-    for _ in range(2):  # in turns, so a busy moment of a shared machine hits both alike
-        times["fbgemm"].append(best_ms(train, cpu_rowwise_adagrad.uninstall))
-        times["vectorized"].append(best_ms(train, cpu_rowwise_adagrad.install))
+    kernels = ("fbgemm", "vectorized", "native")
+    times: dict[str, list[float]] = {name: [] for name in ("forward", *kernels)}
+    for _ in range(2):  # in turns, so a busy moment of a shared machine hits all alike
+        for kernel in kernels:
+            times[kernel].append(best_ms(train, functools.partial(embedding_update.use, kernel)))
         times["forward"].append(best_ms(forward, lambda: None))
-    cpu_rowwise_adagrad.uninstall()
+    embedding_update.use("fbgemm")
     best = {name: min(values) for name, values in times.items()}
-    backward = {name: best[name] - best["forward"] for name in ("fbgemm", "vectorized")}
+    backward = {name: best[name] - best["forward"] for name in kernels}
     return {
         "distinct_rows": sum(map(distinct_rows, batches)) / len(batches),
         "forward_ms": round(best["forward"], 3),
-        "fbgemm_step_ms": round(best["fbgemm"], 3),
-        "vectorized_step_ms": round(best["vectorized"], 3),
-        "backward_speedup": round(backward["fbgemm"] / backward["vectorized"], 2),
+        **{f"{kernel}_step_ms": round(best[kernel], 3) for kernel in kernels},
+        "vectorized_backward_speedup": round(backward["fbgemm"] / backward["vectorized"], 2),
+        "native_backward_speedup": round(backward["fbgemm"] / backward["native"], 2),
     }
 
 
@@ -100,7 +103,8 @@ def main() -> dict[str, object]:
     for kind, f in figures.items():
         print(f"{kind} batches ({f['distinct_rows']:,.0f} distinct rows of {len(SPARSE_COLUMNS) * BATCH:,} ids): "
               f"forward {f['forward_ms']:.2f} ms; forward + backward with the update: fbgemm {f['fbgemm_step_ms']:.2f} ms, "
-              f"vectorized {f['vectorized_step_ms']:.2f} ms; backward {f['backward_speedup']:.2f}x faster")  # fmt: skip
+              f"vectorized {f['vectorized_step_ms']:.2f} ms, native {f['native_step_ms']:.2f} ms; backward over fbgemm's: "
+              f"vectorized {f['vectorized_backward_speedup']:.2f}x, native {f['native_backward_speedup']:.2f}x faster")  # fmt: skip
     return {f"{kind}_{key}": value for kind, f in figures.items() for key, value in f.items()}
 
 

@@ -161,12 +161,13 @@ class TrainingConfig:
     # far slower than fp32 elsewhere. "auto": bf16 where the device has it natively, else fp32.
     precision: Literal["auto", "fp32", "bf16"] = "fp32"
     threads_per_proc: int = 1
-    # The embeddings' row-wise Adagrad update on CPU. "vectorized": this project's kernel
-    # (training/cpu_rowwise_adagrad.py); "fbgemm": fbgemm's JIT kernel, which on CPUs that
-    # charge for mixing AVX and SSE code costs ~550 ns per distinct row a step (1.8-4.4x
-    # slower there, 2x faster on a Zen 4 EPYC); "auto": times both at start-up
-    # (training/embedding_update.py) and keeps the faster. GPUs always use fbgemm's CUDA kernels.
-    cpu_embedding_update: Literal["auto", "vectorized", "fbgemm"] = "auto"
+    # The embeddings' row-wise Adagrad update on CPU. "native": this project's C kernel
+    # (training/native_rowwise_adagrad.py; needs a C compiler); "vectorized": the same in
+    # torch ops (training/cpu_rowwise_adagrad.py); "fbgemm": fbgemm's JIT kernel, which on
+    # CPUs that charge for mixing AVX and SSE code costs ~550 ns per distinct row a step;
+    # "auto": times each at start-up (training/embedding_update.py) and keeps the fastest.
+    # GPUs always use fbgemm's CUDA kernels.
+    cpu_embedding_update: Literal["auto", "native", "vectorized", "fbgemm"] = "auto"
     # The MLPs' fp32 matrix products on CPU. "onednn": oneDNN's kernels with the bias and ReLU
     # fused (training/cpu_linear.py; 20-30 % faster than MKL's on a Zen 4 EPYC); "aten":
     # PyTorch's own (MKL). bf16 products go to oneDNN either way; GPUs use cuBLAS.

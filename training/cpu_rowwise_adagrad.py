@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from typing import Literal
 
 import torch
 
@@ -33,26 +34,42 @@ POOLING_SUM, POOLING_MEAN = 0, 1
 SCRATCH_MAX_ROWS = 1 << 23
 
 _library: torch.library.Library | None = None
+_installed: str | None = None
 _scratch: dict[int, torch.Tensor] = {}
 
 
-def install() -> None:
-    """Make `rowwise_adagrad_backward` fbgemm's CPU kernel for row-wise Adagrad (idempotent)."""
-    global _library
-    if _library is not None:
+def install(kernel: Literal["vectorized", "native"] = "vectorized") -> None:
+    """Make this project's `kernel` fbgemm's CPU kernel for row-wise Adagrad: "vectorized",
+    `rowwise_adagrad_backward` below; "native", its C loop (training/native_rowwise_adagrad.py).
+    Idempotent; replaces the other one if installed."""
+    global _library, _installed
+    if _library is not None and _installed == kernel:
         return
+    uninstall()
     import fbgemm_gpu
 
     if not fits_this_fbgemm():
         raise RuntimeError(
-            f"training.cpu_embedding_update = 'vectorized': fbgemm {fbgemm_gpu.__version__} changed the "
+            f"training.cpu_embedding_update = '{kernel}': fbgemm {fbgemm_gpu.__version__} changed the "
             f"arguments of fbgemm::{OP} (now {schema_arguments()}); set training.cpu_embedding_update = 'fbgemm'"
         )
+    implementation = rowwise_adagrad_backward
+    if kernel == "native":
+        from training import native_build, native_rowwise_adagrad
+
+        try:
+            native_rowwise_adagrad.kernel()
+        except native_build.NativeUnavailable as error:
+            raise RuntimeError(
+                f"training.cpu_embedding_update = 'native': {error}; install a C compiler or set "
+                "training.cpu_embedding_update = 'vectorized'"
+            ) from None
+        implementation = native_rowwise_adagrad.rowwise_adagrad_backward
     library = torch.library.Library("fbgemm", "IMPL")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
-        library.impl(OP, rowwise_adagrad_backward, "CPU")
-    _library = library
+        library.impl(OP, implementation, "CPU")
+    _library, _installed = library, kernel
 
 
 def fits_this_fbgemm() -> bool:
@@ -69,15 +86,16 @@ def schema_arguments() -> list[str]:
 
 def uninstall() -> None:
     """fbgemm's own kernel again."""
-    global _library
+    global _library, _installed
     if _library is not None:
         _library._destroy()
-        _library = None
+        _library, _installed = None, None
     _scratch.clear()
 
 
-def installed() -> bool:
-    return _library is not None
+def installed() -> str | None:
+    """Which of this project's kernels is fbgemm's CPU kernel now (None: fbgemm's own)."""
+    return _installed
 
 
 def rowwise_adagrad_backward(
@@ -107,7 +125,7 @@ def rowwise_adagrad_backward(
     """Applies one step of exact row-wise Adagrad to `host_weights` and `momentum1_host`, in
     place, for the pooled lookups of `indices`/`offsets` whose output gradient is `grad_output`
     [B, ΣD] (the signature is fbgemm's op schema)."""
-    _check_supported(host_weights, momentum1_host, pooling_mode, weight_decay, max_norm)
+    check_supported(host_weights, momentum1_host, pooling_mode, weight_decay, max_norm)
     if indices.numel() == 0:
         return
     lr = float(learning_rate_tensor)
@@ -175,7 +193,7 @@ def _update(host_weights: torch.Tensor, weights_offsets: torch.Tensor, momentum1
     _add_rows(host_weights, weights_offsets.index_select(0, feature) + rows * dim, dim, step)
 
 
-def _check_supported(weights: torch.Tensor, momentum: torch.Tensor, pooling_mode: int, weight_decay: float,
+def check_supported(weights: torch.Tensor, momentum: torch.Tensor, pooling_mode: int, weight_decay: float,
                      max_norm: float) -> None:  # fmt: skip
     problem = None
     if weights.dtype != torch.float32 or momentum.dtype != torch.float32:
@@ -186,7 +204,7 @@ def _check_supported(weights: torch.Tensor, momentum: torch.Tensor, pooling_mode
         problem = "weight decay or max-norm on embeddings"
     if problem:
         raise NotImplementedError(
-            f"training.cpu_embedding_update = 'vectorized' does not handle {problem}; "
+            f"training.cpu_embedding_update = 'vectorized' or 'native' does not handle {problem}; "
             "set training.cpu_embedding_update = 'fbgemm'"
         )
 

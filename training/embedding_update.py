@@ -1,11 +1,13 @@
 """Which kernel updates the embeddings on CPU: fbgemm's, or this project's vectorised one.
 
-Neither wins everywhere. fbgemm's JIT kernel updates row by row in code that mixes AVX and
-SSE instructions: on a Xeon VM with AMX that cost ~550 ns per distinct row and the
+No kernel wins everywhere. fbgemm's JIT kernel updates row by row in code that mixes AVX
+and SSE instructions: on a Xeon VM with AMX that cost ~550 ns per distinct row and the
 vectorised kernel (training/cpu_rowwise_adagrad.py) was 1.8-4.4x faster; on a Zen 4 EPYC,
 which does not charge for the mix, fbgemm's was about 2x faster than the vectorised one.
-`training.cpu_embedding_update = "auto"` therefore times both on a probe shaped like the
-job's tables and keeps the faster, and every rank keeps the same one.
+The native kernel (training/native_rowwise_adagrad.py, C compiled on first use) needs a C
+compiler. `training.cpu_embedding_update = "auto"` therefore times each kernel that runs
+here on a probe shaped like the job's tables and keeps the fastest, and every rank keeps
+the same one.
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ from typing import Literal
 
 import torch
 
-from training import cpu_rowwise_adagrad
+from training import cpu_rowwise_adagrad, native_build, native_rowwise_adagrad
 
-Kernel = Literal["fbgemm", "vectorized"]
-KERNELS: tuple[Kernel, ...] = ("fbgemm", "vectorized")
+Kernel = Literal["fbgemm", "vectorized", "native"]
+KERNELS: tuple[Kernel, ...] = ("fbgemm", "vectorized", "native")
 # Probe: a few tables of the job's width and its local batch, ids drawn uniformly (every
 # id a distinct row, the per-row cost that separates the two kernels).
 PROBE_TABLES, PROBE_ROWS, PROBE_MAX_BATCH = 8, 50_000, 2048
-# The vectorised kernel must win by this much to replace the library's own.
+# This project's kernels must win by this much to replace the library's own.
 MARGIN = 0.9
 
 
@@ -35,18 +37,19 @@ class UpdateChoice:
 
 def use(kernel: Kernel) -> None:
     """Make `kernel` the embeddings' CPU update in this process."""
-    if kernel == "vectorized":
-        cpu_rowwise_adagrad.install()
-    else:
+    if kernel == "fbgemm":
         cpu_rowwise_adagrad.uninstall()
+    else:
+        cpu_rowwise_adagrad.install(kernel)
 
 
 def probe_ms(embedding_dim: int, batch: int, turns: int = 3, steps: int = 4) -> dict[str, float]:
     """Forward + backward with the update of a probe table batch, per kernel, in ms: the best
-    of `turns`, taken in turns so a busy moment of a shared machine hits both alike. Leaves
+    of `turns`, taken in turns so a busy moment of a shared machine hits all alike. Leaves
     fbgemm's kernel installed. Only fbgemm's is timed when this fbgemm's op no longer takes
-    the vectorised kernel's arguments (its version changed them)."""
-    kernels = KERNELS if cpu_rowwise_adagrad.fits_this_fbgemm() else ("fbgemm",)
+    this project's kernels' arguments (its version changed them); the native one only where
+    it compiles."""
+    kernels = available()
     tables = cpu_tables(PROBE_TABLES, PROBE_ROWS, embedding_dim)
     batch = max(1, min(batch, PROBE_MAX_BATCH))
     generator = torch.Generator().manual_seed(0)
@@ -68,10 +71,23 @@ def probe_ms(embedding_dim: int, batch: int, turns: int = 3, steps: int = 4) -> 
     return best
 
 
+def available() -> tuple[Kernel, ...]:
+    """The kernels that can run in this process."""
+    if not cpu_rowwise_adagrad.fits_this_fbgemm():
+        return ("fbgemm",)
+    try:
+        native_rowwise_adagrad.kernel()
+    except native_build.NativeUnavailable:
+        return ("fbgemm", "vectorized")
+    return KERNELS
+
+
 def faster(times_ms: dict[str, float]) -> Kernel:
-    """The vectorised kernel only when timed and clearly faster: ties keep the library's own."""
-    vectorized = times_ms.get("vectorized", float("inf"))
-    return "vectorized" if vectorized < MARGIN * times_ms["fbgemm"] else "fbgemm"
+    """The fastest of this project's kernels that were timed, when clearly faster than
+    fbgemm's: ties keep the library's own."""
+    ours = {kernel: ms for kernel, ms in times_ms.items() if kernel != "fbgemm"}
+    best = min(ours, key=ours.get, default=None)  # type: ignore[arg-type]
+    return best if best is not None and ours[best] < MARGIN * times_ms["fbgemm"] else "fbgemm"  # type: ignore[return-value]
 
 
 

@@ -109,10 +109,13 @@ def _embedding_update(job: TrainJob, device: torch.device) -> embedding_update.U
         choice = embedding_update.UpdateChoice(kept, {})  # type: ignore[arg-type]
     elif setting == "auto":
         times = embedding_update.probe_ms(job.model.embedding_dim, job.training.batch_size_per_rank)
-        kernels = list(times)  # the same on every rank: one fbgemm, one codebase
-        summed = torch.tensor([times[k] for k in kernels], dtype=torch.float64, device=device)
-        dist.all_reduce(summed)  # every rank decides on the same sums
-        times = {k: round(float(t) / dist.get_world_size(), 3) for k, t in zip(kernels, summed)}
+        # every rank decides on the same sums; a kernel that some rank cannot run (no C
+        # compiler on one host) sums to infinity there and is left out everywhere
+        summed = torch.tensor([times.get(k, float("inf")) for k in embedding_update.KERNELS],
+                              dtype=torch.float64, device=device)  # fmt: skip
+        dist.all_reduce(summed)
+        times = {k: round(float(t) / dist.get_world_size(), 3)
+                 for k, t in zip(embedding_update.KERNELS, summed.tolist()) if t != float("inf")}  # fmt: skip
         choice = embedding_update.UpdateChoice(embedding_update.faster(times), times)
     else:
         choice = embedding_update.UpdateChoice(setting, {})

@@ -174,13 +174,13 @@ def test_the_sparse_dist_pipeline_trains_what_plain_steps_train_and_resumes(tiny
     assert [m.get("heldout_ne") for m in heldout] == pytest.approx([m.get("heldout_ne") for m in expected_heldout])
 
 
-def test_the_vectorized_embedding_update_trains_what_fbgemms_kernel_trains(tiny_features, tmp_path: Path) -> None:
-    """The same 2-process job with fbgemm's row-wise Adagrad kernel and with this project's:
+def test_this_projects_embedding_updates_train_what_fbgemms_kernel_trains(tiny_features, tmp_path: Path) -> None:
+    """The same 2-process job with fbgemm's row-wise Adagrad kernel and with each of this project's:
     the same embeddings, to float rounding (the two sum a row's mean square in different
     orders). The MLPs are held still (lr 1e-12): with Adam on them, rounding-level
     differences grow through training to ~1e-3, which would hide a real difference."""
     runs = {}
-    for kernel in ("fbgemm", "vectorized"):
+    for kernel in ("fbgemm", "vectorized", "native"):
         job = _job(tiny_features, tmp_path / kernel, epochs=1, cpu_embedding_update=kernel, dense_lr=1e-12)
         launch(job, on_line=lambda line: None)
         assert json.loads((job.out / "summary.json").read_text())["embedding_update"] == f"cpu-{kernel}"
@@ -188,4 +188,5 @@ def test_the_vectorized_embedding_update_trains_what_fbgemms_kernel_trains(tiny_
     embedding_names = [name for name in runs["fbgemm"] if "embedding_bags" in name]
     assert embedding_names
     for name, value in runs["fbgemm"].items():
-        assert torch.allclose(runs["vectorized"][name], value, rtol=0, atol=1e-6), name
+        for kernel in ("vectorized", "native"):
+            assert torch.allclose(runs[kernel][name], value, rtol=0, atol=1e-6), (kernel, name)

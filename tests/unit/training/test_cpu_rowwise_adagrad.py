@@ -1,5 +1,6 @@
-"""The vectorised CPU row-wise Adagrad against fbgemm's own kernel and a float64 oracle,
-through fbgemm's real table-batched embedding module (forward, backward, fused update)."""
+"""This project's CPU row-wise Adagrad kernels (vectorised torch ops, and the native C loop)
+against fbgemm's own kernel and a float64 oracle, through fbgemm's real table-batched
+embedding module (forward, backward, fused update)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     SplitTableBatchedEmbeddingBagsCodegen,
 )
 
-from training import cpu_rowwise_adagrad
+from training import cpu_rowwise_adagrad, native_rowwise_adagrad
 
 LR, EPS = 0.05, 1e-6
 
@@ -115,13 +116,17 @@ def vectorised():
     cpu_rowwise_adagrad.uninstall()
 
 
+@pytest.mark.parametrize("kernel", ["vectorized", "native"])
 @pytest.mark.parametrize("name", CASES)
-def test_matches_fbgemms_kernel_and_a_float64_oracle(name: str, vectorised) -> None:
+def test_matches_fbgemms_kernel_and_a_float64_oracle(name: str, kernel: str) -> None:
     case = CASES[name]
-    ours = _train(case)
-    cpu_rowwise_adagrad.uninstall()
+    cpu_rowwise_adagrad.install(kernel)
+    try:
+        assert cpu_rowwise_adagrad.installed() == kernel
+        ours = _train(case)
+    finally:
+        cpu_rowwise_adagrad.uninstall()
     fbgemm = _train(case)
-    cpu_rowwise_adagrad.install()
     oracle = _oracle(case)
     for mine, theirs, exact in zip(ours[0] + ours[1], fbgemm[0] + fbgemm[1], oracle[0] + oracle[1], strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-6)
@@ -154,7 +159,7 @@ def test_uninstall_restores_fbgemms_kernel(vectorised) -> None:
         cpu_rowwise_adagrad.rowwise_adagrad_backward = counting
         cpu_rowwise_adagrad.install()
         _train(case)
-        assert len(calls) == STEPS and cpu_rowwise_adagrad.installed()
+        assert len(calls) == STEPS and cpu_rowwise_adagrad.installed() == "vectorized"
         cpu_rowwise_adagrad.uninstall()
         _train(case)
         assert len(calls) == STEPS and not cpu_rowwise_adagrad.installed()
@@ -173,8 +178,51 @@ def test_unsupported_settings_name_the_fix(vectorised) -> None:
         out.backward(torch.ones_like(out))
 
 
-def test_the_kernel_takes_the_arguments_of_the_installed_fbgemms_op() -> None:
-    assert cpu_rowwise_adagrad.schema_arguments() == list(inspect.signature(cpu_rowwise_adagrad.rowwise_adagrad_backward).parameters)
+@pytest.mark.parametrize("module", [cpu_rowwise_adagrad, native_rowwise_adagrad], ids=["vectorized", "native"])
+def test_the_kernel_takes_the_arguments_of_the_installed_fbgemms_op(module) -> None:
+    assert cpu_rowwise_adagrad.schema_arguments() == list(inspect.signature(module.rowwise_adagrad_backward).parameters)
+
+
+def test_installing_one_kernel_replaces_the_other() -> None:
+    try:
+        cpu_rowwise_adagrad.install("vectorized")
+        cpu_rowwise_adagrad.install("native")
+        assert cpu_rowwise_adagrad.installed() == "native"
+        case = CASES["one_id_per_bag"]
+        native = _train(case)
+        cpu_rowwise_adagrad.install("vectorized")
+        vectorized = _train(case)
+    finally:
+        cpu_rowwise_adagrad.uninstall()
+    for a, b in zip(native[0] + native[1], vectorized[0] + vectorized[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_native_kernel_over_large_tables_and_repeated_ids() -> None:
+    """A batch of the throughput benchmark's shape with ids far apart in big tables, many
+    repeated: the hash table, the feature-major gradient and the prefetch against fbgemm."""
+    tables, batch = 4, 512
+    generator = torch.Generator().manual_seed(2)
+    ids = torch.cat([torch.randint(0, 200_000, (batch // 2,), generator=generator).repeat(2) for _ in range(tables)])
+    offsets = torch.arange(ids.numel() + 1)
+    grad = torch.randn(batch, tables * 16, generator=generator)
+    results = []
+    for kernel in ("native", None):
+        torch.manual_seed(0)
+        module = SplitTableBatchedEmbeddingBagsCodegen(
+            [(200_000, 16, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
+            optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=LR, eps=EPS,
+        )  # fmt: skip
+        if kernel:
+            cpu_rowwise_adagrad.install(kernel)
+        try:
+            for _ in range(2):
+                module(ids, offsets).backward(grad)
+        finally:
+            cpu_rowwise_adagrad.uninstall()
+        results.append([w.detach().clone() for w in module.split_embedding_weights()] + [module.momentum1_host.clone()])
+    for ours, fbgemms in zip(*results, strict=True):
+        torch.testing.assert_close(ours, fbgemms, rtol=1e-6, atol=1e-6)
 
 
 def test_a_changed_fbgemm_op_is_refused_with_the_fix_mocked_schema(monkeypatch) -> None:

@@ -1,0 +1,122 @@
+"""Exact row-wise Adagrad for fbgemm's CPU embedding backward, as one C loop over the ids.
+
+The same update and arguments as training/cpu_rowwise_adagrad.py's vectorised kernel, in
+one pass (training/native/rowwise_adagrad.c): a row's gradients are summed in a hash table
+the size of the batch, not through torch ops that each go over every id, and the rows'
+updates prefetch the rows ahead of them, which lie anywhere in tables far larger than the
+caches. Registered as fbgemm's CPU kernel by `cpu_rowwise_adagrad.install("native")`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from training import native_build
+from training.cpu_rowwise_adagrad import POOLING_MEAN, check_supported
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_ARGUMENTS = (_P, _P, _I, _P, _P, _P, _P, _P, _I, _P, _P, _P, ctypes.c_int32, ctypes.c_float, ctypes.c_float,
+              _P, _P, _I, _P, _I, _P, _P, _I)  # fmt: skip
+_work: dict[str, torch.Tensor] = {}
+
+
+@functools.lru_cache(maxsize=1)
+def kernel():
+    """The compiled C function (raises `native_build.NativeUnavailable` where it cannot build)."""
+    function = native_build.load("rowwise_adagrad").dlrm_rowwise_adagrad
+    function.argtypes, function.restype = _ARGUMENTS, ctypes.c_int64
+    return function
+
+
+def rowwise_adagrad_backward(
+    grad_output: torch.Tensor,
+    host_weights: torch.Tensor,
+    weights_placements: torch.Tensor,
+    weights_offsets: torch.Tensor,
+    D_offsets: torch.Tensor,
+    max_D: int,
+    hash_size_cumsum: torch.Tensor,
+    total_hash_size_bits: int,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    pooling_mode: int,
+    indice_weights: torch.Tensor | None,
+    stochastic_rounding: bool,
+    momentum1_host: torch.Tensor,
+    momentum1_placements: torch.Tensor,
+    momentum1_offsets: torch.Tensor,
+    learning_rate_tensor: torch.Tensor,
+    eps: float = 0.0,
+    weight_decay: float = 0.0,
+    weight_decay_mode: int = 0,
+    max_norm: float = 0.0,
+    output_dtype: int = 0,
+) -> None:
+    """One step of exact row-wise Adagrad on `host_weights` and `momentum1_host`, in place
+    (the signature is fbgemm's op schema)."""
+    check_supported(host_weights, momentum1_host, pooling_mode, weight_decay, max_norm)
+    if indices.numel() == 0:
+        return
+    features = D_offsets.numel() - 1
+    batch = (offsets.numel() - 1) // features
+    order, group_end, groups = _groups(tuple(hash_size_cumsum[:-1].tolist()))
+    ids_per_feature = offsets[::batch].diff().tolist()
+    largest = max(sum(ids_per_feature[f] for f in group) for group in groups)
+    hash_bits = max(1, (2 * largest - 1).bit_length())  # at most half full
+    grad, grad_start, sample_stride = _feature_major(grad_output.float(), D_offsets, features, batch)
+    # every tensor the kernel reads is bound to a name here: a temporary's memory would be
+    # freed before the call
+    indices, offsets = indices.long().contiguous(), offsets.long().contiguous()
+    weights = indice_weights.float().contiguous() if indice_weights is not None and indice_weights.numel() else None
+    weights_offsets, momentum1_offsets, D_offsets = map(_long, (weights_offsets, momentum1_offsets, D_offsets))
+    hash_table = _buffer("hash", 2 << hash_bits, torch.int64)
+    sums, rows = _buffer("sums", largest * max_D, torch.float32), _buffer("rows", largest, torch.int64)
+    kernel()(
+        grad.data_ptr(), grad_start.data_ptr(), sample_stride,
+        host_weights.data_ptr(), weights_offsets.data_ptr(), momentum1_host.data_ptr(), momentum1_offsets.data_ptr(),
+        D_offsets.data_ptr(), batch, indices.data_ptr(), offsets.data_ptr(),
+        weights.data_ptr() if weights is not None else None, int(pooling_mode == POOLING_MEAN),
+        float(learning_rate_tensor), float(eps), order.data_ptr(), group_end.data_ptr(), features,
+        hash_table.data_ptr(), hash_bits, sums.data_ptr(), rows.data_ptr(), max_D,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=16)
+def _groups(key_bases: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+    """Features grouped by table (features of one table share its key base), in feature
+    order within a group: (order, group_end flags, the groups)."""
+    groups: dict[int, list[int]] = {}
+    for feature, base in enumerate(key_bases):
+        groups.setdefault(base, []).append(feature)
+    ordered = list(groups.values())
+    order = torch.tensor([f for group in ordered for f in group], dtype=torch.int64)
+    ends = torch.tensor([i == len(group) - 1 for group in ordered for i in range(len(group))], dtype=torch.uint8)
+    return order, ends, ordered
+
+
+def _feature_major(grad: torch.Tensor, D_offsets: torch.Tensor, features: int,
+                   batch: int) -> tuple[torch.Tensor, torch.Tensor, int]:  # fmt: skip
+    """(gradient, where feature f's rows start, the stride between samples): a
+    feature-major copy when every feature has the same width, else fbgemm's [B, ΣD]."""
+    width = grad.shape[1]
+    if features and width % features == 0 and bool((D_offsets.diff() == width // features).all()):
+        dim = width // features
+        copy = grad.view(batch, features, dim).transpose(0, 1).contiguous()
+        return copy, torch.arange(features, dtype=torch.int64) * (batch * dim), dim
+    grad = grad.contiguous()
+    return grad, _long(D_offsets[:-1]), grad.stride(0)
+
+
+def _long(values: torch.Tensor) -> torch.Tensor:
+    return values.to(torch.int64).contiguous()
+
+
+def _buffer(name: str, size: int, dtype: torch.dtype) -> torch.Tensor:
+    """Work memory kept between steps (grown, never shrunk)."""
+    buffer = _work.get(name)
+    if buffer is None or buffer.numel() < size:
+        buffer = _work[name] = torch.empty(max(size, 1), dtype=dtype)
+    return buffer
