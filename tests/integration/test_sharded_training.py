@@ -78,7 +78,10 @@ def test_bf16_training_converges_like_fp32(tiny_features, tmp_path: Path) -> Non
         # bf16 on a CPU without AMX / AVX-512 BF16 trains, and says it will be slow, once
         assert len(warned) == (precision == "bf16" and not native_bf16(torch.device("cpu")))
     assert results["bf16"] < 0.93
-    assert abs(results["bf16"] - results["fp32"]) / results["fp32"] < 0.02
+    # no worse than fp32 by more than 2 %. Better is allowed: on a 2-core AVX2 EPYC without
+    # native bf16 this small job ended at NE 0.876-0.878 in bf16 against 0.896 in fp32, with
+    # each of the three embedding updates
+    assert (results["bf16"] - results["fp32"]) / results["fp32"] < 0.02
 
 
 def test_auto_precision_resolves_for_this_cpu(tiny_features, tmp_path: Path) -> None:
