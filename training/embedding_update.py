@@ -1,4 +1,4 @@
-"""Which kernel updates the embeddings on CPU: fbgemm's, or this project's vectorised one.
+"""Which kernel updates the embeddings on CPU: fbgemm's, or one of this project's two.
 
 No kernel wins everywhere. fbgemm's JIT kernel updates row by row in code that mixes AVX
 and SSE instructions: on a Xeon VM with AMX that cost ~550 ns per distinct row and the
@@ -23,7 +23,7 @@ from training import cpu_rowwise_adagrad, native_build, native_rowwise_adagrad
 Kernel = Literal["fbgemm", "vectorized", "native"]
 KERNELS: tuple[Kernel, ...] = ("fbgemm", "vectorized", "native")
 # Probe: a few tables of the job's width and its local batch, ids drawn uniformly (every
-# id a distinct row, the per-row cost that separates the two kernels).
+# id a distinct row, the per-row cost that separates the kernels).
 PROBE_TABLES, PROBE_ROWS, PROBE_MAX_BATCH = 8, 50_000, 2048
 # This project's kernels must win by this much to replace the library's own.
 MARGIN = 0.9
