@@ -16,7 +16,7 @@ bottom MLP 13-512-256-16, top MLP 512-256-1, dot interaction, global batch 2048.
 (d) a kernel floor, in the fastest layout's precision: the time one step of 2048 cannot go
     below with the trainer's kernels, each timed alone on this step's own shapes and data
     (best of 5, in a fresh process): the MLPs' matrix products forward and backward, the
-    interaction's `bmm`s, fbgemm's embedding lookup with the trainer's fused row-wise Adagrad
+    interaction's `bmm`s (or its native kernel), fbgemm's embedding lookup with the trainer's fused row-wise Adagrad
     backward, and reading the batch. Element-wise work and per-op overhead come on top, so
     no trainer that uses these kernels reaches it.
 
@@ -50,11 +50,11 @@ from ingestion.reader import build_reader
 from ingestion.schema import NUM_DENSE, SPARSE_COLUMNS
 from ingestion.synthetic import generate_day
 from ingestion.warehouse import ingest_day
-from training import cpu_linear, cpu_memory, embedding_update
+from training import cpu_linear, cpu_memory, embedding_update, native_interaction
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.job import TrainJob
 from training.launcher import launch
-from training.model import training_flops_per_sample
+from training.model import padded_width, training_flops_per_sample
 from training.precision import native_bf16
 
 ROWS, TABLE_ROWS, BATCH = 400_000, 100_000, 2048
@@ -171,11 +171,13 @@ def best_seconds(run, repeats: int = 20, rounds: int = 5) -> float:
     return best
 
 
-def matrix_seconds(dtype: torch.dtype) -> dict[str, float]:
+def matrix_seconds(dtype: torch.dtype, interaction_kernel: str) -> dict[str, float]:
     """One step's matrix products at the model's shapes: each MLP layer's forward, input
     gradient (not the first layer's: the dense input needs none) and weight gradient; the
-    interaction's Gram `bmm` forward and its two backward `bmm`s. In fp32 the ReLU layers'
-    forward and input gradient are oneDNN's, as the trainer computes them by default."""
+    interaction's Gram `bmm` forward and its two backward `bmm`s, or, where the trainer
+    computed it natively (`interaction_kernel`), the native kernel's forward and backward.
+    In fp32 the ReLU layers' forward and input gradient are oneDNN's, as the trainer
+    computes them by default."""
     torch.set_num_threads(os.cpu_count() or 1)
     vectors = len(SPARSE_COLUMNS) + 1
     top_in = MODEL.embedding_dim + vectors * (vectors - 1) // 2
@@ -194,11 +196,22 @@ def matrix_seconds(dtype: torch.dtype) -> dict[str, float]:
             if i > 0 or sizes[0] != NUM_DENSE:
                 input_grad = cpu_linear.onednn_input_grad if relu_layer else torch.mm
                 mlp += best_seconds(functools.partial(input_grad, grad, w))
+    return {"mlp": mlp, "interaction": interaction_seconds(dtype, interaction_kernel)}
+
+
+def interaction_seconds(dtype: torch.dtype, kernel: str) -> float:
+    vectors = len(SPARSE_COLUMNS) + 1
+    if kernel == "native":
+        native_interaction.use("native")
+        dense = torch.randn(BATCH, MODEL.embedding_dim, requires_grad=True)
+        sparse = torch.randn(BATCH, vectors - 1, MODEL.embedding_dim, requires_grad=True)
+        width = padded_width(MODEL.embedding_dim + vectors * (vectors - 1) // 2, 8)
+        grad = torch.randn(BATCH, width)
+        return best_seconds(lambda: native_interaction.dot_products(dense, sparse, width).backward(grad))
     stack = torch.randn(BATCH, vectors, MODEL.embedding_dim, dtype=dtype)
     gram_grad = torch.randn(BATCH, vectors, vectors, dtype=dtype)
-    interaction = best_seconds(functools.partial(torch.bmm, stack, stack.transpose(1, 2)))
-    interaction += 2 * best_seconds(functools.partial(torch.bmm, gram_grad, stack))
-    return {"mlp": mlp, "interaction": interaction}
+    seconds = best_seconds(functools.partial(torch.bmm, stack, stack.transpose(1, 2)))
+    return seconds + 2 * best_seconds(functools.partial(torch.bmm, gram_grad, stack))
 
 
 def embedding_module():
@@ -232,11 +245,13 @@ def embedding_seconds(files: list[str], kernel: embedding_update.Kernel) -> floa
         embedding_update.use("fbgemm")
 
 
-def floor_seconds(files: list[str], dtype: torch.dtype, kernel: embedding_update.Kernel) -> dict[str, float]:
+def floor_seconds(files: list[str], dtype: torch.dtype, kernel: embedding_update.Kernel,
+                  interaction_kernel: str) -> dict[str, float]:  # fmt: skip
     """The kernel floor's parts, with host memory kept as the trainer keeps it."""
     if TrainingConfig().cpu_malloc == "retain":
         cpu_memory.retain()
-    return {**matrix_seconds(dtype), "embedding": embedding_seconds(files, kernel), "read": read_seconds(files)}
+    return {**matrix_seconds(dtype, interaction_kernel), "embedding": embedding_seconds(files, kernel),
+            "read": read_seconds(files)}  # fmt: skip
 
 
 def in_fresh_process(function, *args):
@@ -266,6 +281,7 @@ def main(repeats: int = 2) -> dict[str, float]:
         # best of rounds: on a shared machine a busy minute otherwise decides the ranking.
         trainer: dict[str, float] = {}
         updates: dict[str, embedding_update.Kernel] = {}  # the CPU embedding update each layout chose
+        interactions: dict[str, str] = {}  # and whose dot interaction it ran
         baselines, retained_baselines = [], []
         # bf16 without a native unit runs a reference kernel ~100x slower than fp32: not a
         # layout anyone would choose, and it would take most of an hour to time
@@ -277,13 +293,15 @@ def main(repeats: int = 2) -> dict[str, float]:
                         name = f"{n}x{t}-{precision}{'-compiled' if compiled else ''}"
                         summary = this_trainer(files, folder, n, t, precision, compiled, attempt)
                         updates[name] = summary["embedding_update"].removeprefix("cpu-")
+                        interactions[name] = summary["interaction"]
                         trainer[name] = max(trainer.get(name, 0.0), summary["samples_per_s"])
             baselines.append(in_fresh_process(classic_baseline, files))
             retained_baselines.append(in_fresh_process(classic_baseline, files, True))
         baseline, retained_baseline = max(baselines), max(retained_baselines)
         best_layout = max(trainer, key=trainer.get)
         best, best_precision = trainer[best_layout], best_layout.split("-")[1]
-        floor_parts = in_fresh_process(floor_seconds, files, DTYPES[best_precision], updates[best_layout])
+        floor_parts = in_fresh_process(floor_seconds, files, DTYPES[best_precision], updates[best_layout],
+                                       interactions[best_layout])  # fmt: skip
     flops = {precision: in_fresh_process(gemm_flops_per_s, DTYPES[precision]) for precision in precisions}
     per_sample = training_flops_per_sample(MODEL, len(SPARSE_COLUMNS))
     roofline = {precision: rate / per_sample for precision, rate in flops.items()}
@@ -302,6 +320,7 @@ def main(repeats: int = 2) -> dict[str, float]:
         "samples_per_s": round(best),
         "best_layout": best_layout,
         "embedding_update": updates[best_layout],
+        "interaction": interactions[best_layout],
         "baseline_samples_per_s": round(baseline),
         "speedup": round(best / baseline, 3),
         # the classic formulation given this trainer's host-memory setting too

@@ -155,6 +155,7 @@ def _track(
             "training.precision": training["precision"],  # what `auto` resolved to on this device
             "training.embedding_update": training.get("embedding_update", "fbgemm"),
             "training.matmul": training.get("matmul", "aten"),
+            "training.interaction": training.get("interaction", "aten"),
             "training.malloc": training.get("malloc", "system"),
             "evaluation.days": ",".join(map(str, config.data.eval_days)),
             **tuning_tags,

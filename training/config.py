@@ -168,6 +168,11 @@ class TrainingConfig:
     # "auto": times each at start-up (training/embedding_update.py) and keeps the fastest.
     # GPUs always use fbgemm's CUDA kernels.
     cpu_embedding_update: Literal["auto", "native", "vectorized", "fbgemm"] = "auto"
+    # The dot interaction's fp32 forward and backward on CPU. "native": this project's C
+    # kernel, one pass per sample (training/native_interaction.py; needs a C compiler);
+    # "aten": torch's batched matrix products, gather and scatters; "auto": native where it
+    # compiles. bf16 and GPUs use torch's.
+    cpu_interaction: Literal["auto", "native", "aten"] = "auto"
     # The MLPs' fp32 matrix products on CPU. "onednn": oneDNN's kernels with the bias and ReLU
     # fused (training/cpu_linear.py; 20-30 % faster than MKL's on a Zen 4 EPYC); "aten":
     # PyTorch's own (MKL). bf16 products go to oneDNN either way; GPUs use cuBLAS.

@@ -24,7 +24,7 @@ from torchrec.modules.mlp import Perceptron
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from ingestion.schema import NUM_DENSE
-from training import cpu_linear
+from training import cpu_linear, native_interaction
 from training.config import ModelConfig
 
 
@@ -181,8 +181,16 @@ class DotInteraction(InteractionArch):
     def forward(self, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
         if self.F <= 0:
             return dense_features
-        return DotProducts.apply(dense_features, sparse_features.to(dense_features.dtype), self.upper, self.lower,
-                                 self.diagonal, self.pad_to)  # fmt: skip
+        return dot_interaction(dense_features, sparse_features, self.upper, self.lower, self.diagonal, self.pad_to)
+
+
+@torch.fx.wrap  # branches on the input's device and dtype: one opaque call in traced pipelines
+def dot_interaction(dense: torch.Tensor, sparse: torch.Tensor, upper: torch.Tensor, lower: torch.Tensor,
+                    diagonal: torch.Tensor, pad_to: int) -> torch.Tensor:  # fmt: skip
+    """`DotProducts`, or the same in one C pass per sample where `native_interaction` takes it."""
+    if native_interaction.takes(dense):
+        return native_interaction.dot_products(dense, sparse.float(), padded_width(dense.shape[1] + upper.numel(), pad_to))
+    return DotProducts.apply(dense, sparse.to(dense.dtype), upper, lower, diagonal, pad_to)
 
 
 def padded_width(columns: int, pad_to: int) -> int:

@@ -21,7 +21,10 @@ import tempfile
 from pathlib import Path
 
 SOURCES = Path(__file__).resolve().parent / "native"
-FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC", "-fno-math-errno")
+# fp-contract: a·b + c as one fused multiply-add (ISO C mode would round twice); no loop
+# distribution: GCC would turn the kernels' short copy loops back into libc calls.
+FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=fast",
+         "-fno-tree-loop-distribute-patterns")  # fmt: skip
 
 
 class NativeUnavailable(RuntimeError):
@@ -41,25 +44,27 @@ def cache_dir() -> Path:
 
 
 @functools.cache
-def load(name: str) -> ctypes.CDLL:
-    """The compiled kernel library `training/native/<name>.c` (built here if not cached)."""
+def load(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The compiled kernel library `training/native/<name>.c` (built here if not cached),
+    compiled with `FLAGS` and `extra_flags`."""
     source = SOURCES / f"{name}.c"
     cc = compiler()
     if cc is None:
         raise NativeUnavailable("no C compiler on PATH (cc, gcc or clang; or set CC)")
-    key = hashlib.sha256(source.read_bytes() + cc.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    flags = (*FLAGS, *extra_flags)
+    key = hashlib.sha256(source.read_bytes() + cc.encode() + " ".join(flags).encode()).hexdigest()[:16]
     library = cache_dir() / f"{name}-{key}.so"
     if not library.is_file():
-        _build(cc, source, library)
+        _build(cc, flags, source, library)
     return ctypes.CDLL(str(library))
 
 
-def _build(cc: str, source: Path, library: Path) -> None:
+def _build(cc: str, flags: tuple[str, ...], source: Path, library: Path) -> None:
     library.parent.mkdir(parents=True, exist_ok=True)
     handle, staged = tempfile.mkstemp(prefix=library.stem, suffix=".so", dir=library.parent)
     os.close(handle)
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", staged, str(source), "-lm"], capture_output=True, text=True, check=False)
+        done = subprocess.run([cc, *flags, "-o", staged, str(source), "-lm"], capture_output=True, text=True, check=False)
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines() or ["(no output)"]
             first_error = next((line for line in lines if "error" in line), lines[-1])

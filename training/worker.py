@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from training import cpu_linear, cpu_memory, embedding_update
+from training import cpu_linear, cpu_memory, embedding_update, native_build, native_interaction
 from training.checkpoint import (
     RowLedger,
     TrainPosition,
@@ -51,6 +51,7 @@ def run(job: TrainJob, device: torch.device) -> None:
     update = _embedding_update(job, device) if device.type == "cpu" else None
     if device.type == "cpu" and config.cpu_matmul == "onednn":
         cpu_linear.enable()
+    interaction = _interaction(job, device)
     torch.manual_seed(config.seed)
     model = build_train_model(job.model, job.table_sizes, torch.device("meta"))
     attach_embedding_optimizer(model, config)
@@ -82,6 +83,7 @@ def run(job: TrainJob, device: torch.device) -> None:
             "embedding_update": f"cpu-{update.kernel}" if update else "fbgemm",
             "embedding_update_probe_ms": update.probe_ms if update else {},
             "matmul": _matmul(config, device),
+            "interaction": interaction,
             "malloc": malloc,
             "rows_trained": rows_trained,
             "rows_fingerprint": fingerprint,
@@ -129,6 +131,30 @@ def _embedding_update(job: TrainJob, device: torch.device) -> embedding_update.U
         timed = ", ".join(f"{k} {v:.2f} ms" for k, v in choice.probe_ms.items())
         print(f"[train] embedding update on CPU: {choice.kernel}" + (f" (probe step: {timed})" if timed else ""), flush=True)
     return choice
+
+
+def _interaction(job: TrainJob, device: torch.device) -> str:
+    """Route the fp32 CPU dot interaction to the configured kernel; returns whose kernel
+    computes it ("native", or "aten" for torch's: bf16, GPUs, or no C compiler), or
+    "dcn-v2" for the DCN model, which has no dot interaction."""
+    config = job.training
+    if job.model.arch == "dlrm_dcn":
+        native_interaction.use("aten")
+        return "dcn-v2"
+    if device.type != "cpu" or config.precision != "fp32" or config.cpu_interaction == "aten":
+        native_interaction.use("aten")
+        return "aten"
+    try:
+        native_interaction.use("native")
+    except native_build.NativeUnavailable as error:
+        if config.cpu_interaction == "native":
+            raise RuntimeError(f"training.cpu_interaction = 'native': {error}; install a C compiler or set "
+                             "training.cpu_interaction = 'aten'") from None
+        native_interaction.use("aten")
+        if dist.get_rank() == 0:
+            print(f"[train] dot interaction on CPU: aten ({error})", flush=True)
+        return "aten"
+    return "native"
 
 
 def _matmul(config: TrainingConfig, device: torch.device) -> str:

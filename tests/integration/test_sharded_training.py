@@ -12,7 +12,7 @@ import torch
 from evaluation.config import EvaluationConfig
 from evaluation.metrics import summarize
 from ingestion.reader import build_reader
-from training import cpu_memory
+from training import cpu_memory, native_interaction
 from training.checkpoint import latest_checkpoint
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.export import export_model
@@ -73,6 +73,8 @@ def test_bf16_training_converges_like_fp32(tiny_features, tmp_path: Path) -> Non
         assert summary["precision"] == precision
         # fp32 products on CPU run in oneDNN's fused layers (the default); bf16 ones in torch's
         assert summary["matmul"] == ("onednn" if precision == "fp32" else "aten")
+        # the fp32 interaction is the native kernel where it compiles (auto); bf16 is torch's
+        assert summary["interaction"] == ("native" if precision == "fp32" and native_interaction.available() else "aten")
         assert summary["malloc"] == ("retain" if cpu_memory.available() else "system")
         warned = [line for line in lines if "no native bf16" in line]
         # bf16 on a CPU without AMX / AVX-512 BF16 trains, and says it will be slow, once

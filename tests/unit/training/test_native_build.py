@@ -50,3 +50,10 @@ def test_no_compiler_is_a_clear_error(sources: Path, monkeypatch, tmp_path: Path
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     with pytest.raises(native_build.NativeUnavailable, match="no C compiler"):
         native_build.load("twice")
+
+
+def test_extra_flags_build_a_library_of_their_own(sources: Path, tmp_path: Path) -> None:
+    (sources / "scaled.c").write_text("#ifndef FACTOR\n#define FACTOR 2\n#endif\nlong scaled(long x) { return FACTOR * x; }\n")
+    assert native_build.load("scaled").scaled(21) == 42
+    assert native_build.load("scaled", ("-DFACTOR=3",)).scaled(21) == 63
+    assert len(list((tmp_path / "cache").glob("scaled-*.so"))) == 2, "the flags are part of the cache key"
