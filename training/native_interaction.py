@@ -109,4 +109,4 @@ class NativeDotProducts(torch.autograd.Function):
 
 def _check(status: int) -> None:
     if status != 0:
-        raise MemoryError("dot interaction: the native kernel could not allocate its work memory or start its threads")
+        raise MemoryError("dot interaction: the native kernel could not allocate its work memory")
