@@ -4,8 +4,11 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def prefect_server():
+def prefect_server() -> str:
+    """The session's temporary Prefect server; yields its API URL, for `dlrm` subprocesses
+    (each would otherwise start a temporary server of its own: ~15 s)."""
+    import prefect.settings
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
-        yield
+        yield prefect.settings.PREFECT_API_URL.value()

@@ -5,6 +5,7 @@ The servers are real (infra/mlflow-server.sh on a fresh PostgreSQL database)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -26,13 +27,13 @@ def backend():
     drop_database(name)
 
 
-def _run(run_dir: Path, uri: str, wait_s: float) -> subprocess.Popen:
+def _run(run_dir: Path, uri: str, wait_s: float, prefect_api: str) -> subprocess.Popen:
     overrides = [f'run_dir="{run_dir}"', f'tracking.tracking_uri="{uri}"', f"tracking.outage_wait_s={wait_s}",
                  'tuning.policy="off"', 'tracking.promotion_lock="postgresql://postgres@127.0.0.1:5432/postgres"']  # fmt: skip
     return subprocess.Popen(
         [str(VENV_BIN / "dlrm"), "run", "--config", "configs/tiny.toml", *[a for o in overrides for a in ("--set", o)],
          "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**__import__("os").environ, "PREFECT_HOME": str(run_dir.parent / "prefect")},
+        env={**os.environ, "PREFECT_HOME": str(run_dir.parent / "prefect"), "PREFECT_API_URL": prefect_api},
     )  # fmt: skip
 
 
@@ -50,7 +51,9 @@ def _local_history(run_dir: Path) -> int:
     return sum("train_window_ne" in json.loads(line) for line in lines if line.strip())
 
 
-def test_mlflow_killed_during_training_gets_every_metric_when_it_returns(backend: str, tmp_path: Path) -> None:
+def test_mlflow_killed_during_training_gets_every_metric_when_it_returns(
+    backend: str, prefect_server: str, tmp_path: Path
+) -> None:
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     server = start_mlflow(tmp_path, port, backend, tmp_path / "mlflow.log")
@@ -58,7 +61,7 @@ def test_mlflow_killed_during_training_gets_every_metric_when_it_returns(backend
     output: list[str] = []
     killed_at = restarted = None
     try:
-        pipeline = _run(run_dir, uri, wait_s=180)
+        pipeline = _run(run_dir, uri, wait_s=180, prefect_api=prefect_server)
         assert pipeline.stdout is not None
         for line in pipeline.stdout:
             output.append(line)
@@ -81,11 +84,13 @@ def test_mlflow_killed_during_training_gets_every_metric_when_it_returns(backend
         stop(server)
 
 
-def test_a_run_that_cannot_reach_mlflow_is_uploaded_by_the_next_run(backend: str, tmp_path: Path) -> None:
+def test_a_run_that_cannot_reach_mlflow_is_uploaded_by_the_next_run(
+    backend: str, prefect_server: str, tmp_path: Path
+) -> None:
     port = free_port()  # nothing listens there yet
     uri = f"http://127.0.0.1:{port}"
     run_dir = tmp_path / "run"
-    first = _run(run_dir, uri, wait_s=2)
+    first = _run(run_dir, uri, wait_s=2, prefect_api=prefect_server)
     out, _ = first.communicate(timeout=600)
     assert first.returncode == 0, out[-4000:]
     deferred = _summary(out.splitlines())
@@ -97,7 +102,7 @@ def test_a_run_that_cannot_reach_mlflow_is_uploaded_by_the_next_run(backend: str
 
     server = start_mlflow(tmp_path, port, backend, tmp_path / "mlflow.log")
     try:
-        second = _run(run_dir, uri, wait_s=60)
+        second = _run(run_dir, uri, wait_s=60, prefect_api=prefect_server)
         out, _ = second.communicate(timeout=600)
         assert second.returncode == 0, out[-4000:]
         assert "uploaded the deferred run" in out
