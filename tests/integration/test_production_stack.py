@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -132,6 +133,20 @@ def test_retrain_through_the_api_completes_and_registers_a_new_version(stack: St
     assert "eval_ne" in run.data.metrics
     versions = {str(v.version) for v in client.search_model_versions("name='dlrm-ctr-tiny'")}
     assert {"1", "2"} <= versions, "a new model version beside the first run's"
+
+
+def test_the_server_schedules_the_nightly_deployments_runs(stack: Stack, served: dict) -> None:
+    """The Prefect server's scheduler, on PostgreSQL, creates the upcoming runs of the
+    `pipeline/nightly` deployment at its cron's times (02:00 UTC in configs/tiny.toml)."""
+    nightly = httpx.get(f"{stack.prefect_api}/deployments/name/pipeline/nightly", timeout=5).json()
+    deadline, runs = time.monotonic() + 150, []
+    while time.monotonic() < deadline and not runs:
+        runs = [r for r in _flow_runs_of(stack, nightly["id"]) if r["state_type"] == "SCHEDULED"]
+        time.sleep(2)
+    assert runs, "no scheduled run: see the scheduler's errors in " + str(stack.run_dir.parent / "prefect.log")
+    for run in runs:
+        start = datetime.fromisoformat(run["expected_start_time"]).astimezone(UTC)
+        assert run["auto_scheduled"] and (start.hour, start.minute, start.second) == (2, 0, 0), run
 
 
 def test_the_prefect_ui_run_button_starts_a_retrain_that_completes(stack: Stack, served: dict, tmp_path: Path) -> None:
