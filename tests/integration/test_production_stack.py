@@ -140,7 +140,7 @@ def test_retrain_through_the_api_completes_and_registers_a_new_version(stack: St
 
 def test_the_server_schedules_the_nightly_deployments_runs(stack: Stack, served: dict) -> None:
     """The Prefect server's scheduler, on PostgreSQL, creates the upcoming runs of the
-    `pipeline/nightly` deployment at its cron's times (02:00 UTC in configs/tiny.toml)."""
+    `pipeline/nightly` deployment at its cron's times (the default `0 2 * * *`, UTC)."""
     nightly = httpx.get(f"{stack.prefect_api}/deployments/name/pipeline/nightly", timeout=5).json()
     deadline, runs = time.monotonic() + 150, []
     while time.monotonic() < deadline and not runs:
