@@ -176,8 +176,8 @@ def matrix_seconds(dtype: torch.dtype, interaction_kernel: str) -> dict[str, flo
     gradient (not the first layer's: the dense input needs none) and weight gradient; the
     interaction's Gram `bmm` forward and its two backward `bmm`s, or, where the trainer
     computed it natively (`interaction_kernel`), the native kernel's forward and backward.
-    In fp32 the ReLU layers' forward and input gradient are oneDNN's, as the trainer
-    computes them by default."""
+    In fp32 the ReLU layers' forward and input gradient are oneDNN's and their weight
+    gradient `cpu_linear.weight_grad`, as the trainer computes them by default."""
     torch.set_num_threads(os.cpu_count() or 1)
     vectors = len(SPARSE_COLUMNS) + 1
     top_in = MODEL.embedding_dim + vectors * (vectors - 1) // 2
@@ -192,7 +192,8 @@ def matrix_seconds(dtype: torch.dtype, interaction_kernel: str) -> dict[str, flo
                 mlp += best_seconds(functools.partial(cpu_linear.onednn_linear_relu, x, w, bias))
             else:
                 mlp += best_seconds(functools.partial(torch.addmm, bias, x, w.t()))
-            mlp += best_seconds(functools.partial(torch.mm, grad.t(), x))
+            weight_grad = cpu_linear.weight_grad if relu_layer else lambda g, f: torch.mm(g.t(), f)
+            mlp += best_seconds(functools.partial(weight_grad, grad, x))
             if i > 0 or sizes[0] != NUM_DENSE:
                 input_grad = cpu_linear.onednn_input_grad if relu_layer else torch.mm
                 mlp += best_seconds(functools.partial(input_grad, grad, w))

@@ -82,6 +82,18 @@ def _(grad: Tensor, weight: Tensor) -> Tensor:
     return grad.new_empty(grad.shape[0], weight.shape[1])
 
 
+def weight_grad(grad: Tensor, features: Tensor) -> Tensor:
+    """grad.T @ features: [B, N] × [B, K] → [N, K], the layer's weight gradient.
+
+    MKL multiplies fastest into a wide output: with fewer inputs than outputs (the bottom
+    MLP's first layer, 13 → 512) it computes the [K, N] product, transposed, in about half
+    the time of the [N, K] one (0.41 against 0.85 ms at batch 2048 on 2 Zen 3 cores).
+    """
+    if features.shape[1] < grad.shape[1]:
+        return features.t().mm(grad).t().contiguous()
+    return grad.t().mm(features)
+
+
 def _save(ctx, inputs: tuple[Tensor, Tensor, Tensor], output: Tensor) -> None:
     features, weight, _ = inputs
     ctx.save_for_backward(features, weight, output)  # the output is the ReLU's mask too
@@ -91,7 +103,7 @@ def _backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor |
     features, weight, output = ctx.saved_tensors
     grad = torch.ops.aten.threshold_backward(grad, output, 0)  # zero where the ReLU was
     grad_features = onednn_input_grad(grad, weight) if ctx.needs_input_grad[0] else None
-    grad_weight = grad.t().mm(features) if ctx.needs_input_grad[1] else None
+    grad_weight = weight_grad(grad, features) if ctx.needs_input_grad[1] else None
     grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
     return grad_features, grad_weight, grad_bias
 

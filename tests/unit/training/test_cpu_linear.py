@@ -28,9 +28,13 @@ def _layer(in_features: int, out_features: int) -> tuple[torch.Tensor, torch.Ten
     return torch.randn(out_features, in_features) / in_features**0.5, torch.randn(out_features) * 0.1
 
 
-def test_the_fused_layer_matches_a_float64_relu_linear_in_values_and_gradients(onednn) -> None:
-    weight, bias = (t.requires_grad_() for t in _layer(48, 24))
-    features = torch.randn(64, 48, requires_grad=True)
+# fewer inputs than outputs: the weight gradient is computed as a transposed product
+@pytest.mark.parametrize(("in_features", "out_features"), [(48, 24), (13, 64)])
+def test_the_fused_layer_matches_a_float64_relu_linear_in_values_and_gradients(
+    onednn, in_features: int, out_features: int
+) -> None:
+    weight, bias = (t.requires_grad_() for t in _layer(in_features, out_features))
+    features = torch.randn(64, in_features, requires_grad=True)
     assert cpu_linear.takes(features)
     out = relu_layer(features, weight, bias, False)
     upstream = torch.randn_like(out)
@@ -42,7 +46,7 @@ def test_the_fused_layer_matches_a_float64_relu_linear_in_values_and_gradients(o
     assert (expected == 0).any() and (expected > 0).any(), "both sides of the ReLU are exercised"
     assert torch.allclose(out.double(), expected, atol=1e-5)
     for got, want in zip(grads, expected_grads, strict=True):
-        assert got.dtype == torch.float32 and torch.allclose(got.double(), want, atol=1e-4)
+        assert got.dtype == torch.float32 and got.is_contiguous() and torch.allclose(got.double(), want, atol=1e-4)
 
 
 def test_a_zero_padded_input_multiplies_a_zero_padded_weight(onednn) -> None:
