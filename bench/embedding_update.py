@@ -1,5 +1,5 @@
 """The embeddings' fused row-wise Adagrad on CPU: fbgemm's JIT kernel against this project's
-vectorised one (training/cpu_rowwise_adagrad.py) and native one (training/native_rowwise_adagrad.py),
+vectorised one (training/cpu/rowwise_adagrad.py) and native one (training/cpu/native_rowwise_adagrad.py),
 on the same module and the same batches.
 
 fbgemm's table-batched module of the throughput benchmark's shape (26 tables of 100k rows ×
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from train_throughput import BATCH, MODEL, TABLE_ROWS, embedding_module, id_batches, prepare
 
 from ingestion.schema import SPARSE_COLUMNS
-from training import embedding_update
+from training.cpu import embedding_update
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -10,7 +10,7 @@ bottom MLP 13-512-256-16, top MLP 512-256-1, dot interaction, global batch 2048.
     each layout and the baseline are the best of `--repeats` runs, default 2);
 (b) the reference formulation: one `nn.EmbeddingBag(mode="sum", sparse=True)` per table and
     `torch.optim.Adagrad` over every parameter, in one process with every core, as it runs
-    (and, for comparison, with the trainer's `cpu_malloc = "retain"`);
+    (and, for comparison, with the trainer's `[training.cpu] malloc = "retain"`);
 (c) the roofline: the best GEMM FLOP/s measured (torch.mm or oneDNN) ÷ the model's training FLOPs
     per sample;
 (d) a kernel floor, in the fastest layout's precision: the time one step of 2048 cannot go
@@ -50,16 +50,36 @@ from ingestion.reader import build_reader
 from ingestion.schema import NUM_DENSE, SPARSE_COLUMNS
 from ingestion.synthetic import generate_day
 from ingestion.warehouse import ingest_day
-from training import cpu_linear, cpu_memory, embedding_update, native_interaction
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
+from training.cpu import embedding_update
+from training.cpu import interaction as native_interaction
+from training.cpu import linear as cpu_linear
+from training.cpu import memory as cpu_memory
+from training.cpu.interaction import padded_width
 from training.job import TrainJob
 from training.launcher import launch
-from training.model import padded_width, training_flops_per_sample
 from training.precision import native_bf16
 
 ROWS, TABLE_ROWS, BATCH = 400_000, 100_000, 2048
 MODEL = ModelConfig(embedding_dim=16, bottom_mlp=(512, 256, 16), top_mlp=(512, 256, 1))
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def training_flops_per_sample(config: ModelConfig, num_tables: int) -> float:
+    """Multiply-adds ×2 of the MLPs and the dot interaction, forward + backward (≈ 3× forward):
+    bottom 13·512 + 512·256 + 256·16, interaction 27·27·16, top (16 + 351)·512 + 512·256 + 256."""
+
+    def mlp(sizes: list[int]) -> float:
+        return sum(2.0 * a * b for a, b in itertools.pairwise(sizes))
+
+    vectors = num_tables + 1
+    interactions = vectors * (vectors - 1) // 2
+    forward = (
+        mlp([NUM_DENSE, *config.bottom_mlp])
+        + 2.0 * vectors * vectors * config.embedding_dim
+        + mlp([config.embedding_dim + interactions, *config.top_mlp])
+    )
+    return 3.0 * forward
 
 
 def prepare(folder: Path) -> list[str]:
@@ -121,7 +141,7 @@ def _mlp(sizes: list[int], last_relu: bool) -> nn.Sequential:
 
 def classic_baseline(files: list[str], retain_memory: bool = False) -> float:
     """Samples/s of the reference formulation; `retain_memory`: with the trainer's
-    `cpu_malloc = "retain"`, which the reference implementation does not set."""
+    `[training.cpu] malloc = "retain"`, which the reference implementation does not set."""
     if retain_memory:
         cpu_memory.retain()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -181,7 +201,7 @@ def matrix_seconds(dtype: torch.dtype, interaction_kernel: str) -> dict[str, flo
     torch.set_num_threads(os.cpu_count() or 1)
     vectors = len(SPARSE_COLUMNS) + 1
     top_in = MODEL.embedding_dim + vectors * (vectors - 1) // 2
-    onednn = dtype == torch.float32 and TrainingConfig().cpu_matmul == "onednn" and cpu_linear.available()
+    onednn = dtype == torch.float32 and TrainingConfig().cpu.matmul == "onednn" and cpu_linear.available()
     mlp = 0.0
     for sizes in ([NUM_DENSE, *MODEL.bottom_mlp], [top_in, *MODEL.top_mlp]):
         for i, (k, n) in enumerate(itertools.pairwise(sizes)):
@@ -203,7 +223,6 @@ def matrix_seconds(dtype: torch.dtype, interaction_kernel: str) -> dict[str, flo
 def interaction_seconds(dtype: torch.dtype, kernel: str) -> float:
     vectors = len(SPARSE_COLUMNS) + 1
     if kernel == "native":
-        native_interaction.use("native")
         dense = torch.randn(BATCH, MODEL.embedding_dim, requires_grad=True)
         sparse = torch.randn(BATCH, vectors - 1, MODEL.embedding_dim, requires_grad=True)
         width = padded_width(MODEL.embedding_dim + vectors * (vectors - 1) // 2, 8)
@@ -215,9 +234,21 @@ def interaction_seconds(dtype: torch.dtype, kernel: str) -> float:
     return seconds + 2 * best_seconds(functools.partial(torch.bmm, gram_grad, stack))
 
 
-def embedding_module():
-    """fbgemm's table-batched module of this benchmark's 26 tables, with exact row-wise Adagrad."""
-    return embedding_update.cpu_tables(len(SPARSE_COLUMNS), TABLE_ROWS, MODEL.embedding_dim)
+def embedding_module() -> nn.Module:
+    """fbgemm's table-batched module of this benchmark's 26 tables in host memory, with exact
+    row-wise Adagrad fused into its backward (what TorchRec builds for a CPU shard)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+        ComputeDevice,
+        EmbeddingLocation,
+    )
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    spec = (TABLE_ROWS, MODEL.embedding_dim, EmbeddingLocation.HOST, ComputeDevice.CPU)
+    return SplitTableBatchedEmbeddingBagsCodegen([spec] * len(SPARSE_COLUMNS),
+                                                 optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01)  # fmt: skip
 
 
 def id_batches(files: list[str], count: int = 20) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -228,7 +259,7 @@ def id_batches(files: list[str], count: int = 20) -> list[tuple[torch.Tensor, to
 
 def embedding_seconds(files: list[str], kernel: embedding_update.Kernel) -> float:
     """fbgemm's batched lookup of the 26 tables and the backward with the row-wise Adagrad
-    update the trainer chose (`kernel`: training/embedding_update.py), on the benchmark's own
+    update the trainer chose (`kernel`: training/cpu/embedding_update.py), on the benchmark's own
     batches (their ids repeat as real ids do, which the update exploits)."""
     torch.set_num_threads(os.cpu_count() or 1)
     tables = embedding_module()
@@ -249,7 +280,7 @@ def embedding_seconds(files: list[str], kernel: embedding_update.Kernel) -> floa
 def floor_seconds(files: list[str], dtype: torch.dtype, kernel: embedding_update.Kernel,
                   interaction_kernel: str) -> dict[str, float]:  # fmt: skip
     """The kernel floor's parts, with host memory kept as the trainer keeps it."""
-    if TrainingConfig().cpu_malloc == "retain":
+    if TrainingConfig().cpu.malloc == "retain":
         cpu_memory.retain()
     return {**matrix_seconds(dtype, interaction_kernel), "embedding": embedding_seconds(files, kernel),
             "read": read_seconds(files)}  # fmt: skip
@@ -293,8 +324,8 @@ def main(repeats: int = 2) -> dict[str, float]:
                     for n, t in layouts:
                         name = f"{n}x{t}-{precision}{'-compiled' if compiled else ''}"
                         summary = this_trainer(files, folder, n, t, precision, compiled, attempt)
-                        updates[name] = summary["embedding_update"].removeprefix("cpu-")
-                        interactions[name] = summary["interaction"]
+                        updates[name] = summary["cpu"]["embedding_update"]
+                        interactions[name] = summary["cpu"]["interaction"]
                         trainer[name] = max(trainer.get(name, 0.0), summary["samples_per_s"])
             baselines.append(in_fresh_process(classic_baseline, files))
             retained_baselines.append(in_fresh_process(classic_baseline, files, True))
@@ -310,7 +341,7 @@ def main(repeats: int = 2) -> dict[str, float]:
     for layout, value in trainer.items():
         print(f"this trainer, {layout} (processes x threads - precision [- compiled]): {value:,.0f} samples/s")
     print(f"classic PyTorch DLRM (EmbeddingBag + Adagrad, fp32): {baseline:,.0f} samples/s; "
-          f"{retained_baseline:,.0f} with the trainer's cpu_malloc = 'retain'")
+          f"{retained_baseline:,.0f} with the trainer's [training.cpu] malloc = 'retain'")
     for precision, rate in flops.items():
         print(f"GEMM {precision} {rate / 1e9:,.0f} GFLOP/s → roofline {roofline[precision]:,.0f} samples/s")
     floor = sum(floor_parts.values())

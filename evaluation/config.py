@@ -13,15 +13,24 @@ class EvaluationConfig:
     batch_size: int = 8192
     # Windowed NE during training covers this many most recent samples.
     ne_window: int = 100_000
-    # NE is also reported per value of this categorical feature, for its most frequent values.
     # Every this many steps, NE on the first `heldout_batches` batches of the eval days (0: off).
     heldout_every_steps: int = 0
     heldout_batches: int = 4
+    # NE is also reported per value of this categorical feature, for its most frequent values.
     slice_feature: str = "C17"
     slice_top_k: int = 5
     # A new model becomes champion only if its NE is lower than the champion's by this
     # fraction, on the same evaluation days (0.001: at least 0.1 % better).
     promotion_margin: float = 0.0
+    # No model is promoted, the first included, unless its NE is below the constant click
+    # rate's and the logistic regression's on the same days by this fraction (0: just below).
+    reference_margin: float = 0.0
+    # ... and its calibration (Σ predictions / Σ labels) is inside [calibration_min,
+    # calibration_max]. A predicted CTR scales bids and mixes with other models' scores, so
+    # 10 % off is the usual alarm; a sound model reads within a few % (the demo's 0.983), and
+    # sampling noise in the click rate of 2,000 held-out rows is about 4 % (one sd).
+    calibration_min: float = 0.9
+    calibration_max: float = 1.1
 
     def __post_init__(self) -> None:
         if self.heldout_every_steps < 0 or self.heldout_batches < 1:
@@ -32,6 +41,12 @@ class EvaluationConfig:
             raise ValueError(f"slice_top_k: must be at least 1, got {self.slice_top_k}")
         if not 0.0 <= self.promotion_margin < 1.0:
             raise ValueError(f"promotion_margin: must be in [0, 1), got {self.promotion_margin}")
+        if not 0.0 <= self.reference_margin < 1.0:
+            raise ValueError(f"reference_margin: must be in [0, 1), got {self.reference_margin}")
+        if not 0.0 < self.calibration_min <= 1.0:  # the band holds 1.0, calibrated
+            raise ValueError(f"calibration_min: must be in (0, 1], got {self.calibration_min}")
+        if not self.calibration_max >= 1.0:
+            raise ValueError(f"calibration_max: must be at least 1, got {self.calibration_max}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be positive, got {self.batch_size}")
         if self.ne_window < 1:

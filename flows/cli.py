@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from evaluation.promotion import reference_line
 from flows.prefect_defaults import apply_prefect_defaults
 
 # Our packages log through the standard library; Prefect shows those records in the UI too.
@@ -197,7 +198,9 @@ def format_summary(summary: dict[str, Any], config) -> str:
     def reference(name: str, label: str) -> str:
         if f"{name}_ne" not in summary:
             return ""
-        return f"  {label:<21}{summary[f'{name}_ne']:.4f}   (model {summary[f'ne_gain_vs_{name}_pct']:+.2f} % better)\n"
+        # no "% better" against a reference that is itself no better than the constant
+        constant = summary.get("baseline_constant_ne") if name != "baseline_constant" else None
+        return "  " + reference_line(label, ne, summary[f"{name}_ne"], constant) + "\n"
 
     bayes = (
         f"  Bayes-optimal NE     {summary['bayes_ne']:.4f}   (the best reachable; the model is "
@@ -222,7 +225,7 @@ def format_summary(summary: dict[str, Any], config) -> str:
         ),
         f"  hyperparameters      {summary['tuning_decision']}: {summary['tuning_reason']}",
         f"  MLflow run           {summary['mlflow_run_id']}  (model version {summary['model_version']})",
-        f"  champion             {'promoted: ' if summary['promoted'] else 'kept: '}{summary['promotion_reason']}"
+        f"  champion             {'promoted: ' if summary['promoted'] else 'not promoted: '}{summary['promotion_reason']}"
         + (f" (champion NE on these days {champion:.4f})" if champion is not None and not summary["promoted"] else ""),
         "",
         "Open the UIs on this run's data:",

@@ -81,11 +81,15 @@ class PipelineConfig:
     tuning: TuningConfig = field(default_factory=TuningConfig)
 
     def __post_init__(self) -> None:
-        outside = sorted(set(self.tuning.validation_days) - set(self.data.all_days))
-        if outside:
+        validation = set(self.tuning.validation_days)
+        if validation - set(self.data.train_days):
             raise ValueError(
-                f"tuning.validation_days: day(s) {outside} are not among data.train_days or data.eval_days"
+                f"tuning.validation_days: day(s) {sorted(validation - set(self.data.train_days))} are not among "
+                "data.train_days; tuning validates on training days only, never on the evaluation days"
             )
+        if validation and validation >= set(self.data.train_days):
+            raise ValueError("tuning.validation_days: leaves no training day for the trials; leave it empty to "
+                             "validate on a slice of the training rows (tuning.validation_percent)")
 
     def path(self, relative: str) -> Path:
         """A configured path, resolved against the run directory unless absolute or a URL."""
@@ -108,11 +112,6 @@ class PipelineConfig:
         if self.tuning.storage:
             return self.tuning.storage
         return f"sqlite:///{Path(self.run_dir).resolve() / 'optuna.db'}"
-
-    @property
-    def validation_days(self) -> tuple[int, ...]:
-        """The days whose NE a retune minimises."""
-        return self.tuning.validation_days or self.data.eval_days
 
     @property
     def tracking_uri(self) -> str:
@@ -238,6 +237,13 @@ def _apply_override(raw: dict[str, Any], override: str, path: Path) -> None:
     node[leaf] = value
 
 
+# Keys that moved, so an older config gets told where to (old key → new key).
+MOVED_KEYS = {
+    **{f"training.cpu_{name}": f"[training.cpu] {name}" for name in ("embedding_update", "interaction", "matmul", "malloc")},
+    "tuning.warmup_steps": "tuning.warmup_fraction (a fraction of each trial's steps, e.g. [0.0, 0.1])",
+}
+
+
 def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
     """Build dataclass `cls` from a TOML table, checking keys and types on the way down."""
     where = prefix.rstrip(".") or "config"
@@ -246,6 +252,9 @@ def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
+    moved = MOVED_KEYS.get(f"{prefix}{unknown[0]}") if unknown else None
+    if moved:
+        raise ConfigError(f"{prefix}{unknown[0]}: this key is now {moved}; rename it in the config")
     if unknown:
         raise ConfigError(
             f"{prefix}{unknown[0]}: unknown key (known keys here: {', '.join(sorted(fields))})"

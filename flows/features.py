@@ -8,17 +8,22 @@ same days does no work. Days fan out over a thread pool of `orchestration.max_wo
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
+from prefect.exceptions import MissingContextError
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.config import ConfigError, PipelineConfig
 from flows.sources import raw_sources
 from flows.tasks import fit_task, generate_task, ingest_task, preprocess_task
 from ingestion.preprocess import PreprocessState
+from training.run_length import fit_run_length
+from training.tuning.key import hosts_from
 
 
 class IngestError(RuntimeError):
@@ -80,3 +85,22 @@ def _require_ingested(ingest: list[dict[str, Any]]) -> None:
     if empty:
         errors = "; ".join(e for r in ingest for e in r["files_failed"]) or "no valid rows"
         raise IngestError(f"day(s) {empty} have no ingested rows: {errors}")
+
+
+def with_run_length(config: PipelineConfig, state: PreprocessState) -> PipelineConfig:
+    """The config at a batch size that gives the run `training.min_steps` steps on its
+    training rows (training/run_length.py); the change, or a warning, goes to the log.
+    Applied before the tuning key is taken, so the key names the batch the run trains at."""
+    world = config.training.nproc * hosts_from(config.training)
+    fitted = fit_run_length(config.training, state.train_rows, world)
+    if fitted.note:
+        run_logger("flows.features").warning("%s", fitted.note)
+    return dataclasses.replace(config, training=fitted.training)
+
+
+def run_logger(fallback: str) -> logging.Logger | logging.LoggerAdapter:
+    """The flow run's logger inside Prefect; the standard logger `fallback` outside (benchmarks)."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(fallback)

@@ -16,9 +16,16 @@ from evaluation.promotion import PromotionDecision
 from evaluation.report import EvalReport, Scores, report_markdown
 from flows.config import PipelineConfig, config_as_dict, flatten, load_config, load_flow_config
 from flows.deferred import track_or_defer, wait_for_tracking
-from flows.features import prepare_features
+from flows.features import prepare_features, with_run_length
 from flows.registry import current_champion
-from flows.tasks import baseline_task, evaluate_task, export_task, promote_task, train_task
+from flows.tasks import (
+    TrainedModel,
+    baseline_task,
+    evaluate_task,
+    export_task,
+    promote_task,
+    train_task,
+)
 from flows.tracking import (
     RunRecord,
     TrackedRun,
@@ -35,7 +42,7 @@ class PipelineResult:
     config: PipelineConfig
     ingest: list[dict[str, Any]]
     report: EvalReport
-    training: dict[str, Any]
+    training: TrainedModel
     tracked: TrackedRun
     decision: PromotionDecision | None
     tuning: TuningDecision
@@ -47,7 +54,11 @@ class PipelineResult:
             "files_failed": [e for r in self.ingest for e in r["files_failed"]],
             "days_already_ingested": [r["day"] for r in self.ingest if r["skipped"]],
             **self.report.flat_metrics(),
-            "train_samples_per_s": self.training["samples_per_s"],
+            "train_samples_per_s": self.training.summary.samples_per_s,
+            "rows_trained": self.training.summary.rows_trained,
+            "steps": self.training.summary.steps,
+            "world_size": self.training.summary.world_size,
+            "global_batch_size": self.config.training.batch_size,
             "mlflow_run_id": self.tracked.run_id,
             "model_version": self.tracked.model_version,
             "promoted": bool(self.decision and self.decision.promote),
@@ -87,11 +98,12 @@ def run_stages(config: PipelineConfig, config_path: str, overrides: list[str]) -
     started = time.perf_counter()
     features = prepare_features(config)
     ingest, state, feature_files = features.ingest, features.state, features.files
+    config = with_run_length(config, state)
     tuning = choose_hyperparameters(config, features, config_path, overrides)
     config = with_params(config, tuning.params)
     training = train_model(config, state, feature_files)
-    report, scores = evaluate_model(config, state, feature_files, training["out_dir"])
-    model = export_task(config, state, feature_files, training["checkpoint"])
+    report, scores = evaluate_model(config, state, feature_files, str(training.out_dir))
+    model = export_task(config, state, feature_files, training.summary.checkpoint)
     tracked = _track(config, state, ingest, report, scores, training, model, tuning.as_tags())
     decision = None
     if tracked.model_version is not None:
@@ -103,8 +115,8 @@ def run_stages(config: PipelineConfig, config_path: str, overrides: list[str]) -
 
 
 @flow(name="train")
-def train_model(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]]) -> dict[str, Any]:
-    """Sharded training with torchrun on the train days; the job's summary."""
+def train_model(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]]) -> TrainedModel:
+    """Sharded training with torchrun on the train days; the job's summary and outputs."""
     return train_task(config, state, files)
 
 
@@ -118,10 +130,10 @@ def evaluate_model(
 
 
 def _track(
-    config: PipelineConfig, state: PreprocessState, ingest, report: EvalReport, scores: dict[int, Scores], training,
-    model, tuning_tags: dict[str, str],
+    config: PipelineConfig, state: PreprocessState, ingest, report: EvalReport, scores: dict[int, Scores],
+    training: TrainedModel, model, tuning_tags: dict[str, str],
 ) -> TrackedRun:
-    out = Path(training["out_dir"])
+    out, summary = training.out_dir, training.summary
     resolved = config_as_dict(config)
     log = get_run_logger()
     online = wait_for_tracking(config.tracking_uri, config.tracking.outage_wait_s, log)
@@ -134,9 +146,9 @@ def _track(
             **report.flat_metrics(),
             "rows_ingested": float(sum(r["rows_written"] for r in ingest)),
             "rows_quarantined": float(sum(r["rows_quarantined"] for r in ingest)),
-            "train_samples_per_s_overall": training["samples_per_s"],
-            "train_steps": float(training["steps"]),
-            "train_seconds": training["seconds"],
+            "train_samples_per_s_overall": summary.samples_per_s,
+            "train_steps": float(summary.steps),
+            "train_seconds": summary.seconds,
         },
         history=read_metrics_history(out / "metrics.jsonl"),
         artifacts={"training": [out / "plan.txt", out / "plan.json", out / "summary.json"]},
@@ -150,13 +162,10 @@ def _track(
         baseline_history=_champion_history(config) if online else None,
         tags={
             "pipeline.config": config.name,
-            "training.world_size": str(training["world_size"]),
-            "training.device": training["device"],
-            "training.precision": training["precision"],  # what `auto` resolved to on this device
-            "training.embedding_update": training.get("embedding_update", "fbgemm"),
-            "training.matmul": training.get("matmul", "aten"),
-            "training.interaction": training.get("interaction", "aten"),
-            "training.malloc": training.get("malloc", "system"),
+            # where and how it trained; summary.json (in "training") also names the CPU kernels
+            "training.world_size": str(summary.world_size),
+            "training.device": summary.device,
+            "training.precision": summary.precision,  # what `auto` resolved to on this device
             "evaluation.days": ",".join(map(str, config.data.eval_days)),
             **tuning_tags,
         },
@@ -186,14 +195,14 @@ def _publish_artifacts(result: PipelineResult) -> None:
     )
     champion = result.decision.champion_ne if result.decision else None
     decision = f"\n**Promotion:** {result.as_dict()['promotion_reason']}\n" if result.decision else ""
-    summary = result.as_dict()
+    summary, trained = result.as_dict(), result.training.summary
     create_markdown_artifact(
         key="pipeline-summary",
         markdown=(
             report_markdown(result.report, f"DLRM pipeline: {result.config.name}", champion)
             + decision
             + f"\n**Training:** {summary['train_samples_per_s']:,.0f} samples/s, "
-            f"{result.training['world_size']} processes on {result.training['device']} in {result.training['precision']}\n"
+            f"{trained.world_size} processes on {trained.device} in {trained.precision}\n"
             + f"\n**MLflow run:** {_run_link(result)} (model version {result.tracked.model_version})\n"
         ),
         description="Held-out quality against references and the champion, throughput, MLflow run",

@@ -15,11 +15,18 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from evaluation.promotion import PromotionDecision, decide_promotion
+from evaluation.promotion import (
+    PromotionDecision,
+    QualityEvidence,
+    QualityGate,
+    decide_promotion,
+    quality_failure,
+)
 from flows.config import ConfigError
 from training.locking import exclusive, has_shared_lock
 
 CHAMPION_ALIAS = "champion"
+DEFAULT_GATE = QualityGate()
 
 
 @contextlib.contextmanager
@@ -51,16 +58,21 @@ def promote_if_better(
     margin: float,
     champion_ne_on_days: Callable[[ModelVersion], float | None],
     lock: contextlib.AbstractContextManager,
+    evidence: QualityEvidence | None = None,
+    gate: QualityGate = DEFAULT_GATE,
 ) -> PromotionDecision:
     """Compare with the champion on the same days and move the alias, all under `lock`.
 
+    A candidate that fails the quality gate (`evidence`: its references on the same rows)
+    is refused before any comparison; it stays registered, without the alias.
     `champion_ne_on_days` scores the champion on `days`; None means it cannot be scored
     there, and then the candidate is not promoted (no comparison, no promotion).
     """
+    refused = evidence is not None and quality_failure(candidate_ne, evidence, gate) is not None
     with lock:
         champion = current_champion(client, model_name)
-        if champion is None or str(champion.version) == str(candidate_version):
-            decision = decide_promotion(candidate_ne, None, margin, days)
+        if refused or champion is None or str(champion.version) == str(candidate_version):
+            decision = decide_promotion(candidate_ne, None, margin, days, evidence=evidence, gate=gate)
         else:
             champion_ne = champion_ne_on_days(champion)
             if champion_ne is None:
@@ -69,10 +81,15 @@ def promote_if_better(
                     candidate_ne, None, margin, days, str(champion.version),
                 )  # fmt: skip
             else:
-                decision = decide_promotion(candidate_ne, champion_ne, margin, days, str(champion.version))
+                decision = decide_promotion(candidate_ne, champion_ne, margin, days, str(champion.version),
+                                            evidence=evidence, gate=gate)  # fmt: skip
         if decision.promote:
             client.set_registered_model_alias(model_name, CHAMPION_ALIAS, candidate_version)
-        client.set_model_version_tag(model_name, candidate_version, "promotion.decision",
-                                     "promoted" if decision.promote else "kept champion")  # fmt: skip
+        client.set_model_version_tag(model_name, candidate_version, "promotion.decision", decision_tag(decision, refused))
         client.set_model_version_tag(model_name, candidate_version, "promotion.reason", decision.reason)
     return decision
+
+
+def decision_tag(decision: PromotionDecision, refused: bool) -> str:
+    """"promoted", "refused" (failed the quality gate) or "kept champion"."""
+    return "promoted" if decision.promote else "refused" if refused else "kept champion"

@@ -29,12 +29,14 @@ from prefect.exceptions import MissingContextError
 from evaluation.metrics import MetricError, binary_state, compute_ne
 from evaluation.report import Scores
 from flows.config import PipelineConfig, load_flow_config
-from flows.features import Features, prepare_features
+from flows.features import Features, prepare_features, run_logger, with_run_length
 from flows.tasks import build_job, read_predictions
 from flows.tracking import ensure_experiment, log_study_plots
+from ingestion.holdout import split_holdout
 from training.job import TrainJob
 from training.launcher import launch
 from training.locking import exclusive
+from training.progress import HeldoutRecord, MetricsRecord
 from training.tuning.key import TuningKey, tuning_key
 from training.tuning.space import Params, apply_params, suggest
 from training.tuning.study import (
@@ -47,8 +49,6 @@ from training.tuning.study import (
     run_worker,
     tuned_keys,
 )
-
-HELDOUT_LINE = re.compile(r"\[train\] step (\d+)/(\d+) held-out NE (\S+)")
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,8 @@ def retune(
     extra = [f"tuning.n_trials={n_trials}"] if n_trials else []
     extra += [f"tuning.timeout_s={timeout_s}"] if timeout_s else []
     config = load_flow_config(config_path, [*(overrides or []), *extra])
-    return run_retune(config, prepare_features(config)).as_dict()
+    features = prepare_features(config)
+    return run_retune(with_run_length(config, features.state), features).as_dict()
 
 
 def run_retune(config: PipelineConfig, features: Features) -> RetuneResult:
@@ -107,7 +108,9 @@ def run_retune(config: PipelineConfig, features: Features) -> RetuneResult:
         config.tuning.n_trials, f", {config.tuning.timeout_s:.0f} s" if config.tuning.timeout_s else "",
         f"; warm start from {nearest.study_name} with {warm} scaled trial(s)" if warm and nearest else "",
     )  # fmt: skip
-    objective = TrainingTrial(config, features, client, parent, key, log)
+    data = tuning_data(config, features)
+    log.info("retune: trials are scored on %s, never on the evaluation days", data.description)
+    objective = TrainingTrial(config, data, client, parent, key, log)
     outcome = run_worker(study, objective, config.tuning, storage_url, worker)
     best = best_of(study)
     _finish_parent(client, parent, study, best)
@@ -117,13 +120,43 @@ def run_retune(config: PipelineConfig, features: Features) -> RetuneResult:
     return RetuneResult(study.study_name, key, best, outcome.trials_run, outcome.stopped_by, warm, parent)
 
 
+@dataclass(frozen=True)
+class TuningData:
+    """What trials train on and are scored on: never the evaluation days."""
+
+    features: Features
+    train_files: tuple[str, ...]
+    validation_files: dict[str, tuple[str, ...]]  # name (a day, or "holdout") → feature files
+    description: str
+
+
+def tuning_data(config: PipelineConfig, features: Features) -> TuningData:
+    """`tuning.validation_days` when set (trials train on the other training days), else a
+    slice of `tuning.validation_percent` % of the training rows, chosen by a hash of each
+    row (ingestion/holdout.py; trials train on the rest). The final run trains on all."""
+    days = config.tuning.validation_days
+    if days:
+        train = tuple(f for d in config.data.train_days if d not in days for f in features.files[d])
+        return TuningData(features, train, {str(d): tuple(features.files[d]) for d in days},
+                          f"validation days {list(days)}")  # fmt: skip
+    percent = config.tuning.validation_percent
+    folder = config.path(config.preprocess.features_dir) / features.state.state_id / f"holdout-{percent:g}pct"
+    train_files = [f for d in config.data.train_days for f in features.files[d]]
+    with exclusive(config.optuna_storage, f"{config.name}.holdout"):
+        split = split_holdout(train_files, folder, percent, config.preprocess.row_group_size,
+                              config.preprocess.duckdb_threads)  # fmt: skip
+    return TuningData(features, split.fit_files, {"holdout": split.validation_files},
+                      f"{split.validation_rows:,} held-out training rows ({percent:g} %), trials train on "
+                      f"the other {split.fit_rows:,}")  # fmt: skip
+
+
 class TrainingTrial:
     """One trial: train with the suggested parameters, report held-out NE, return NE."""
 
-    def __init__(self, config: PipelineConfig, features: Features, client: MlflowClient, parent_run: str,
+    def __init__(self, config: PipelineConfig, data: TuningData, client: MlflowClient, parent_run: str,
                  key: TuningKey, log: logging.Logger | logging.LoggerAdapter) -> None:  # fmt: skip
-        self.config, self.features, self.client, self.parent_run, self.key, self.log = (
-            config, features, client, parent_run, key, log,
+        self.config, self.data, self.client, self.parent_run, self.key, self.log = (
+            config, data, client, parent_run, key, log,
         )  # fmt: skip
 
     def __call__(self, trial: optuna.Trial) -> float:
@@ -139,13 +172,14 @@ class TrainingTrial:
         seeds = trial_seeds(self.config)
         per_seed: list[float] = []
         try:
-            for seed, job in seed_jobs(self.config, self.features, params, out):
+            for seed, job in seed_jobs(self.config, self.data, params, out):
                 # Only the first seed's held-out NE feeds the pruner: Optuna compares trials
                 # at the same step, and every trial's first run has the same seed.
                 first = seed == seeds[0]
                 metric = "heldout_ne" if len(seeds) == 1 else f"heldout_ne.seed_{seed}"
-                launch(job, on_line=functools.partial(self._on_line, trial, run_id, metric=metric, prune=first))
-                per_seed.append(validation_ne(Path(job.out_dir) / "predictions", self.config.validation_days))
+                watch = functools.partial(self._on_progress, trial, run_id, metric=metric, prune=first)
+                launch(job, on_line=lambda line: None, on_progress=watch)
+                per_seed.append(validation_ne(Path(job.out_dir) / "predictions"))
                 if len(seeds) > 1:
                     self.client.log_metric(run_id, f"ne.seed_{seed}", per_seed[-1])
         except optuna.TrialPruned as pruned:
@@ -168,16 +202,16 @@ class TrainingTrial:
         self.log.info("trial #%d: NE %.5f%s with %s", trial.number, ne, spread, params)
         return ne
 
-    def _on_line(self, trial: optuna.Trial, run_id: str, line: str, *, metric: str, prune: bool) -> None:
-        match = HELDOUT_LINE.search(line)
-        if not match:
+    def _on_progress(self, trial: optuna.Trial, run_id: str, record: MetricsRecord, *, metric: str,
+                     prune: bool) -> None:  # fmt: skip
+        if not isinstance(record, HeldoutRecord):
             return
-        step, total, ne = int(match[1]), int(match[2]), float(match[3])
+        step, total, ne = record.step, record.total_steps, record.heldout_ne
         if not math.isfinite(ne):
             raise optuna.TrialPruned(f"held-out NE is {ne} at step {step} (diverged)")
         self.client.log_metric(run_id, metric, ne, step=step)
-        if not prune:
-            return
+        if not prune or step >= total:
+            return  # the last report comes when the trial has cost all it will: never pruned there
         # Reported against percent of training done, so the pruner compares trials at the
         # same progress whatever their batch size, and waits out the warm-up.
         trial.report(ne, round(100 * step / total))
@@ -190,44 +224,41 @@ def trial_seeds(config: PipelineConfig) -> list[int]:
     return [config.training.seed + i for i in range(config.tuning.seeds_per_trial)]
 
 
-def seed_jobs(
-    config: PipelineConfig, features: Features, params: Params, out: Path
-) -> Iterator[tuple[int, TrainJob]]:
+def seed_jobs(config: PipelineConfig, data: TuningData, params: Params, out: Path) -> Iterator[tuple[int, TrainJob]]:
     """One validation run per trial seed, each in its own folder under `out` (when several)."""
     seeds = trial_seeds(config)
     for seed in seeds:
         folder = out if len(seeds) == 1 else out / f"seed-{seed}"
-        yield seed, validation_job(config, features, params, folder, seed)
+        yield seed, validation_job(config, data, params, folder, seed)
 
 
-def validation_job(config: PipelineConfig, features: Features, params: Params, out: Path,
+def validation_job(config: PipelineConfig, data: TuningData, params: Params, out: Path,
                    seed: int | None = None) -> TrainJob:  # fmt: skip
     """A training run of `config` with `params` applied (and another training seed, if
-    given), scored on the validation days."""
+    given) on the tuning data's training part, scored on its validation part."""
     training, model = apply_params(config.training, config.model, params)
     training = dataclasses.replace(training, checkpoint_every=0, max_restarts=0,
                                    seed=training.seed if seed is None else seed)  # fmt: skip
     trial_config = dataclasses.replace(config, training=training, model=model)
-    return dataclasses.replace(
-        build_job(trial_config, features.state, features.files, run_id=out.name),
-        eval_files={str(d): tuple(features.files[d]) for d in config.validation_days},
-        out_dir=str(out),
-    )
+    job = build_job(trial_config, data.features.state, data.features.files, run_id=out.name)
+    return dataclasses.replace(job, train_files=data.train_files, eval_files=data.validation_files, out_dir=str(out))
 
 
 def train_and_score(config: PipelineConfig, features: Features, params: Params, out: Path) -> float:
     """Training runs with fixed parameters, one per trial seed; their mean NE on the
-    validation days, comparable with the study's trial values."""
+    validation rows, comparable with the study's trial values."""
+    data = tuning_data(config, features)
     scores = []
-    for _, job in seed_jobs(config, features, params, out):
+    for _, job in seed_jobs(config, data, params, out):
         launch(job, on_line=lambda line: None)
-        scores.append(validation_ne(Path(job.out_dir) / "predictions", config.validation_days))
+        scores.append(validation_ne(Path(job.out_dir) / "predictions"))
     return statistics.fmean(scores)
 
 
-def validation_ne(predictions: Path, days: tuple[int, ...]) -> float:
-    """NE over all validation days; a diverged model (NaN predictions) is pruned, not failed."""
-    scores = Scores.concat([read_predictions(predictions / f"day={day}") for day in days])
+def validation_ne(predictions: Path) -> float:
+    """NE over every validation part a run scored (`predictions/day=*`); a diverged model
+    (NaN predictions) is pruned, not failed."""
+    scores = Scores.concat([read_predictions(folder) for folder in sorted(predictions.glob("day=*"))])
     try:
         ne = compute_ne(binary_state(scores.labels, scores.predictions))
     except MetricError as error:
@@ -291,10 +322,3 @@ def _redact(url: str) -> str:
     """A storage URL without its password, for tags."""
     return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
 
-
-def run_logger(fallback: str) -> logging.Logger | logging.LoggerAdapter:
-    """The flow run's logger inside Prefect; the standard logger `fallback` outside (benchmarks)."""
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return logging.getLogger(fallback)

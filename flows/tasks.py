@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +25,20 @@ from prefect.runtime import flow_run
 from prefect.tasks import exponential_backoff
 
 from evaluation.metrics import BinaryState, binary_state, compute_ne
-from evaluation.promotion import PromotionDecision
+from evaluation.promotion import PromotionDecision, QualityEvidence, QualityGate, quality_failure
 from evaluation.report import EvalReport, Scores, build_report
 from flows.config import PipelineConfig
-from flows.registry import promote_if_better, promotion_lock
+from flows.registry import decision_tag, promote_if_better, promotion_lock
 from ingestion.preprocess import PreprocessState, apply_state, fit_state
 from ingestion.synthetic import GroundTruth, existing_day, generate_day, read_day_stats
 from ingestion.warehouse import ingest_day
-from training.baselines import train_logistic_regression
+from training.baselines import fit_logistic_regression
 from training.export import export_model
 from training.job import TrainJob
 from training.launcher import launch
+from training.progress import MetricsRecord
 from training.scoring import dlrm_logits, score_files
+from training.summary import TrainSummary
 
 # Work is skipped by the stages' own manifests (a day already ingested, features already
 # written for this preprocessing state), which stay right when files change underneath;
@@ -96,9 +97,18 @@ def preprocess_task(config: PipelineConfig, state: PreprocessState, day: int) ->
     return [str(p) for p in sorted(folder.glob("*.parquet"))]
 
 
+@dataclass(frozen=True)
+class TrainedModel:
+    """A finished training job: its summary, and the folder of its outputs (checkpoints,
+    predictions of the eval days, metrics, plan)."""
+
+    summary: TrainSummary
+    out_dir: Path
+
+
 @task(name="train", retries=1, retry_delay_seconds=2, **STAGE)
-def train_task(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]]) -> dict[str, Any]:
-    """Sharded training with torchrun; returns the job's summary (and where its outputs are).
+def train_task(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]]) -> TrainedModel:
+    """Sharded training with torchrun; returns the job's summary and where its outputs are.
 
     A retry of this task belongs to the same flow run, so it resumes from the run's last
     checkpoint; a new flow run trains from scratch.
@@ -108,26 +118,16 @@ def train_task(config: PipelineConfig, state: PreprocessState, files: dict[int, 
     progress = create_progress_artifact(0.0, key="training-progress", description="Training steps done (%)")
     shown = [0.0]
 
-    def on_line(line: str) -> None:
-        logger.info(line)
-        done = _percent_done(line)
-        if done is not None and done >= shown[0] + 1:  # at most ~100 updates a run
+    def on_progress(record: MetricsRecord) -> None:
+        done = 100.0 * record.step / max(1, record.total_steps)
+        if done >= shown[0] + 1:  # at most ~100 updates a run
             shown[0] = done
             update_progress_artifact(progress, done)
 
-    launch(job, on_line=on_line)
+    launch(job, on_line=logger.info, on_progress=on_progress)
     update_progress_artifact(progress, 100.0)
-    summary = json.loads((job.out / "summary.json").read_text())
     _publish_plan(job.out / "plan.json")
-    return {**summary, "out_dir": str(job.out)}
-
-
-STEP_LINE = re.compile(r"\[train\] step (\d+)/(\d+)")
-
-
-def _percent_done(line: str) -> float | None:
-    match = STEP_LINE.search(line)
-    return 100.0 * int(match[1]) / max(1, int(match[2])) if match else None
+    return TrainedModel(TrainSummary.load(job.out / "summary.json"), job.out)
 
 
 def _publish_plan(plan_file: Path) -> None:
@@ -162,11 +162,18 @@ def build_job(
 
 @task(name="baseline-logistic-regression", **STAGE)
 def baseline_task(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]]) -> dict[int, Scores]:
-    """The hashed logistic regression, trained on the same days, scored on the same days."""
+    """The hashed logistic regression on the DLRM's features: L2 chosen on a held-out slice of
+    the training rows, refit on all of them to convergence, scored on the same rows as the
+    model (training/baselines.py)."""
     torch.set_num_threads(max(1, config.training.nproc * config.training.threads_per_proc))
     train_files = [f for day in config.data.train_days for f in files[day]]
-    model = train_logistic_regression(state.table_sizes, train_files, seed=config.training.seed)
-    return {day: score_files(model, files[day], config.evaluation.slice_feature) for day in config.data.eval_days}
+    fit = fit_logistic_regression(state.table_sizes, train_files, seed=config.training.seed)
+    get_run_logger().info(
+        "logistic regression: L2 chosen on %s held-out training rows (C %.4g, validation NE %.4f), refit on all %s; %s",
+        f"{fit.validation_rows:,}", fit.c, fit.validation_ne, f"{fit.train_rows:,}",
+        "converged" if fit.converged else f"stopped after {fit.iterations} iterations without converging",
+    )  # fmt: skip
+    return {day: score_files(fit.model, files[day], config.evaluation.slice_feature) for day in config.data.eval_days}
 
 
 @task(name="evaluate", **STAGE)
@@ -225,14 +232,20 @@ def promote_task(config: PipelineConfig, run_id: str, version: str, report: Eval
     """Make the new version the champion if it beats the current one on the same days."""
     client = MlflowClient(tracking_uri=config.tracking_uri)
     name = config.tracking.registered_model
+    evidence = QualityEvidence(report.references["baseline_constant_ne"], report.references["logistic_regression_ne"],
+                               report.overall["calibration"])  # fmt: skip
+    gate = QualityGate.from_config(config.evaluation)
     decision = promote_if_better(
         client, name, version, report.overall["ne"], tuple(config.data.eval_days),
         config.evaluation.promotion_margin,
         champion_ne_on_days=lambda champion: champion_ne(config, champion),
         lock=promotion_lock(config.tracking_uri, config.tracking.promotion_lock, name),
+        evidence=evidence, gate=gate,
     )  # fmt: skip
     client.log_dict(run_id, decision.as_dict(), "promotion/decision.json")
-    client.set_tag(run_id, "promotion.decision", "promoted" if decision.promote else "kept champion")
+    refused = quality_failure(report.overall["ne"], evidence, gate) is not None
+    client.set_tag(run_id, "promotion.decision", decision_tag(decision, refused))
+    client.set_tag(run_id, "promotion.reason", decision.reason)
     if decision.champion_ne is not None:
         client.log_metric(run_id, "champion_ne_same_days", decision.champion_ne)
     get_run_logger().info("promotion: %s (%s)", "promoted" if decision.promote else "not promoted", decision.reason)

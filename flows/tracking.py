@@ -15,6 +15,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from evaluation.plots import ne_curve, relative_ne_curve, reliability_curve
+from training.progress import metric_values, read_records
 
 log = logging.getLogger(__name__)
 MODEL_REQUIREMENTS = ["torch==2.13.0", "torchrec==1.8.0", "fbgemm-gpu-cpu==1.8.0"]
@@ -45,9 +46,8 @@ class RunRecord:
 
 
 def read_metrics_history(path: Path) -> list[dict[str, float]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The training job's metrics file as rows of values by name (`step` in each), in order."""
+    return [metric_values(record) for record in read_records(path)]
 
 
 def use_experiment(tracking_uri: str, experiment: str, artifact_location: str | None) -> str:

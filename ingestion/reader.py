@@ -7,10 +7,10 @@ once, and differ by at most one row. Only the row groups that overlap a rank's r
 read by it (a boundary row group is read by both neighbours, each for its own rows).
 
 Every rank yields the same number of batches, so collectives never hang:
-- training (`drop_remainder=True`): ⌊⌊N/W⌋ / B⌋ full batches; the remainder of the epoch,
-  fewer than W·(B+1) rows, is not trained on (a shuffled next epoch sees other rows last);
-- evaluation (`drop_remainder=False`): ⌈⌈N/W⌉ / B⌉ batches, the last ones padded to B rows
-  with label −1, which evaluation discards.
+- `drop_remainder=False` (training and evaluation): ⌈⌈N/W⌉ / B⌉ batches, the last ones
+  padded to B rows with label −1, which evaluation discards and the training loss weighs
+  at zero (training/objective.py): every row is trained and scored once an epoch;
+- `drop_remainder=True`: ⌊⌊N/W⌋ / B⌋ full batches; the rest of the epoch is left out.
 
 A background thread reads and decodes ahead into a bounded queue (`prefetch` batches).
 

@@ -60,11 +60,6 @@ def warehouse_schema(multi_hot: Sequence[str] = ()) -> pa.Schema:
     return _with_lists(WAREHOUSE_SCHEMA, multi_hot, pa.uint32())
 
 
-def feature_schema(multi_hot: Sequence[str] = ()) -> pa.Schema:
-    """FEATURE_SCHEMA with the multi-hot features as lists of row indices."""
-    return _with_lists(FEATURE_SCHEMA, multi_hot, pa.int32())
-
-
 def multi_hot_of(schema: pa.Schema) -> tuple[str, ...]:
     """The categorical features a warehouse or feature schema stores as lists."""
     return tuple(name for name in SPARSE_COLUMNS if pa.types.is_list(schema.field(name).type))

@@ -321,8 +321,3 @@ def _publish(staged: Path, target: Path, scratch: Path) -> None:
         target.rename(scratch / f"retired-{uuid.uuid4().hex[:8]}")
     staged.rename(target)
 
-
-def warehouse_rows(warehouse: Path, day: int) -> int:
-    """Rows in a published partition, from Parquet footers (no data is read)."""
-    files = sorted(partition_dir(warehouse, day).glob("*.parquet"))
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)

@@ -140,12 +140,37 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class CpuConfig:
+    """The CPU development path's kernels ([training.cpu]), applied by training/cpu/ on CPU
+    hosts only. Each choice is fixed for a job and machine: nothing is decided by timing.
+
+    - `embedding_update`: the embeddings' fused row-wise Adagrad. "native": a C loop
+      (needs a C compiler); "vectorized": the same in torch ops; "fbgemm": fbgemm's own;
+      "auto": native where it compiles, else fbgemm.
+    - `interaction`: the fp32 dot interaction. "native": one C pass per sample; "aten":
+      torch's batched products; "auto": native where it compiles.
+    - `matmul`: the MLPs' fp32 ReLU layers. "onednn": oneDNN with the bias and ReLU fused;
+      "aten": PyTorch's own (MKL).
+    - `malloc`: "retain" keeps freed blocks up to 32 MB in the process (glibc's mallopt), so
+      a step does not page-fault its activations in again; "system": glibc's defaults.
+    """
+
+    embedding_update: Literal["auto", "native", "vectorized", "fbgemm"] = "auto"
+    interaction: Literal["auto", "native", "aten"] = "auto"
+    matmul: Literal["onednn", "aten"] = "onednn"
+    malloc: Literal["retain", "system"] = "retain"
+
+
+@dataclass(frozen=True)
 class TrainingConfig:
     """The torchrun job. `batch_size` is global: each of `nproc` ranks takes an equal share."""
 
     nproc: int = 2
     batch_size: int = 2048
     epochs: int = 1
+    # A run with fewer optimizer steps than this halves its global batch until it has them
+    # (training/run_length.py, logged); 0 keeps the batch as configured.
+    min_steps: int = 50
     embedding_lr: float = 0.05
     dense_lr: float = 0.001
     dense_optimizer: Literal["adagrad", "adam"] = "adam"
@@ -153,6 +178,9 @@ class TrainingConfig:
     embedding_eps: float = 1e-8
     dense_weight_decay: float = 0.0
     warmup_steps: int = 0
+    # Warm-up as a fraction of the run's steps (the longer of the two counts; never longer
+    # than the run), so one setting fits a run of any length and batch size.
+    warmup_fraction: float = 0.0
     lr_decay: Literal["none", "linear", "cosine"] = "none"
     min_lr_fraction: float = 0.0
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -161,27 +189,8 @@ class TrainingConfig:
     # far slower than fp32 elsewhere. "auto": bf16 where the device has it natively, else fp32.
     precision: Literal["auto", "fp32", "bf16"] = "fp32"
     threads_per_proc: int = 1
-    # The embeddings' row-wise Adagrad update on CPU. "native": this project's C kernel
-    # (training/native_rowwise_adagrad.py; needs a C compiler); "vectorized": the same in
-    # torch ops (training/cpu_rowwise_adagrad.py); "fbgemm": fbgemm's JIT kernel, which on
-    # CPUs that charge for mixing AVX and SSE code costs ~550 ns per distinct row a step;
-    # "auto": times each at start-up (training/embedding_update.py) and keeps the fastest.
-    # GPUs always use fbgemm's CUDA kernels.
-    cpu_embedding_update: Literal["auto", "native", "vectorized", "fbgemm"] = "auto"
-    # The dot interaction's fp32 forward and backward on CPU. "native": this project's C
-    # kernel, one pass per sample (training/native_interaction.py; needs a C compiler);
-    # "aten": torch's batched matrix products, gather and scatters; "auto": native where it
-    # compiles. bf16 and GPUs use torch's.
-    cpu_interaction: Literal["auto", "native", "aten"] = "auto"
-    # The MLPs' fp32 matrix products on CPU. "onednn": oneDNN's kernels with the bias and ReLU
-    # fused (training/cpu_linear.py; 20-30 % faster than MKL's on a Zen 4 EPYC); "aten":
-    # PyTorch's own (MKL). bf16 products go to oneDNN either way; GPUs use cuBLAS.
-    cpu_matmul: Literal["onednn", "aten"] = "onednn"
-    # Host memory on CPU. "retain": glibc's malloc keeps freed blocks up to 32 MB for the
-    # next step instead of returning them to the system, which faults them in again page
-    # by page (training/cpu_memory.py; a bf16 step ~35.5 → 25.7-29.1 ms on a Zen 4 EPYC);
-    # "system": glibc's defaults.
-    cpu_malloc: Literal["retain", "system"] = "retain"
+    # CPU-only speed settings ([training.cpu]); GPU hosts ignore them.
+    cpu: CpuConfig = field(default_factory=lambda: CpuConfig())
     # "sparse_dist": TorchRec's TrainPipelineSparseDist (device copies and the ids'
     # all-to-all of the next batches overlap the current step); "plain": one batch at a
     # time; "auto": the pipeline on GPUs, plain steps on CPU.
@@ -209,6 +218,8 @@ class TrainingConfig:
             )
         if self.epochs < 1:
             raise ValueError(f"epochs: must be at least 1, got {self.epochs}")
+        if self.min_steps < 0:
+            raise ValueError(f"min_steps: must be ≥ 0 (0: off), got {self.min_steps}")
         for key in ("embedding_lr", "dense_lr"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key}: must be positive, got {getattr(self, key)}")
@@ -220,6 +231,8 @@ class TrainingConfig:
             raise ValueError(f"log_every: must be at least 1, got {self.log_every}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps: must be ≥ 0, got {self.warmup_steps}")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise ValueError(f"warmup_fraction: must be in [0, 1), got {self.warmup_fraction}")
         if not 0.0 <= self.min_lr_fraction <= 1.0:
             raise ValueError(f"min_lr_fraction: must be in [0, 1], got {self.min_lr_fraction}")
         if self.checkpoint_every < 0 or self.keep_checkpoints < 1:

@@ -1,24 +1,30 @@
 """Launch a training job with torchrun as a subprocess and surface failures clearly.
 
 torchrun starts `nproc` workers (`training.worker`), tees each rank's output into
-`<out>/logs/`, and on failure prints which rank died first. The launcher streams the output
-to a callback (so a Prefect task logs progress live) and turns a failure into one
-`TrainingFailed` naming the rank, its exit code (or signal) and the end of its traceback.
+`<out>/logs/`, and on failure prints which rank died first. The launcher streams the output,
+less the libraries' warnings, to `on_line` (so a Prefect task logs progress live), hands the
+records of the job's metrics file to `on_progress` as they are written (progress, held-out
+NE: what a program acts on, e.g. a pruner), and turns a failure into one `TrainingFailed`
+naming the rank, its exit code (or signal) and the end of its traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from training.checkpoint import latest_checkpoint
 from training.job import TrainJob
+from training.progress import MetricsFollower, MetricsRecord
 
 FAILURE_RECORD = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
@@ -44,8 +50,18 @@ def torchrun_command(job: TrainJob, job_path: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def launch(job: TrainJob, on_line: Callable[[str], None] = print) -> None:
+def launch(
+    job: TrainJob,
+    on_line: Callable[[str], None] = print,
+    on_progress: Callable[[MetricsRecord], None] | None = None,
+    poll_s: float = 1.0,
+) -> None:
     """Run the job to completion; raise `TrainingFailed` if it still fails after its restarts.
+
+    `on_line` gets the output worth showing a person (`ConsoleFilter`); `on_progress` gets
+    each record of the job's metrics file (`training.progress`), checked as output arrives
+    and at least every `poll_s` seconds. An exception raised by either callback stops the
+    job (every worker) and propagates: that is how a pruned trial ends early.
 
     A failed attempt is relaunched as a fresh torchrun (a new rendezvous) up to
     `training.max_restarts` times; each relaunch resumes from the run's last checkpoint.
@@ -53,9 +69,10 @@ def launch(job: TrainJob, on_line: Callable[[str], None] = print) -> None:
     stale address and hang.
     """
     attempts = job.training.max_restarts + 1
+    poll = _progress_poller(MetricsFollower(job.out / "metrics.jsonl"), on_progress)
     for attempt in range(1, attempts + 1):
         try:
-            _launch_once(job, on_line)
+            _launch_once(job, on_line, poll, poll_s)
             return
         except TrainingFailed as failure:
             if attempt == attempts:
@@ -65,11 +82,29 @@ def launch(job: TrainJob, on_line: Callable[[str], None] = print) -> None:
                     "it resumes from the last checkpoint")  # fmt: skip
 
 
-def _launch_once(job: TrainJob, on_line: Callable[[str], None]) -> None:
+def _progress_poller(metrics: MetricsFollower, on_progress: Callable[[MetricsRecord], None] | None
+                     ) -> Callable[[], None]:  # fmt: skip
+    """Hands the records appended since the last call to `on_progress` (across relaunches:
+    a resumed run replaces the file, and its records are read again from the start)."""
+
+    def poll() -> None:
+        if on_progress is not None:
+            for record in metrics.read_new():
+                on_progress(record)
+
+    return poll
+
+
+def _launch_once(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[], None], poll_s: float) -> None:
     job.out.mkdir(parents=True, exist_ok=True)
-    # Checkpoints and metrics stay: a relaunch of the same run resumes from them.
-    for stale in ("logs", "predictions", "summary.json"):
-        path = job.out / stale
+    # Checkpoints, and the metrics of the steps they hold, stay: a relaunch of the same run
+    # resumes from them. Without a checkpoint the run starts at step 0, and any metrics
+    # there are an earlier run's (the worker would drop them too; gone now, no reader sees them).
+    stale = ["logs", "predictions", "summary.json"]
+    if latest_checkpoint(job.checkpoint_root) is None:
+        stale.append("metrics.jsonl")
+    for name in stale:
+        path = job.out / name
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     job_path = job.out / "job.json"
     job.save(job_path)
@@ -79,21 +114,47 @@ def _launch_once(job: TrainJob, on_line: Callable[[str], None]) -> None:
         torchrun_command(job, job_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         start_new_session=True,  # its own process group, so a stop reaches every worker
     )  # fmt: skip
-    output: list[str] = []
-    assert process.stdout is not None
     try:
-        for line in process.stdout:
-            line = line.rstrip("\n")
-            output.append(line)
-            if _worth_showing(line):
-                on_line(line)
+        output = follow(process, on_line, poll, poll_s)
     except BaseException:
-        # The caller stopped the job (a pruned trial, Ctrl-C): no orphaned workers.
+        # A callback stopped the job (a pruned trial), or Ctrl-C: no orphaned workers.
         _stop(process)
         raise
     code = process.wait()
     if code != 0:
         raise _failure(job, "\n".join(output), code)
+
+
+def follow(process: subprocess.Popen, on_line: Callable[[str], None], poll: Callable[[], None],
+           poll_s: float = 1.0) -> list[str]:  # fmt: skip
+    """Stream `process`'s output until it ends: each line worth showing to `on_line`; `poll()`
+    after each line and after every `poll_s` seconds without one, and once at the end.
+    Returns every line (for the failure report)."""
+    assert process.stdout is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read(stdout) -> None:  # a thread: a silent job still gets polled
+        for line in stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, args=(process.stdout,), name="launcher-output", daemon=True).start()
+    shown, output = ConsoleFilter(), []
+    while True:
+        try:
+            line = lines.get(timeout=poll_s)
+        except queue.Empty:
+            poll()
+            continue
+        if line is None:
+            break
+        line = line.rstrip("\n")
+        output.append(line)
+        if shown(line):
+            on_line(line)
+        poll()
+    poll()
+    return output
 
 
 def _stop(process: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -111,9 +172,37 @@ def _project_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-def _worth_showing(line: str) -> bool:
-    """Progress and errors; not the libraries' warnings."""
-    return "[train]" in line or "Error" in line or "Traceback" in line
+# torchrun's tee prefixes a worker's lines with "[default<local rank>]:", and torch's
+# distributed logging adds "[rank<N>]:".
+_PREFIX = r"^(?:\[default\d+\]:)?(?:\[rank\d+\]:)?"
+_NOISE = re.compile(_PREFIX + r"""(?:
+    [WI]\d{4}\ [\d:.]+\ +\d+\            # torch's glog-style warnings and infos: "W1124 19:22:55.384000 12062 ..."
+  | (?:WARNING|INFO):(?!(?:training|ingestion|evaluation|flows)[.:])[\w.]+:  # library loggers: "WARNING:torchrec...:"
+)""", re.VERBOSE)  # fmt: skip
+# Python's warnings from installed packages: "/.../site-packages/pkg/mod.py:552: FutureWarning: ...",
+# followed by the warning's source line, indented
+_LIBRARY_WARNING = re.compile(_PREFIX + r"\S*[/\\](?:site|dist)-packages[/\\]\S+\.py:\d+: \w*Warning: ")
+
+
+class ConsoleFilter:
+    """Which lines of a job's output a person wants: everything (our workers' `[train]`
+    lines, tracebacks, torchrun's failure report, anything unexpected) except the warnings
+    that installed libraries print on every run (deprecations, planner notices)."""
+
+    def __init__(self) -> None:
+        self._after_warning: set[str] = set()  # the prefixes whose last line was a library warning
+
+    def __call__(self, line: str) -> bool:
+        prefix = re.match(_PREFIX, line)
+        source = prefix.group(0) if prefix else ""
+        if _LIBRARY_WARNING.match(line):
+            self._after_warning.add(source)
+            return False
+        if source in self._after_warning:
+            self._after_warning.discard(source)
+            if line[len(source):].startswith(" "):
+                return False  # the warning's source line
+        return not _NOISE.match(line)
 
 
 def first_cause(output: str) -> tuple[int, int, int] | None:

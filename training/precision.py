@@ -54,3 +54,31 @@ def device_description(device: torch.device) -> str:
     if device.type == "cuda":
         return f"GPU ({torch.cuda.get_device_name(device)})"
     return f"CPU ({torch.backends.cpu.get_cpu_capability()})"
+
+
+class Float32Linear(torch.nn.Linear):
+    """A `Linear` that computes in float32 under autocast: the top MLP's last layer, whose
+    output is the logit. In bf16 a logit near −2 would be rounded to steps of 1/64, and
+    the predictions, NE and calibration with it; the layer is 256 → 1, so fp32 costs
+    nothing (its products took 20 µs in fp32 against ~50 µs in bf16 on AMX, forward and
+    each gradient)."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=features.device.type, enabled=False):
+            return torch.nn.functional.linear(features.float(), self.weight, self.bias)
+
+
+def logit_in_float32(model: torch.nn.Module) -> int:
+    """Make every DLRM's logit layer (the top MLP's last `Linear`) a `Float32Linear`, with
+    the same parameters. Returns how many layers it changed."""
+    from torchrec.models.dlrm import DLRM
+
+    changed = 0
+    for dlrm in (m for m in model.modules() if isinstance(m, DLRM)):
+        last = dlrm.over_arch.model[-1]
+        if type(last) is torch.nn.Linear:
+            fp32 = Float32Linear(last.in_features, last.out_features, device=torch.device("meta"))
+            fp32.weight, fp32.bias = last.weight, last.bias
+            dlrm.over_arch.model[-1] = fp32
+            changed += 1
+    return changed

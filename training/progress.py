@@ -1,17 +1,123 @@
-"""Training progress: console lines with samples/s and ETA, and a metrics file for tracking."""
+"""Training progress: console lines for people, and the metrics file for programs.
+
+The metrics file (`<out>/metrics.jsonl`, written by rank 0) holds one JSON object a line,
+appended as training goes; it is how progress and held-out NE reach the flows (the
+Prefect progress artifact, the tuner's pruner, MLflow's history). Its records:
+
+- `TrainRecord` (`"kind": "train"`), every `training.log_every` steps and at the last step:
+  loss, windowed and lifetime NE of the training batches, throughput;
+- `HeldoutRecord` (`"kind": "heldout"`), every `evaluation.heldout_every_steps` steps and
+  at the last step: NE on a fixed sample of the held-out days.
+
+Both carry `step` and `total_steps` (percent done = 100 · step / total_steps) and
+`samples_seen`. A resumed run rewrites the file to the records up to its checkpoint's step
+(replacing it: a new file), then appends again from there. `MetricsFollower` reads the
+records appended since its last call; the console lines are for people and nobody parses them.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import deque
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 from evaluation.metrics import BinaryState, MetricError, compute_ne
+from training.summary import SchemaError, from_json
+
+
+@dataclass(frozen=True)
+class TrainRecord:
+    """Training metrics at a logged step (summed over every rank's batches)."""
+
+    step: int
+    total_steps: int
+    samples_seen: int  # step × global batch size
+    loss: float  # rank 0's loss on the step's batch
+    train_window_ne: float  # NE over about the last `evaluation.ne_window` training samples
+    train_lifetime_ne: float  # NE over every training sample of this launch
+    samples_per_s: float  # since the previous logged step
+    elapsed_s: float  # since this launch's training loop started
+    kind: Literal["train"] = "train"
+
+
+@dataclass(frozen=True)
+class HeldoutRecord:
+    """NE on the first `evaluation.heldout_batches` batches of the held-out days, at a step."""
+
+    step: int
+    total_steps: int
+    samples_seen: int
+    heldout_ne: float  # NaN when it cannot be computed (e.g. NaN predictions)
+    kind: Literal["heldout"] = "heldout"
+
+
+MetricsRecord = TrainRecord | HeldoutRecord
+RECORD_KINDS: dict[str, type[MetricsRecord]] = {"train": TrainRecord, "heldout": HeldoutRecord}
+
+
+def record_line(record: MetricsRecord) -> str:
+    """The record as one line of the metrics file (`kind` first, for people reading it)."""
+    fields = asdict(record)
+    return json.dumps({"kind": fields.pop("kind"), **fields}) + "\n"
+
+
+def parse_record(line: str, where: str = "metrics record") -> MetricsRecord:
+    """One line of the metrics file as its record; `SchemaError` if it is not one."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise SchemaError(f"{where}: not JSON ({error}): {line[:200]!r}") from None
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind not in RECORD_KINDS:
+        raise SchemaError(f"{where}: unknown record kind {kind!r} (expected one of {list(RECORD_KINDS)})")
+    return from_json(RECORD_KINDS[kind], data, where)
+
+
+def read_records(path: Path) -> list[MetricsRecord]:
+    """Every complete record in a metrics file (none if there is no file)."""
+    return MetricsFollower(path).read_new()
+
+
+def metric_values(record: MetricsRecord) -> dict[str, float]:
+    """The record's measurements by name, with `step` and `samples_seen` (as MLflow logs them)."""
+    values = asdict(record)
+    del values["kind"], values["total_steps"]
+    return values
+
+
+class MetricsFollower:
+    """Reads a metrics file as it grows: each `read_new()` returns the records appended since
+    the previous call. A line still being written stays unread until its newline arrives.
+    When the file is replaced or truncated (a resumed run rewrites it), reading starts over
+    at the new file's beginning, so a step may come again after a resume."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._inode: int | None = None
+        self._offset = 0
+        self._partial = b""
+
+    def read_new(self) -> list[MetricsRecord]:
+        try:
+            with self.path.open("rb") as file:
+                status = os.fstat(file.fileno())
+                if status.st_ino != self._inode or status.st_size < self._offset:
+                    self._inode, self._offset, self._partial = status.st_ino, 0, b""
+                file.seek(self._offset)
+                data = file.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        return [parse_record(line.decode(), str(self.path)) for line in lines if line.strip()]
 
 
 class Progress:
-    """Windowed and lifetime NE from summed states; one JSON line per logged step (rank 0)."""
+    """Windowed and lifetime NE from summed states; one record per logged step (rank 0)."""
 
     def __init__(self, total_steps: int, global_batch: int, window: int, metrics_path: Path | None) -> None:
         self.total_steps, self.global_batch, self.window = total_steps, global_batch, window
@@ -34,44 +140,45 @@ class Progress:
 
     def add_heldout(self, step: int, state: BinaryState) -> None:
         """NE on a fixed sample of the held-out days at this step (rank 0 writes it)."""
-        ne = _ne_or_nan(state)
         if self.metrics_file:
-            record = {"step": step, "samples_seen": step * self.global_batch, "heldout_ne": ne}
-            self.metrics_file.write(json.dumps(record) + "\n")
-            self.metrics_file.flush()
-            # A fixed format: the tuner reads it from the launcher's output to prune early.
-            print(f"[train] step {step}/{self.total_steps} held-out NE {ne:.6f}", flush=True)
+            record = HeldoutRecord(step, self.total_steps, step * self.global_batch, _ne_or_nan(state))
+            self._write(record)
+            print(f"[train] step {step}/{self.total_steps} held-out NE {record.heldout_ne:.6f}", flush=True)
 
-    def report(self, step: int, loss: float) -> dict:
+    def report(self, step: int, loss: float) -> TrainRecord:
         now = time.perf_counter()
         steps = step - self.interval_start_step
         samples_per_s = steps * self.global_batch / max(now - self.interval_started, 1e-9)
         self.interval_started, self.interval_start_step = now, step
         elapsed = now - self.started
         eta = elapsed / step * (self.total_steps - step) if step else float("nan")
-        record = {
-            "step": step,
-            "samples_seen": step * self.global_batch,
-            "loss": loss,
-            "train_window_ne": _ne_or_nan(self.recent_state),
-            "train_lifetime_ne": _ne_or_nan(self.lifetime),
-            "samples_per_s": samples_per_s,
-            "elapsed_s": elapsed,
-        }
+        record = TrainRecord(
+            step=step,
+            total_steps=self.total_steps,
+            samples_seen=step * self.global_batch,
+            loss=loss,
+            train_window_ne=_ne_or_nan(self.recent_state),
+            train_lifetime_ne=_ne_or_nan(self.lifetime),
+            samples_per_s=samples_per_s,
+            elapsed_s=elapsed,
+        )
         print(
             f"[train] step {step}/{self.total_steps} ({100 * step / max(self.total_steps, 1):.0f}%) "
-            f"loss {loss:.4f} NE(window) {record['train_window_ne']:.4f} "
+            f"loss {loss:.4f} NE(window) {record.train_window_ne:.4f} "
             f"{samples_per_s:,.0f} samples/s ETA {eta:,.0f}s",
             flush=True,
         )
-        if self.metrics_file:
-            self.metrics_file.write(json.dumps(record) + "\n")
-            self.metrics_file.flush()
+        self._write(record)
         return record
 
     def close(self) -> None:
         if self.metrics_file:
             self.metrics_file.close()
+
+    def _write(self, record: MetricsRecord) -> None:
+        if self.metrics_file:
+            self.metrics_file.write(record_line(record))
+            self.metrics_file.flush()
 
 
 def _ne_or_nan(state: BinaryState) -> float:

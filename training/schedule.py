@@ -12,8 +12,14 @@ from collections.abc import Callable
 from torch.optim import Optimizer
 
 
+def warmup_length(warmup_steps: int, warmup_fraction: float, total_steps: int) -> int:
+    """Warm-up steps: the longer of a count and a fraction of the run, never past its end."""
+    return min(total_steps, max(warmup_steps, round(warmup_fraction * total_steps)))
+
+
 def lr_multiplier(step: int, total_steps: int, warmup_steps: int, decay: str, min_fraction: float) -> float:
-    """The factor on every base learning rate at `step` (0-based)."""
+    """The factor on every base learning rate at `step` (0-based), after `warmup_steps` of
+    linear warm-up (see `warmup_length`)."""
     if warmup_steps and step < warmup_steps:
         return (step + 1) / warmup_steps
     if decay == "none" or total_steps <= warmup_steps:
@@ -38,14 +44,16 @@ class LRSchedule:
     """
 
     def __init__(self, optimizer: Optimizer, warmup_steps: int, decay: str, min_fraction: float,
-                 push: Callable[[], None] | None = None) -> None:  # fmt: skip
+                 push: Callable[[], None] | None = None, warmup_fraction: float = 0.0) -> None:  # fmt: skip
         self.optimizer = optimizer
         self.base = [group["lr"] for group in optimizer.param_groups]
-        self.warmup_steps, self.decay, self.min_fraction = warmup_steps, decay, min_fraction
+        self.warmup_steps, self.warmup_fraction = warmup_steps, warmup_fraction
+        self.decay, self.min_fraction = decay, min_fraction
         self.push = push
 
     def apply(self, step: int, total_steps: int) -> float:
-        factor = lr_multiplier(step, total_steps, self.warmup_steps, self.decay, self.min_fraction)
+        warmup = warmup_length(self.warmup_steps, self.warmup_fraction, total_steps)
+        factor = lr_multiplier(step, total_steps, warmup, self.decay, self.min_fraction)
         for group, base in zip(self.optimizer.param_groups, self.base, strict=True):
             group["lr"] = base * factor
         if self.push is not None:

@@ -6,6 +6,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,13 +25,13 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from evaluation.distributed import all_reduce_state
 from evaluation.metrics import BinaryState
-from ingestion.reader import PAD_LABEL, build_reader, example_of_values, first_ids
+from ingestion.reader import PAD_LABEL, BatchReader, build_reader, example_of_values, first_ids
 from training.checkpoint import RowLedger, TrainPosition, save_checkpoint
 from training.config import TrainingConfig
 from training.job import TrainJob
 from training.progress import Progress
 from training.schedule import LRSchedule
-from training.steps import autocast, train_steps
+from training.steps import StepOutput, TrainSteps, autocast, train_steps
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ def attach_embedding_optimizer(model: nn.Module, config: TrainingConfig) -> None
 def build_schedule(model: nn.Module, optimizer: CombinedOptimizer, config: TrainingConfig) -> LRSchedule:
     """The learning-rate schedule over both optimizers (build it before loading a checkpoint)."""
     fused = model.fused_optimizer  # type: ignore[attr-defined]
-    return LRSchedule(optimizer, config.warmup_steps, config.lr_decay, config.min_lr_fraction, push=fused.step)
+    return LRSchedule(optimizer, config.warmup_steps, config.lr_decay, config.min_lr_fraction, push=fused.step,
+                      warmup_fraction=config.warmup_fraction)
 
 
 def build_optimizer(model: nn.Module, config: TrainingConfig) -> CombinedOptimizer:
@@ -123,6 +125,118 @@ def row_hashes(batch) -> torch.Tensor:
     return summed * 31 + batch.labels.cpu().to(torch.int64)  # wraps mod 2**64
 
 
+@dataclass(frozen=True)
+class ReadBatch:
+    """Where a batch read for training came from, and its rows' hashes for the ledger."""
+
+    epoch: int
+    index: int  # within the epoch
+    row_hashes: torch.Tensor
+
+
+class TrainBatches:
+    """This rank's training batches from `start` to the end of the last epoch.
+
+    The sparse-dist pipeline reads up to two batches ahead of the one it trains, and the
+    batches train in the order they were read: so the oldest batch read and not yet trained
+    (`pop_trained`) is the one a step just trained. The ledger and the checkpoint position
+    follow trained batches, never the ones in flight (a resume reads those again).
+    """
+
+    def __init__(self, job: TrainJob, device: torch.device, start: TrainPosition) -> None:
+        self.job, self.device, self.start = job, device, start
+        self.prefetch = reader_prefetch(job.training)
+        self.steps_per_epoch = self._reader(0).num_batches
+        self._read: deque[ReadBatch] = deque()
+        self.last_trained: ReadBatch | None = None
+        self.stream = self._batches()
+
+    def pop_trained(self) -> ReadBatch:
+        """The batch the step that just ran trained: the oldest one read and not yet trained."""
+        self.last_trained = self._read.popleft()
+        return self.last_trained
+
+    def position(self, step: int) -> TrainPosition:
+        """Where training stands after step `step`, which trained `last_trained`."""
+        trained = self.last_trained
+        assert trained is not None, "no batch trained yet"
+        if trained.index + 1 < self.steps_per_epoch:
+            return TrainPosition(step, trained.epoch, trained.index + 1)
+        return TrainPosition(step, trained.epoch + 1, 0)
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def _reader(self, epoch: int, first_batch: int = 0) -> BatchReader:
+        config = self.job.training
+        # every row trained: the last batch of an epoch is padded, and padding weighs nothing
+        # (training/objective.py)
+        return build_reader(self.job.train_files, config.batch_size_per_rank, dist.get_rank(), dist.get_world_size(),
+                            shuffle_seed=config.seed, epoch=epoch, start_batch=first_batch, drop_remainder=False,
+                            prefetch=self.prefetch)  # fmt: skip
+
+    def _batches(self) -> Iterator[Batch]:
+        for epoch in range(self.start.epoch, self.job.training.epochs):
+            first = self.start.batch if epoch == self.start.epoch else 0
+            for index, batch in enumerate(self._reader(epoch, first), start=first):
+                self._read.append(ReadBatch(epoch, index, row_hashes(batch)[batch.labels != PAD_LABEL]))
+                # page-locked, so the copy to the GPU is asynchronous and overlaps the step
+                yield batch.pin_memory() if self.device.type == "cuda" else batch
+
+
+class TrainTimer:
+    """Training time as throughput counts it: from the end of this launch's first step
+    (it compiles and warms up; unless it is the only step) to the end, less the pauses for
+    evaluations and checkpoints."""
+
+    def __init__(self, start_step: int, total_steps: int) -> None:
+        self.start_step, self.total_steps = start_step, total_steps
+        self.started = time.perf_counter()
+        self.first_step_seconds = 0.0
+        self.first_step_apart = False
+        self.paused_seconds = 0.0
+
+    def stepped(self, step: int) -> None:
+        if step == self.start_step + 1 < self.total_steps:
+            now = time.perf_counter()
+            self.first_step_seconds, self.started, self.first_step_apart = now - self.started, now, True
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        paused = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.paused_seconds += time.perf_counter() - paused
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started - self.paused_seconds
+
+    def timed_steps(self, step: int) -> int:
+        return step - self.start_step - (1 if self.first_step_apart else 0)
+
+
+class TrainingNE:
+    """This rank's NE sums since the last logged step; at a logged step (the same steps on
+    every rank) one small all-reduce sums them over the ranks, and rank 0 reports."""
+
+    def __init__(self, progress: Progress, device: torch.device, log_every: int) -> None:
+        self.progress, self.device, self.log_every = progress, device, log_every
+        self.pending = torch.zeros(4, dtype=torch.float64, device=device)
+
+    def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        real = labels != PAD_LABEL
+        self.pending += _step_state(logits[real], labels[real])
+
+    def maybe_log(self, step: int, loss: torch.Tensor) -> None:
+        if step % self.log_every != 0 and step != self.progress.total_steps:
+            return
+        self.progress.add(all_reduce_state(BinaryState.from_array(self.pending.cpu().numpy()), self.device))
+        self.pending.zero_()
+        if dist.get_rank() == 0:
+            self.progress.report(step, float(loss))
+
+
 def train(
     model: nn.Module,
     optimizer: CombinedOptimizer,
@@ -136,72 +250,61 @@ def train(
 
     Checkpoints every `checkpoint_every` steps; returns when the last epoch is done.
     """
-    rank, world = dist.get_rank(), dist.get_world_size()
     config = job.training
     start = start or TrainPosition(step=0, epoch=0, batch=0)
     ledger = ledger or RowLedger()
-
-    prefetch = reader_prefetch(config)
-
-    def reader(epoch: int, first_batch: int = 0):
-        return build_reader(job.train_files, config.batch_size_per_rank, rank, world, shuffle_seed=config.seed,
-                            epoch=epoch, start_batch=first_batch, prefetch=prefetch)  # fmt: skip
-
-    steps_per_epoch = reader(0).num_batches
-    total_steps = steps_per_epoch * config.epochs
-    # Where each batch read came from, in reading order; a step pops the batch it trained
-    # (the pipeline reads up to two batches ahead of the one it trains).
-    read: deque[tuple[int, int, torch.Tensor]] = deque()
-
-    def batches() -> Iterator[Batch]:
-        for epoch in range(start.epoch, config.epochs):
-            first = start.batch if epoch == start.epoch else 0
-            for index, batch in enumerate(reader(epoch, first), start=first):
-                read.append((epoch, index, row_hashes(batch)))
-                # page-locked, so the copy to the GPU is asynchronous and overlaps the step
-                yield batch.pin_memory() if device.type == "cuda" else batch
-
-    metrics_path = job.out / "metrics.jsonl" if rank == 0 else None
+    batches = TrainBatches(job, device, start)
+    total_steps = batches.steps_per_epoch * config.epochs
+    metrics_path = job.out / "metrics.jsonl" if dist.get_rank() == 0 else None
     progress = Progress(total_steps, config.batch_size, job.evaluation.ne_window, metrics_path)
+    ne = TrainingNE(progress, device, config.log_every)
     model.train()
     steps = train_steps(model, optimizer, config, device)
-    stream = batches()
-    step, started, evaluating, first_step_seconds = start.step, time.perf_counter(), 0.0, 0.0
-    pending = torch.zeros(4, dtype=torch.float64, device=device)
+    timer = TrainTimer(start.step, total_steps)
+    step = start.step
     while step < total_steps:
-        schedule.apply(step, total_steps)
-        loss, logits, labels = steps.step(stream)
-        epoch, index, hashes = read.popleft()
-        ledger.add(hashes)
+        loss, logits, labels = train_step(steps, batches, schedule, ledger, step, total_steps)
         step += 1
-        if step == start.step + 1 < total_steps:
-            # Throughput is timed from the second step: the first one compiles and warms up.
-            first_step_seconds, started = time.perf_counter() - started, time.perf_counter()
-        pending += _step_state(logits, labels)
-        every = job.evaluation.heldout_every_steps
-        if every and (step % every == 0 or step == total_steps):
-            paused = time.perf_counter()
-            progress.add_heldout(step, heldout_state(steps.pause(), job, device))
-            evaluating += time.perf_counter() - paused  # not training time
-        if step % config.log_every == 0 or step == total_steps:
-            # one small all-reduce per logging interval, at the same steps on every rank
-            progress.add(all_reduce_state(BinaryState.from_array(pending.cpu().numpy()), device))
-            pending.zero_()
-            if rank == 0:
-                progress.report(step, float(loss))
-        if config.checkpoint_every and step % config.checkpoint_every == 0 and step < total_steps:
-            paused = time.perf_counter()
-            position = TrainPosition(step, epoch, index + 1) if index + 1 < steps_per_epoch else TrainPosition(step, epoch + 1, 0)
-            save_checkpoint(model, optimizer, job.checkpoint_root, position, ledger, config.keep_checkpoints)
-            evaluating += time.perf_counter() - paused
+        timer.stepped(step)
+        ne.add(logits, labels)
+        maybe_evaluate(steps, job, device, progress, timer, step)
+        ne.maybe_log(step, loss)
+        maybe_checkpoint(model, optimizer, job, batches, ledger, timer, step, total_steps)
     steps.pause()  # the model's own forward again, for the final checkpoint and predictions
-    stream.close()
+    batches.close()
     progress.close()
-    seconds = time.perf_counter() - started - evaluating
-    timed = step - start.step - (1 if first_step_seconds else 0)
-    return TrainStats(steps=step, samples=timed * config.batch_size, seconds=seconds,
-                      first_step_seconds=first_step_seconds, ledger=ledger,
+    return TrainStats(steps=step, samples=timer.timed_steps(step) * config.batch_size, seconds=timer.seconds(),
+                      first_step_seconds=timer.first_step_seconds, ledger=ledger,
                       position=TrainPosition(step, config.epochs, 0))  # fmt: skip
+
+
+def train_step(steps: TrainSteps, batches: TrainBatches, schedule: LRSchedule, ledger: RowLedger, step: int,
+               total_steps: int) -> StepOutput:  # fmt: skip
+    """Train step `step + 1` at its scheduled rates, and account the batch it trained."""
+    schedule.apply(step, total_steps)
+    output = steps.step(batches.stream)
+    ledger.add(batches.pop_trained().row_hashes)
+    return output
+
+
+def maybe_evaluate(steps: TrainSteps, job: TrainJob, device: torch.device, progress: Progress, timer: TrainTimer,
+                   step: int) -> None:  # fmt: skip
+    """Held-out NE every `heldout_every_steps` steps and at the last step (not training time)."""
+    every = job.evaluation.heldout_every_steps
+    if every and (step % every == 0 or step == progress.total_steps):
+        with timer.paused():
+            progress.add_heldout(step, heldout_state(steps.pause(), job, device))
+
+
+def maybe_checkpoint(model: nn.Module, optimizer: CombinedOptimizer, job: TrainJob, batches: TrainBatches,
+                     ledger: RowLedger, timer: TrainTimer, step: int, total_steps: int) -> None:  # fmt: skip
+    """A checkpoint every `checkpoint_every` steps before the last (the worker writes the
+    last), at the position after the batch this step trained (not training time)."""
+    every = job.training.checkpoint_every
+    if every and step % every == 0 and step < total_steps:
+        with timer.paused():
+            save_checkpoint(model, optimizer, job.checkpoint_root, batches.position(step),
+                            ledger, job.training.keep_checkpoints)  # fmt: skip
 
 
 @torch.no_grad()

@@ -53,8 +53,13 @@ def test_mlflow_run_has_metrics_params_plan_and_plots(pipeline_run) -> None:
     assert len(history) >= 5 and history[-1].step > history[0].step
     heldout = client.get_metric_history(run.info.run_id, "heldout_ne")
     assert len(heldout) >= 2 and all(0 < m.value < 2 for m in heldout)
+    assert client.get_metric_history(run.info.run_id, "train_total_steps") == [], "a record's total is no metric"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "training")}
-    assert {"training/plan.txt", "training/plan.json"} <= artifacts
+    assert {"training/plan.txt", "training/plan.json", "training/summary.json"} <= artifacts
+    tags = run.data.tags
+    assert (tags["training.world_size"], tags["training.device"]) == ("2", "cpu")
+    assert tags["training.precision"] in ("fp32", "bf16")
+    assert not [tag for tag in tags if tag.split(".")[-1] in ("embedding_update", "matmul", "interaction", "malloc")]
     documents = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
     assert {"evaluation/report.md", "evaluation/slices.json", "evaluation/per_day.json"} <= documents
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
@@ -147,14 +152,14 @@ def test_a_killed_worker_fails_the_train_task_which_prefect_retries_from_the_che
     from prefect import flow
     from test_checkpoint_recovery import _kill_one_worker_after
 
-    from flows.tasks import build_job, train_task
+    from flows.tasks import TrainedModel, build_job, train_task
 
     state, files = tiny_features
     config = load_config(ROOT / "configs" / "tiny.toml", [f'run_dir="{tmp_path}"', "training.checkpoint_every=10",
                                                           "training.epochs=2"])  # fmt: skip
 
     @flow
-    def train_once() -> tuple[dict, str]:
+    def train_once() -> tuple[TrainedModel, str]:
         from prefect.runtime import flow_run
 
         job = build_job(config, state, files, run_id=str(flow_run.id))
@@ -162,9 +167,11 @@ def test_a_killed_worker_fails_the_train_task_which_prefect_retries_from_the_che
         state_ = train_task(config, state, files, return_state=True)
         return state_.result(), str(flow_run.id)
 
-    summary, flow_run_id = train_once()
-    assert summary["resumed_from_step"] >= 20, "the retry resumed from a checkpoint"
-    assert summary["rows_trained"] == summary["steps"] * config.training.batch_size, "each sample once"
+    trained, flow_run_id = train_once()
+    summary = trained.summary
+    assert summary.resumed_from_step >= 20, "the retry resumed from a checkpoint"
+    given = sum(pq.ParquetFile(f).metadata.num_rows for day in config.data.train_days for f in files[day])
+    assert summary.rows_trained == given * config.training.epochs, "each training row once an epoch"
 
     import asyncio
 

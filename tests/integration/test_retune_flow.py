@@ -69,7 +69,7 @@ def test_a_trial_scores_the_mean_ne_of_its_seeds(tuned_run) -> None:
         assert per_seed[seeds[0]] != per_seed[seeds[1]]
         # ... and the trial's value is their mean, each recomputed from its own predictions.
         trial_dir = config.path("tuning") / study.study_name / f"trial-{trial.number:04d}"
-        recomputed = [validation_ne(trial_dir / f"seed-{s}" / "predictions", config.validation_days) for s in seeds]
+        recomputed = [validation_ne(trial_dir / f"seed-{s}" / "predictions") for s in seeds]
         assert recomputed == pytest.approx([per_seed[s] for s in seeds], abs=1e-9)
         assert trial.value == pytest.approx(sum(recomputed) / 2, abs=1e-9)
         metrics = children[str(trial.number)].data.metrics

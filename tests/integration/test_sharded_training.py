@@ -12,13 +12,14 @@ import torch
 from evaluation.config import EvaluationConfig
 from evaluation.metrics import summarize
 from ingestion.reader import build_reader
-from training import cpu_memory, native_interaction
 from training.checkpoint import latest_checkpoint
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
+from training.cpu import memory as cpu_memory
 from training.export import export_model
 from training.job import TrainJob
 from training.launcher import TrainingFailed, launch
 from training.precision import native_bf16
+from training.progress import HeldoutRecord, MetricsRecord
 
 pytestmark = pytest.mark.slow
 
@@ -72,10 +73,10 @@ def test_bf16_training_converges_like_fp32(tiny_features, tmp_path: Path) -> Non
         summary = json.loads((job.out / "summary.json").read_text())
         assert summary["precision"] == precision
         # fp32 products on CPU run in oneDNN's fused layers (the default); bf16 ones in torch's
-        assert summary["matmul"] == ("onednn" if precision == "fp32" else "aten")
-        # the fp32 interaction is the native kernel where it compiles (auto); bf16 is torch's
-        assert summary["interaction"] == ("native" if precision == "fp32" and native_interaction.available() else "aten")
-        assert summary["malloc"] == ("retain" if cpu_memory.available() else "system")
+        assert summary["cpu"]["matmul"] == ("onednn" if precision == "fp32" else "aten")
+        # the fp32 interaction is the native kernel (auto; this machine has a C compiler); bf16 is torch's
+        assert summary["cpu"]["interaction"] == ("native" if precision == "fp32" else "aten")
+        assert summary["cpu"]["malloc"] == ("retain" if cpu_memory.available() else "system")
         warned = [line for line in lines if "no native bf16" in line]
         # bf16 on a CPU without AMX / AVX-512 BF16 trains, and says it will be slow, once
         assert len(warned) == (precision == "bf16" and not native_bf16(torch.device("cpu")))
@@ -120,25 +121,26 @@ def test_a_failing_rank_is_named_with_its_error(tiny_features, tmp_path: Path) -
 
 
 class _StopHere(Exception):
-    """Raised from the output callback, as a pruned trial does."""
+    """Raised from the progress callback, as a pruned trial does."""
 
 
 def test_a_caller_that_stops_the_job_leaves_no_worker_behind(tiny_features, tmp_path: Path) -> None:
-    """A pruned trial raises from the output callback: every torchrun process must go."""
+    """A pruned trial raises from the progress callback: every torchrun process must go."""
     import subprocess
 
     job = _job(tiny_features, tmp_path / "stopped", ShardingConfig("table_wise", "fused"))
     job = replace(job, evaluation=replace(job.evaluation, heldout_every_steps=10, heldout_batches=1))
-    seen: list[str] = []
+    seen: list[MetricsRecord] = []
 
-    def stop_at_first_heldout(line: str) -> None:
-        if "held-out NE" in line:
-            seen.append(line)
-            raise _StopHere(line)
+    def stop_at_first_heldout(record: MetricsRecord) -> None:
+        seen.append(record)
+        if isinstance(record, HeldoutRecord):
+            raise _StopHere(record)
 
     with pytest.raises(_StopHere):
-        launch(job, on_line=stop_at_first_heldout)
-    assert seen and seen[0].split("held-out NE")[0].strip().endswith("step 10/46")
+        launch(job, on_line=lambda line: None, on_progress=stop_at_first_heldout)
+    # 6,000 rows a rank at 128: 46 full batches and a partial one, which trains too
+    assert [(r.kind, r.step, r.total_steps) for r in seen] == [("train", 5, 47), ("heldout", 10, 47)]
     survivors = subprocess.run(["pgrep", "-f", str(job.out / "job.json")], check=False, capture_output=True, text=True)
     assert survivors.stdout.strip() == "", "no worker survives its stopped launch"
     assert not (job.out / "summary.json").exists(), "the job did not run to its end"

@@ -41,7 +41,9 @@ class TuningConfig:
     # Search ranges, [low, high]; learning rates and the others marked so on a log scale.
     embedding_lr: tuple[float, ...] = (0.005, 1.0)
     dense_lr: tuple[float, ...] = (1e-4, 0.3)
-    warmup_steps: tuple[int, ...] = (0, 100)
+    # warm-up as a fraction of each trial's steps (`training.warmup_fraction`): never longer
+    # than the run, whatever its batch size and length
+    warmup_fraction: tuple[float, ...] = (0.0, 0.1)
     lr_decay: tuple[str, ...] = LR_DECAYS
     embedding_eps: tuple[float, ...] = (1e-10, 1e-4)  # log
     dense_weight_decay: tuple[float, ...] = (1e-9, 1e-3)  # log
@@ -51,24 +53,31 @@ class TuningConfig:
     # Optional architecture search: empty keeps the configured shape.
     embedding_dims: tuple[int, ...] = ()
     mlp_width_factors: tuple[float, ...] = ()  # multiplies every hidden MLP width
-    # The days whose NE is the objective; empty: the run's evaluation days.
+    # The objective is NE on validation rows, never on the evaluation days: these training
+    # days when set (trials train on the others), else `validation_percent` % of the
+    # training rows, picked by a hash of each row (trials train on the rest).
     validation_days: tuple[int, ...] = ()
+    validation_percent: float = 10.0
     # A worker that stops beating for `3 × heartbeat_s` is dead; its trial is retried.
     heartbeat_s: int = 10
 
     def __post_init__(self) -> None:
-        for name in ("embedding_lr", "dense_lr", "warmup_steps", "embedding_eps", "dense_weight_decay"):
+        for name in ("embedding_lr", "dense_lr", "warmup_fraction", "embedding_eps", "dense_weight_decay"):
             bounds = getattr(self, name)
             if len(bounds) != 2 or not 0 <= bounds[0] <= bounds[1]:
                 raise ValueError(f"{name}: expected [low, high] with 0 ≤ low ≤ high, got {list(bounds)}")
         for name in ("embedding_lr", "dense_lr", "embedding_eps", "dense_weight_decay"):
             if getattr(self, name)[0] <= 0:
                 raise ValueError(f"{name}: a log-scale range needs low > 0, got {list(getattr(self, name))}")
+        if self.warmup_fraction[1] >= 1:
+            raise ValueError(f"warmup_fraction: must stay below 1 (the whole run), got {list(self.warmup_fraction)}")
         unknown = sorted(set(self.lr_decay) - set(LR_DECAYS))
         if not self.lr_decay or unknown:
             raise ValueError(f"lr_decay: choose among {list(LR_DECAYS)}, got {list(self.lr_decay)}")
         if not 0 <= self.prune_after_pct < 100:
             raise ValueError(f"prune_after_pct: must be in [0, 100), got {self.prune_after_pct}")
+        if not 0 < self.validation_percent < 100:
+            raise ValueError(f"validation_percent: must be in (0, 100), got {self.validation_percent}")
         if self.n_trials < 1:
             raise ValueError(f"n_trials: must be at least 1, got {self.n_trials}")
         if self.seeds_per_trial < 1:

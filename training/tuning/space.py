@@ -31,7 +31,7 @@ def suggest(trial: Suggests, space: TuningConfig) -> Params:
     params: Params = {
         "training.embedding_lr": trial.suggest_float("training.embedding_lr", *space.embedding_lr, log=True),
         "training.dense_lr": trial.suggest_float("training.dense_lr", *space.dense_lr, log=True),
-        "training.warmup_steps": trial.suggest_int("training.warmup_steps", *space.warmup_steps),
+        "training.warmup_fraction": trial.suggest_float("training.warmup_fraction", *space.warmup_fraction),
         "training.lr_decay": trial.suggest_categorical("training.lr_decay", list(space.lr_decay)),
         "training.embedding_eps": trial.suggest_float("training.embedding_eps", *space.embedding_eps, log=True),
         "training.dense_weight_decay": trial.suggest_float(
@@ -71,7 +71,7 @@ def params_of(training: TrainingConfig, model: ModelConfig, space: TuningConfig)
     params: Params = {
         "training.embedding_lr": training.embedding_lr,
         "training.dense_lr": training.dense_lr,
-        "training.warmup_steps": training.warmup_steps,
+        "training.warmup_fraction": training.warmup_fraction,
         "training.lr_decay": training.lr_decay,
         "training.embedding_eps": training.embedding_eps,
         "training.dense_weight_decay": training.dense_weight_decay,
@@ -89,8 +89,8 @@ def scale_params(params: Params, from_batch: int, to_batch: int, rule: str) -> P
     """Learning rates moved to another global batch size.
 
     `linear`: lr ∝ batch (Goyal et al., SGD); `sqrt`: lr ∝ √batch (the rule for adaptive
-    optimisers such as Adagrad and Adam). Warm-up, counted in steps, shrinks as the batch
-    grows so it covers the same number of samples.
+    optimisers such as Adagrad and Adam). A warm-up fraction covers the same samples at any
+    batch; a warm-up counted in steps shrinks as the batch grows so it does too.
     """
     ratio = to_batch / from_batch
     factor = {"linear": ratio, "sqrt": math.sqrt(ratio)}[rule]
@@ -108,7 +108,7 @@ def clip_to_space(params: Params, space: TuningConfig) -> Params:
     bounds = {
         "training.embedding_lr": space.embedding_lr,
         "training.dense_lr": space.dense_lr,
-        "training.warmup_steps": space.warmup_steps,
+        "training.warmup_fraction": space.warmup_fraction,
         "training.embedding_eps": space.embedding_eps,
         "training.dense_weight_decay": space.dense_weight_decay,
     }
@@ -116,7 +116,7 @@ def clip_to_space(params: Params, space: TuningConfig) -> Params:
     for name, (low, high) in bounds.items():
         if name in clipped:
             value = min(max(clipped[name], low), high)
-            clipped[name] = round(value) if name == "training.warmup_steps" else float(value)
+            clipped[name] = float(value)
     if clipped.get("training.lr_decay") not in space.lr_decay:
         clipped["training.lr_decay"] = space.lr_decay[0]
     for name, choices in (("training.dense_optimizer", space.dense_optimizers), ("model.embedding_dim", space.embedding_dims),

@@ -1,3 +1,5 @@
+import threading
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -82,6 +84,10 @@ def test_resume_from_a_batch_position_replays_the_rest(tiny_features) -> None:
 
 def test_stopping_early_does_not_hang(tiny_features) -> None:
     _, files = tiny_features
+    before = set(threading.enumerate())
     reader = iter(build_reader(files[0], 64, prefetch=2))
     next(reader)
+    (producer,) = [t for t in threading.enumerate() if t not in before and t.name == "batch-prefetch"]
     reader.close()  # the producer thread sees the stop and exits
+    producer.join(timeout=10)
+    assert not producer.is_alive(), "the producer thread is still running after its reader was closed"

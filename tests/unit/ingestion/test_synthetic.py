@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from evaluation.metrics import binary_state, compute_ne
 from ingestion.config import SyntheticConfig
@@ -100,3 +101,63 @@ def test_days_are_reused_only_when_written_with_the_same_settings(tmp_path: Path
     assert existing_day(replace(config, rows_per_day=2001), tmp_path, 0) is None
     (tmp_path / "day_0.tsv.gz").unlink()
     assert existing_day(config, tmp_path, 0) is None
+
+
+# Written by the generator before `signal_scale` existed (sha256 of the uncompressed day).
+DEFAULT_DAY_SHA256 = "49ca891bbeb9fc25cd2bc5efabf7d58ac03214779f58bbde21b5d15496a5cc7a"
+MULTI_HOT_DAY_SHA256 = "68dcf61feadf01a4f1ee0288107b09edb079aea6afa3169f56da593de0fa63d4"
+SMALL_REAL = Path(__file__).resolve().parents[3] / "configs" / "small-real.toml"
+
+
+def test_the_default_generator_is_unchanged(tmp_path: Path) -> None:
+    import hashlib
+
+    from ingestion.synthetic import generator_fingerprint
+
+    config = SyntheticConfig(rows_per_day=3000)
+    multi_hot = SyntheticConfig(rows_per_day=2000, seed=12, cardinality_scale=0.001, multi_hot_mean_ids=4.0)
+    plain = generate_day(config, 1, tmp_path / "a")
+    bags = generate_day(multi_hot, 1, tmp_path / "b", GroundTruth(multi_hot, ("C3", "C12")))
+    with gzip.open(tmp_path / "a/day_1.tsv.gz") as a, gzip.open(tmp_path / "b/day_1.tsv.gz") as b:
+        assert hashlib.sha256(a.read()).hexdigest() == DEFAULT_DAY_SHA256
+        assert hashlib.sha256(b.read()).hexdigest() == MULTI_HOT_DAY_SHA256
+    assert plain.bayes_ne == 0.6529938120137487 and bags.bayes_ne == 0.6329802654733798
+    # days written before the new setting keep their fingerprint, so they are still reused
+    assert generator_fingerprint(config) == ('v2:{"cardinality_scale": 0.05, "click_rate": 0.25, '
+                                             '"multi_hot_mean_ids": 8.0, "rows_per_day": 3000, "seed": 7}')  # fmt: skip
+    assert "signal_scale" in generator_fingerprint(SyntheticConfig(rows_per_day=3000, signal_scale=0.5))
+
+
+def test_signal_scale_weakens_the_signal_and_keeps_the_rows_and_click_rate() -> None:
+    def chunk(signal_scale: float):
+        truth = GroundTruth(SyntheticConfig(rows_per_day=1000, seed=9, signal_scale=signal_scale))
+        table, probability = generate_chunk(truth, np.random.default_rng([9, 0]), 20_000)
+        return table, probability, compute_ne(binary_state(table["label"].to_numpy(), probability))
+
+    strong, weak, none = chunk(1.0), chunk(0.5), chunk(0.0)
+    assert strong[0].drop_columns(["label"]).equals(weak[0].drop_columns(["label"])), "the same ids and counts"
+    assert abs(weak[1].mean() - strong[1].mean()) < 0.01 and abs(none[1].mean() - 0.25) < 0.01
+    assert strong[2] < 0.75 and 0.8 < weak[2] < 0.9
+    assert np.ptp(none[1]) < 1e-12 and none[2] > 0.99, "no signal: every row has the click rate"
+    with pytest.raises(ValueError, match="signal_scale"):
+        SyntheticConfig(signal_scale=-0.1)
+
+
+def test_small_real_days_are_small_weak_and_heavy_tailed() -> None:
+    import tomllib
+
+    import pyarrow.compute as pc
+
+    from ingestion.schema import SPARSE_COLUMNS
+
+    settings = tomllib.loads(SMALL_REAL.read_text())["data"]["synthetic"]
+    config = SyntheticConfig(**settings)
+    assert 2_000 <= config.rows_per_day <= 10_000
+    truth = GroundTruth(config)
+    for day in (0, 1):
+        table, probability = generate_chunk(truth, np.random.default_rng([config.seed, day]), config.rows_per_day)
+        labels = table["label"].to_numpy()
+        assert 0.85 <= compute_ne(binary_state(labels, probability)) <= 0.9, "Bayes-optimal NE like real logs"
+        assert 0.2 < labels.mean() < 0.3
+        counts = np.concatenate([pc.value_counts(table[c].drop_null()).field("counts").to_numpy() for c in SPARSE_COLUMNS])
+        assert np.mean(counts == 1) > 0.5, "most ids are seen once"

@@ -49,7 +49,7 @@ def test_one_process_moves_its_dense_buffers_to_the_device_mocked_device() -> No
     follow the model to its device. 'meta' stands in for a GPU here."""
     from types import SimpleNamespace
 
-    from training.model import DotInteraction
+    from training.cpu.interaction import DotInteraction
     from training.sharding import AloneDataParallelWrapper
 
     dmp = SimpleNamespace(_dmp_wrapped_module=torch.nn.Sequential(DotInteraction(3)))

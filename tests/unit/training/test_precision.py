@@ -47,3 +47,36 @@ def test_a_torch_without_the_cpu_probes_stays_in_fp32(monkeypatch) -> None:
     monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported", raising=False)
     assert not native_bf16(CPU)
     assert resolve_precision("auto", CPU) == ("fp32", None)
+
+
+def test_the_logit_layer_computes_in_float32_under_bf16_autocast() -> None:
+    """bf16 logits would come in steps of 1/64 near −2: predictions tie and calibration
+    coarsens. The last layer takes its bf16 input to float32 and multiplies there."""
+    from training.precision import Float32Linear
+
+    torch.manual_seed(0)
+    layer = Float32Linear(256, 1)
+    hidden = torch.randn(512, 256).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = layer(hidden)
+    assert logits.dtype == torch.float32
+    exact = hidden.double() @ layer.weight.double().t() + layer.bias.double()
+    assert torch.allclose(logits.double(), exact, atol=1e-5)
+    assert logits.unique().numel() == logits.numel(), "no two predictions tie"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        coarse = torch.nn.functional.linear(hidden, layer.weight, layer.bias)
+    assert coarse.dtype == torch.bfloat16 and coarse.unique().numel() < logits.numel()
+
+
+def test_a_bf16_run_takes_the_logit_layer_to_float32_with_the_same_parameters(tiny_features) -> None:
+    from training.config import ModelConfig
+    from training.model import build_dlrm
+    from training.precision import Float32Linear, logit_in_float32
+
+    state, _ = tiny_features
+    model = build_dlrm(ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1)), state.table_sizes,
+                       torch.device("cpu"))  # fmt: skip
+    before = dict(model.state_dict())
+    assert logit_in_float32(model) == 1 and isinstance(model.over_arch.model[-1], Float32Linear)
+    after = model.state_dict()
+    assert list(after) == list(before) and all(after[k] is before[k] or torch.equal(after[k], before[k]) for k in before)

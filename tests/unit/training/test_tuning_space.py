@@ -1,5 +1,6 @@
 """The search space: suggestions land in the config; tuned sets move between batch sizes."""
 
+import itertools
 import math
 
 import optuna
@@ -17,7 +18,7 @@ def test_suggestions_stay_in_range_and_apply_to_the_config() -> None:
     for _ in range(20):
         params = suggest(study.ask(), SPACE)
         assert SPACE.embedding_lr[0] <= params["training.embedding_lr"] <= SPACE.embedding_lr[1]
-        assert SPACE.warmup_steps[0] <= params["training.warmup_steps"] <= SPACE.warmup_steps[1]
+        assert SPACE.warmup_fraction[0] <= params["training.warmup_fraction"] <= SPACE.warmup_fraction[1]
         assert params["training.lr_decay"] in SPACE.lr_decay
         training, model = apply_params(TrainingConfig(), ModelConfig(), params)
         assert training.embedding_lr == params["training.embedding_lr"]
@@ -35,30 +36,32 @@ def test_architecture_search_keeps_the_model_valid() -> None:
 
 
 def test_configured_values_round_trip_through_apply() -> None:
-    training = TrainingConfig(embedding_lr=0.07, dense_lr=0.002, warmup_steps=5, lr_decay="cosine")
+    training = TrainingConfig(embedding_lr=0.07, dense_lr=0.002, warmup_fraction=0.05, lr_decay="cosine")
     applied, _ = apply_params(TrainingConfig(), ModelConfig(), params_of(training, ModelConfig(), SPACE))
     assert applied == training
 
 
 @pytest.mark.parametrize(("rule", "factor"), [("linear", 8.0), ("sqrt", math.sqrt(8.0))])
 def test_learning_rates_scale_by_the_rule_and_warmup_covers_the_same_samples(rule: str, factor: float) -> None:
-    tuned = {"training.embedding_lr": 0.04, "training.dense_lr": 0.001, "training.warmup_steps": 80,
+    tuned = {"training.embedding_lr": 0.04, "training.dense_lr": 0.001, "training.warmup_fraction": 0.05,
              "training.lr_decay": "linear"}  # fmt: skip
     scaled = scale_params(tuned, 256, 2048, rule)
     assert scaled["training.embedding_lr"] == pytest.approx(0.04 * factor)
     assert scaled["training.dense_lr"] == pytest.approx(0.001 * factor)
-    assert scaled["training.warmup_steps"] == 10
+    assert scaled["training.warmup_fraction"] == 0.05, "a fraction of the run covers the same samples"
     assert scaled["training.lr_decay"] == "linear"
+    # a set tuned before warm-up was a fraction: its step count shrinks with the larger batch
+    assert scale_params({"training.warmup_steps": 80}, 256, 2048, rule)["training.warmup_steps"] == 10
 
 
 def test_warm_start_points_are_clipped_into_the_space() -> None:
-    point = {"training.embedding_lr": 50.0, "training.dense_lr": 1e-9, "training.warmup_steps": 1000,
+    point = {"training.embedding_lr": 50.0, "training.dense_lr": 1e-9, "training.warmup_fraction": 0.9,
              "training.lr_decay": "step", "training.embedding_eps": 1e-8, "training.dense_weight_decay": 0.0,
              "model.embedding_dim": 64}  # fmt: skip
     clipped = clip_to_space(point, SPACE)
     assert clipped["training.embedding_lr"] == SPACE.embedding_lr[1]
     assert clipped["training.dense_lr"] == SPACE.dense_lr[0]
-    assert clipped["training.warmup_steps"] == SPACE.warmup_steps[1]
+    assert clipped["training.warmup_fraction"] == SPACE.warmup_fraction[1]
     assert clipped["training.lr_decay"] == SPACE.lr_decay[0]
     assert clipped["training.dense_weight_decay"] == SPACE.dense_weight_decay[0]
     assert "model.embedding_dim" not in clipped, "not searched here, so not enqueued"
@@ -86,3 +89,16 @@ def test_the_dense_optimizer_is_searched_only_when_asked() -> None:
     assert clip_to_space({"training.embedding_lr": 0.1}, space)["training.dense_optimizer"] == "adagrad"
     with pytest.raises(ValueError, match="dense_optimizers"):
         TuningConfig(dense_optimizers=("sgd",))
+
+
+@pytest.mark.parametrize(("steps", "fraction", "total", "expected"),
+                         [(0, 0.1, 50, 5), (20, 0.1, 50, 20), (0, 0.0, 50, 0), (100, 0.0, 30, 30), (0, 0.5, 3, 2)])
+def test_warmup_is_the_longer_count_and_never_longer_than_the_run(steps: int, fraction: float, total: int,
+                                                                  expected: int) -> None:  # fmt: skip
+    from training.schedule import lr_multiplier, warmup_length
+
+    warmup = warmup_length(steps, fraction, total)
+    assert warmup == expected
+    factors = [lr_multiplier(step, total, warmup, "none", 0.0) for step in range(total)]
+    assert factors[-1] == 1.0 or warmup == total, "the run reaches the full rate unless all of it is warm-up"
+    assert all(a <= b for a, b in itertools.pairwise(factors))

@@ -79,7 +79,7 @@ def test_warm_start_queues_the_nearest_best_scaled_by_both_rules_once(tmp_path: 
     space = TuningConfig(n_trials=5, seed=2)
     small = TuningKey(256, 2, 1, "cpu", "EPYC", 12)
     nearest = TunedParams(small, {"training.embedding_lr": 0.02, "training.dense_lr": 0.001,
-                                  "training.warmup_steps": 80, "training.lr_decay": "cosine",
+                                  "training.warmup_fraction": 0.05, "training.lr_decay": "cosine",
                                   "training.embedding_eps": 1e-8, "training.dense_weight_decay": 1e-6},
                           0.8, 4, "m.small")  # fmt: skip
     study, worker = _study(url, space)
@@ -94,7 +94,7 @@ def test_warm_start_queues_the_nearest_best_scaled_by_both_rules_once(tmp_path: 
     assert third.params["training.embedding_lr"] == pytest.approx(0.02 * 8)  # linear for embeddings,
     assert third.params["training.dense_lr"] == pytest.approx(0.001 * 8**0.5)  # √ for the dense layers
     assert fourth.params == nearest.params, "and the tuned point itself, unscaled"
-    assert first.params["training.warmup_steps"] == 10 and first.params["training.lr_decay"] == "cosine"
+    assert first.params["training.warmup_fraction"] == 0.05 and first.params["training.lr_decay"] == "cosine"
     assert first.user_attrs["warm_start"] == "m.small#4"
 
 

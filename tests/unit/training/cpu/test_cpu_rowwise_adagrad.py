@@ -4,8 +4,6 @@ embedding module (forward, backward, fused update)."""
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +19,9 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     SplitTableBatchedEmbeddingBagsCodegen,
 )
 
-from training import cpu_rowwise_adagrad, native_rowwise_adagrad
+from training.cpu import embedding_update
+from training.cpu import rowwise_adagrad as cpu_rowwise_adagrad
+from training.cpu.rowwise_adagrad import FbgemmArgs
 
 LR, EPS = 0.05, 1e-6
 
@@ -111,21 +111,21 @@ def _oracle(case: Case) -> tuple[list[np.ndarray], list[np.ndarray]]:
 
 @pytest.fixture
 def vectorised():
-    cpu_rowwise_adagrad.install()
+    embedding_update.use("vectorized")
     yield
-    cpu_rowwise_adagrad.uninstall()
+    embedding_update.use("fbgemm")
 
 
 @pytest.mark.parametrize("kernel", ["vectorized", "native"])
 @pytest.mark.parametrize("name", CASES)
 def test_matches_fbgemms_kernel_and_a_float64_oracle(name: str, kernel: str) -> None:
     case = CASES[name]
-    cpu_rowwise_adagrad.install(kernel)
+    embedding_update.use(kernel)
     try:
-        assert cpu_rowwise_adagrad.installed() == kernel
+        assert embedding_update.installed() == kernel
         ours = _train(case)
     finally:
-        cpu_rowwise_adagrad.uninstall()
+        embedding_update.use("fbgemm")
     fbgemm = _train(case)
     oracle = _oracle(case)
     for mine, theirs, exact in zip(ours[0] + ours[1], fbgemm[0] + fbgemm[1], oracle[0] + oracle[1], strict=True):
@@ -144,27 +144,17 @@ def test_large_key_spaces_sort_instead_of_a_scratch_array(monkeypatch, vectorise
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_uninstall_restores_fbgemms_kernel(vectorised) -> None:
+def test_fbgemms_own_kernel_comes_back(monkeypatch) -> None:
     case = CASES["one_id_per_bag"]
     calls = []
-    original = cpu_rowwise_adagrad.rowwise_adagrad_backward
-    cpu_rowwise_adagrad.uninstall()
-    try:
-
-        @functools.wraps(original)  # the same signature, which install() checks against fbgemm's op
-        def counting(*args, **kwargs):
-            calls.append(1)
-            return original(*args, **kwargs)
-
-        cpu_rowwise_adagrad.rowwise_adagrad_backward = counting
-        cpu_rowwise_adagrad.install()
-        _train(case)
-        assert len(calls) == STEPS and cpu_rowwise_adagrad.installed() == "vectorized"
-        cpu_rowwise_adagrad.uninstall()
-        _train(case)
-        assert len(calls) == STEPS and not cpu_rowwise_adagrad.installed()
-    finally:
-        cpu_rowwise_adagrad.rowwise_adagrad_backward = original
+    original = embedding_update.KERNELS["vectorized"]
+    monkeypatch.setitem(embedding_update.KERNELS, "vectorized", lambda args: calls.append(1) or original(args))
+    embedding_update.use("vectorized")
+    _train(case)
+    assert len(calls) == STEPS and embedding_update.installed() == "vectorized"
+    embedding_update.use("fbgemm")
+    _train(case)
+    assert len(calls) == STEPS and embedding_update.installed() == "fbgemm"
 
 
 def test_unsupported_settings_name_the_fix(vectorised) -> None:
@@ -174,26 +164,26 @@ def test_unsupported_settings_name_the_fix(vectorised) -> None:
         learning_rate=LR, weight_decay=0.1,
     )  # fmt: skip
     out = module(torch.tensor([1, 2]), torch.tensor([0, 1, 2]))
-    with pytest.raises(NotImplementedError, match="cpu_embedding_update = 'fbgemm'"):
+    with pytest.raises(NotImplementedError, match="cpu.embedding_update = 'fbgemm'"):
         out.backward(torch.ones_like(out))
 
 
-@pytest.mark.parametrize("module", [cpu_rowwise_adagrad, native_rowwise_adagrad], ids=["vectorized", "native"])
-def test_the_kernel_takes_the_arguments_of_the_installed_fbgemms_op(module) -> None:
-    assert cpu_rowwise_adagrad.schema_arguments() == list(inspect.signature(module.rowwise_adagrad_backward).parameters)
+def test_the_kernels_take_the_arguments_of_the_installed_fbgemms_op() -> None:
+    assert embedding_update.schema_arguments() == list(FbgemmArgs._fields)
+    assert embedding_update.fits_this_fbgemm()
 
 
 def test_installing_one_kernel_replaces_the_other() -> None:
     try:
-        cpu_rowwise_adagrad.install("vectorized")
-        cpu_rowwise_adagrad.install("native")
-        assert cpu_rowwise_adagrad.installed() == "native"
+        embedding_update.use("vectorized")
+        embedding_update.use("native")
+        assert embedding_update.installed() == "native"
         case = CASES["one_id_per_bag"]
         native = _train(case)
-        cpu_rowwise_adagrad.install("vectorized")
+        embedding_update.use("vectorized")
         vectorized = _train(case)
     finally:
-        cpu_rowwise_adagrad.uninstall()
+        embedding_update.use("fbgemm")
     for a, b in zip(native[0] + native[1], vectorized[0] + vectorized[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
@@ -214,23 +204,24 @@ def test_native_kernel_over_large_tables_and_repeated_ids() -> None:
             optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=LR, eps=EPS,
         )  # fmt: skip
         if kernel:
-            cpu_rowwise_adagrad.install(kernel)
+            embedding_update.use(kernel)
         try:
             for _ in range(2):
                 module(ids, offsets).backward(grad)
         finally:
-            cpu_rowwise_adagrad.uninstall()
+            embedding_update.use("fbgemm")
         results.append([w.detach().clone() for w in module.split_embedding_weights()] + [module.momentum1_host.clone()])
     for ours, fbgemms in zip(*results, strict=True):
         torch.testing.assert_close(ours, fbgemms, rtol=1e-6, atol=1e-6)
 
 
 def test_a_changed_fbgemm_op_is_refused_with_the_fix_mocked_schema(monkeypatch) -> None:
-    cpu_rowwise_adagrad.uninstall()
-    monkeypatch.setattr(cpu_rowwise_adagrad, "schema_arguments", lambda: ["grad_output", "something_new"])
-    with pytest.raises(RuntimeError, match="changed the arguments.*cpu_embedding_update = 'fbgemm'"):
-        cpu_rowwise_adagrad.install()
-    assert not cpu_rowwise_adagrad.installed()
+    embedding_update.use("fbgemm")
+    monkeypatch.setattr(embedding_update, "schema_arguments", lambda: ["grad_output", "something_new"])
+    with pytest.raises(RuntimeError, match=r"changed the arguments.*cpu.embedding_update = 'fbgemm'"):
+        embedding_update.use("vectorized")
+    assert embedding_update.installed() == "fbgemm"
+    assert embedding_update.choose("auto") == "fbgemm", "auto keeps fbgemm's own when its op changed"
 
 
 @pytest.mark.parametrize("scratch", [True, False], ids=["scratch", "sort"])

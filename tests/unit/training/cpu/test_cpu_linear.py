@@ -1,26 +1,14 @@
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
 
 from ingestion.reader import build_reader
-from training import cpu_linear
-from training.config import ModelConfig
-from training.model import (
-    ReLUPerceptron,
-    ZeroPaddedInputLinear,
-    build_dlrm,
-    compile_dense_parts,
-    relu_layer,
-)
-
-
-@pytest.fixture
-def onednn() -> Iterator[None]:
-    cpu_linear.enable()
-    yield
-    cpu_linear.disable()
+from training.config import CpuConfig, ModelConfig
+from training.cpu import accelerate
+from training.cpu import linear as cpu_linear
+from training.cpu.linear import OneDnnReLUPerceptron, ZeroPaddedInputLinear, relu_layer
+from training.model import build_dlrm, compile_dense_parts
 
 
 def _layer(in_features: int, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,7 +19,7 @@ def _layer(in_features: int, out_features: int) -> tuple[torch.Tensor, torch.Ten
 # fewer inputs than outputs: the weight gradient is computed as a transposed product
 @pytest.mark.parametrize(("in_features", "out_features"), [(48, 24), (13, 64)])
 def test_the_fused_layer_matches_a_float64_relu_linear_in_values_and_gradients(
-    onednn, in_features: int, out_features: int
+    in_features: int, out_features: int
 ) -> None:
     weight, bias = (t.requires_grad_() for t in _layer(in_features, out_features))
     features = torch.randn(64, in_features, requires_grad=True)
@@ -49,7 +37,7 @@ def test_the_fused_layer_matches_a_float64_relu_linear_in_values_and_gradients(
         assert got.dtype == torch.float32 and got.is_contiguous() and torch.allclose(got.double(), want, atol=1e-4)
 
 
-def test_a_zero_padded_input_multiplies_a_zero_padded_weight(onednn) -> None:
+def test_a_zero_padded_input_multiplies_a_zero_padded_weight() -> None:
     weight, bias = (t.requires_grad_() for t in _layer(23, 16))
     features = torch.randn(32, 23)
     wide = torch.cat((features, torch.zeros(32, 1)), dim=1)
@@ -59,7 +47,7 @@ def test_a_zero_padded_input_multiplies_a_zero_padded_weight(onednn) -> None:
     assert torch.allclose(out, torch.relu(torch.nn.functional.linear(features, weight, bias)), atol=1e-5)
 
 
-def test_the_custom_ops_pass_torchs_checks(onednn) -> None:
+def test_the_custom_ops_pass_torchs_checks() -> None:
     """Schema, fake (meta) kernels, autograd registration: what torch.compile relies on."""
     weight, bias = _layer(16, 8)
     features = torch.randn(8, 16, requires_grad=True)
@@ -67,7 +55,7 @@ def test_the_custom_ops_pass_torchs_checks(onednn) -> None:
     torch.library.opcheck(cpu_linear.onednn_input_grad, (torch.randn(8, 8), weight.detach()))
 
 
-def test_only_fp32_two_dimensional_cpu_inputs_outside_autocast_take_the_oneDNN_path(onednn) -> None:
+def test_only_fp32_two_dimensional_cpu_inputs_outside_autocast_take_the_oneDNN_path() -> None:
     features = torch.randn(4, 8)
     assert cpu_linear.takes(features)
     assert not cpu_linear.takes(features.to(torch.bfloat16))
@@ -75,16 +63,14 @@ def test_only_fp32_two_dimensional_cpu_inputs_outside_autocast_take_the_oneDNN_p
     assert not cpu_linear.takes(features.view(2, 2, 8))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not cpu_linear.takes(features)
-    cpu_linear.disable()
-    assert not cpu_linear.takes(features)
 
 
 def test_a_torch_without_oneDNN_is_one_clear_error_mocked_build(monkeypatch) -> None:
     """The torch build is mocked to lack oneDNN."""
     monkeypatch.setattr(cpu_linear, "available", lambda: False)
-    with pytest.raises(cpu_linear.OneDnnUnavailable, match="training.cpu_matmul = 'onednn'.*set training.cpu_matmul = 'aten'"):
-        cpu_linear.enable()
-    assert not cpu_linear.enabled()
+    model = build_dlrm(ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1)), {"c": 5}, torch.device("meta"))
+    with pytest.raises(cpu_linear.OneDnnUnavailable, match=r"training.cpu.matmul = 'onednn'.*set training.cpu.matmul = 'aten'"):
+        accelerate(model, CpuConfig(), "fp32")
 
 
 def _scores(model: torch.nn.Module, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -99,27 +85,28 @@ def test_the_model_computes_with_oneDNN_what_it_computes_with_aten(tiny_features
     state, files = tiny_features
     config = ModelConfig(arch=arch, embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1), dcn_low_rank_dim=4)
     torch.manual_seed(0)
-    model = build_dlrm(config, state.table_sizes, torch.device("cpu"))
-    relu_layers = [m for m in model.modules() if isinstance(m, ReLUPerceptron)]
+    aten = build_dlrm(config, state.table_sizes, torch.device("cpu"))
+    onednn = copy.deepcopy(aten)
+    accelerate(aten, CpuConfig(matmul="aten"), "fp32")
+    accelerate(onednn, CpuConfig(matmul="onednn"), "fp32")
+    assert not any(isinstance(m, OneDnnReLUPerceptron) for m in aten.modules())
+    relu_layers = [m for m in onednn.modules() if isinstance(m, OneDnnReLUPerceptron)]
     assert len(relu_layers) == 3, "both bottom layers and the top MLP's hidden layer"
     assert any(isinstance(m._linear, ZeroPaddedInputLinear) for m in relu_layers) == (arch == "dlrm")
     batch = next(iter(build_reader(files[2], 64)))
-    aten_logits, aten_grads = _scores(model, batch)
-    cpu_linear.enable()
-    try:
-        onednn_logits, onednn_grads = _scores(model, batch)
-    finally:
-        cpu_linear.disable()
+    aten_logits, aten_grads = _scores(aten, batch)
+    onednn_logits, onednn_grads = _scores(onednn, batch)
     assert torch.allclose(onednn_logits, aten_logits, atol=1e-5)
     for name, grad in aten_grads.items():
         assert torch.allclose(onednn_grads[name], grad, atol=1e-5), name
 
 
-def test_the_compiled_dense_path_calls_the_oneDNN_layers_and_computes_the_same(tiny_features, onednn) -> None:
+def test_the_compiled_dense_path_calls_the_oneDNN_layers_and_computes_the_same(tiny_features) -> None:
     state, files = tiny_features
     torch.manual_seed(0)
     eager = build_dlrm(ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1)), state.table_sizes,
                        torch.device("cpu"))  # fmt: skip
+    accelerate(eager, CpuConfig(), "fp32")
     compiled = copy.deepcopy(eager)
     compile_dense_parts(compiled, torch.device("cpu"))
     batch = next(iter(build_reader(files[2], 64)))

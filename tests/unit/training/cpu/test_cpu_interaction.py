@@ -1,22 +1,18 @@
-"""The dot interaction's native fp32 kernel (training/native_interaction.py), compiled for
-real, against TorchRec's InteractionArch in float64 and the model's torch path."""
+"""The dot interaction (training/cpu/interaction.py): the native fp32 kernel, compiled for
+real, and the torch path, against TorchRec's InteractionArch in float64."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import copy
 
 import pytest
 import torch
 
-from training import native_build, native_interaction
-from training.model import DotInteraction, build_dlrm
-
-
-@pytest.fixture
-def native() -> Iterator[None]:
-    native_interaction.use("native")
-    yield
-    native_interaction.use("aten")
+from training.config import CpuConfig, ModelConfig
+from training.cpu import accelerate, native_build
+from training.cpu import interaction as native_interaction
+from training.cpu.interaction import DotInteraction
+from training.model import build_dlrm
 
 
 def _torchrec_oracle(dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
@@ -34,7 +30,7 @@ SHAPES = [(2048, 26, 16), (37, 3, 8), (9, 4, 13), (33, 10, 40), (1, 1, 16), (3, 
 @pytest.mark.parametrize(("batch", "tables", "dim"), SHAPES)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_native_values_and_gradients_match_torchrecs_interaction_in_float64(
-    native: None, batch: int, tables: int, dim: int, threads: int
+    batch: int, tables: int, dim: int, threads: int
 ) -> None:
     torch.manual_seed(batch + tables + dim)
     dense = torch.randn(batch, dim, requires_grad=True)
@@ -59,39 +55,35 @@ def test_native_values_and_gradients_match_torchrecs_interaction_in_float64(
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
-def test_the_model_routes_fp32_cpu_interactions_to_the_native_kernel_only_when_told(native: None, monkeypatch) -> None:
+def test_the_native_module_computes_only_fp32_cpu_inputs_natively(monkeypatch) -> None:
     torch.manual_seed(0)
     dense, sparse = torch.randn(64, 16, requires_grad=True), torch.randn(64, 26, 16, requires_grad=True)
-    interaction = DotInteraction(26)
     calls = []
     original = native_interaction.NativeDotProducts.apply
     monkeypatch.setattr(native_interaction.NativeDotProducts, "apply", lambda *args: calls.append(1) or original(*args))
-    native_out = interaction(dense, sparse)
-    native_interaction.use("aten")
-    aten_out = interaction(dense, sparse)
-    native_interaction.use("native")
-    interaction(dense.bfloat16(), sparse.bfloat16())  # as the bf16 model computes it
-    assert len(calls) == 1, "only the fp32 call with the native kernel in use goes native"
+    native_out = DotInteraction(26, kernel="native")(dense, sparse)
+    aten_out = DotInteraction(26, kernel="aten")(dense, sparse)
+    DotInteraction(26, kernel="native")(dense.bfloat16(), sparse.bfloat16())  # as the bf16 model computes it
+    assert len(calls) == 1, "only the fp32 call of the native module goes native"
     torch.testing.assert_close(native_out, aten_out)
 
 
-def test_a_model_step_with_the_native_interaction_matches_the_torch_one(native: None) -> None:
+def test_a_model_step_with_the_native_interaction_matches_the_torch_one() -> None:
     """The whole DLRM, forward and backward: the same loss and parameter gradients to float
     rounding with either kernel."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from training.config import ModelConfig
-
     sizes = {f"c{i}": 50 for i in range(6)}
     torch.manual_seed(0)
-    model = build_dlrm(ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1)), sizes, torch.device("cpu"))
+    stock = build_dlrm(ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1)), sizes, torch.device("cpu"))
     dense = torch.randn(40, 13)
     ids = KeyedJaggedTensor.from_lengths_sync(keys=list(sizes), values=torch.randint(0, 50, (240,)),
                                               lengths=torch.ones(240, dtype=torch.int64))  # fmt: skip
     results = {}
     for kernel in ("native", "aten"):
-        native_interaction.use(kernel)
-        model.zero_grad()
+        model = copy.deepcopy(stock)
+        assert accelerate(model, CpuConfig(interaction=kernel, matmul="aten"), "fp32").interaction == kernel
+        assert model.inter_arch.kernel == kernel
         loss = model(dense, ids).sigmoid().mean()
         loss.backward()
         results[kernel] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
@@ -107,48 +99,40 @@ def test_native_needs_a_compiler_and_says_so(monkeypatch, tmp_path) -> None:
     native_build.load.cache_clear()
     native_interaction._library.cache_clear()
     try:
-        assert not native_interaction.available()
         with pytest.raises(native_build.NativeUnavailable, match="no C compiler"):
-            native_interaction.use("native")
-        assert native_interaction.in_use() == "aten"
+            native_interaction.load_native()
+        with pytest.raises(native_build.NativeUnavailable, match="no C compiler"):
+            DotInteraction(4, kernel="native")
     finally:
         native_build.load.cache_clear()
         native_interaction._library.cache_clear()
 
 
-def test_a_width_too_narrow_for_the_pairs_is_refused(native: None) -> None:
+def test_a_width_too_narrow_for_the_pairs_is_refused() -> None:
     with pytest.raises(ValueError, match="narrower"):
         native_interaction.dot_products(torch.randn(4, 8), torch.randn(4, 3, 8), 8 + 5)
 
 
-def _job(arch: str = "dlrm", **training) -> object:
-    from evaluation.config import EvaluationConfig
-    from training.config import ModelConfig, ShardingConfig, TrainingConfig
-    from training.job import TrainJob
-
-    return TrainJob(model=ModelConfig(arch=arch), sharding=ShardingConfig(), training=TrainingConfig(**training),
-                    evaluation=EvaluationConfig(), table_sizes={}, train_files=(), eval_files={}, out_dir="unused")  # fmt: skip
+def _chosen(arch: str = "dlrm", precision: str = "fp32", **cpu) -> str:
+    config = ModelConfig(arch=arch, embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1), dcn_low_rank_dim=4)
+    model = build_dlrm(config, {"c0": 5, "c1": 7}, torch.device("meta"))
+    return accelerate(model, CpuConfig(**cpu), precision).interaction
 
 
-def test_the_worker_chooses_the_interaction_from_the_config(monkeypatch, tmp_path) -> None:
-    from training import worker
-
-    cpu = torch.device("cpu")
+def test_accelerate_chooses_the_interaction_from_the_config(monkeypatch, tmp_path) -> None:
     try:
-        assert worker._interaction(_job(), cpu) == "native" and native_interaction.in_use() == "native"
-        assert worker._interaction(_job(cpu_interaction="aten"), cpu) == "aten" and native_interaction.in_use() == "aten"
-        assert worker._interaction(_job(precision="bf16"), cpu) == "aten"
-        assert worker._interaction(_job(arch="dlrm_dcn"), cpu) == "dcn-v2"
-        # no compiler: auto falls back to torch's path and says so; "native" is refused by name
+        assert _chosen() == "native"
+        assert _chosen(interaction="aten") == "aten"
+        assert _chosen(precision="bf16") == "aten"
+        assert _chosen(arch="dlrm_dcn") == "dcn-v2"
+        # no compiler: auto falls back to torch's path; "native" is refused by name
         monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
         monkeypatch.setenv("DLRM_NATIVE_CACHE", str(tmp_path / "empty-cache"))
-        monkeypatch.setattr(worker.dist, "get_rank", lambda: 0)
         native_build.load.cache_clear()
         native_interaction._library.cache_clear()
-        assert worker._interaction(_job(), cpu) == "aten" and native_interaction.in_use() == "aten"
-        with pytest.raises(RuntimeError, match=r"cpu_interaction = 'native': no C compiler.*set training.cpu_interaction = 'aten'"):
-            worker._interaction(_job(cpu_interaction="native"), cpu)
+        assert _chosen(embedding_update="fbgemm") == "aten"
+        with pytest.raises(RuntimeError, match=r"cpu.interaction = 'native': no C compiler.*set training.cpu.interaction = 'aten'"):
+            _chosen(interaction="native", embedding_update="fbgemm")
     finally:
-        native_interaction.use("aten")
         native_build.load.cache_clear()
         native_interaction._library.cache_clear()

@@ -1,4 +1,4 @@
-"""This project's C kernels (training/native/*.c): compiled on first use, loaded with ctypes.
+"""This project's C kernels (training/cpu/native/*.c): compiled on first use, loaded with ctypes.
 
 Plain C with no Python or torch headers, so a build takes a fraction of a second with the
 system's C compiler (`$CC`, else cc, gcc or clang) and needs nothing else installed. The
@@ -45,7 +45,7 @@ def cache_dir() -> Path:
 
 @functools.cache
 def load(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """The compiled kernel library `training/native/<name>.c` (built here if not cached),
+    """The compiled kernel library `training/cpu/native/<name>.c` (built here if not cached),
     compiled with `FLAGS` and `extra_flags`."""
     source = SOURCES / f"{name}.c"
     cc = compiler()

@@ -1,10 +1,10 @@
 """Exact row-wise Adagrad for fbgemm's CPU embedding backward, as one C loop over the ids.
 
-The same update and arguments as training/cpu_rowwise_adagrad.py's vectorised kernel, in
-one pass (training/native/rowwise_adagrad.c): a row's gradients are summed in a hash table
+The same update and arguments as training/cpu/rowwise_adagrad.py's vectorised kernel, in
+one pass (training/cpu/native/rowwise_adagrad.c): a row's gradients are summed in a hash table
 the size of the batch, not through torch ops that each go over every id, and the rows'
 updates prefetch the rows ahead of them, which lie anywhere in tables far larger than the
-caches. Registered as fbgemm's CPU kernel by `cpu_rowwise_adagrad.install("native")`.
+caches. Registered as fbgemm's CPU kernel by training/cpu/embedding_update.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import functools
 
 import torch
 
-from training import native_build
-from training.cpu_rowwise_adagrad import POOLING_MEAN, check_supported
+from training.cpu import native_build
+from training.cpu.rowwise_adagrad import POOLING_MEAN, FbgemmArgs, check_supported
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGUMENTS = (_P, _P, _I, _P, _P, _P, _P, _P, _I, _P, _P, _P, ctypes.c_int32, ctypes.c_float, ctypes.c_float,
@@ -31,56 +31,32 @@ def kernel():
     return function
 
 
-def rowwise_adagrad_backward(
-    grad_output: torch.Tensor,
-    host_weights: torch.Tensor,
-    weights_placements: torch.Tensor,
-    weights_offsets: torch.Tensor,
-    D_offsets: torch.Tensor,
-    max_D: int,
-    hash_size_cumsum: torch.Tensor,
-    total_hash_size_bits: int,
-    indices: torch.Tensor,
-    offsets: torch.Tensor,
-    pooling_mode: int,
-    indice_weights: torch.Tensor | None,
-    stochastic_rounding: bool,
-    momentum1_host: torch.Tensor,
-    momentum1_placements: torch.Tensor,
-    momentum1_offsets: torch.Tensor,
-    learning_rate_tensor: torch.Tensor,
-    eps: float = 0.0,
-    weight_decay: float = 0.0,
-    weight_decay_mode: int = 0,
-    max_norm: float = 0.0,
-    output_dtype: int = 0,
-) -> None:
-    """One step of exact row-wise Adagrad on `host_weights` and `momentum1_host`, in place
-    (the signature is fbgemm's op schema)."""
-    check_supported(host_weights, momentum1_host, pooling_mode, weight_decay, max_norm)
-    if indices.numel() == 0:
+def rowwise_adagrad_backward(a: FbgemmArgs) -> None:
+    """One step of exact row-wise Adagrad on `host_weights` and `momentum1_host`, in place."""
+    check_supported(a.host_weights, a.momentum1_host, a.pooling_mode, a.weight_decay, a.max_norm)
+    if a.indices.numel() == 0:
         return
-    features = D_offsets.numel() - 1
-    batch = (offsets.numel() - 1) // features
-    order, group_end, groups = _groups(tuple(hash_size_cumsum[:-1].tolist()))
-    ids_per_feature = offsets[::batch].diff().tolist()
+    features = a.D_offsets.numel() - 1
+    batch = (a.offsets.numel() - 1) // features
+    order, group_end, groups = _groups(tuple(a.hash_size_cumsum[:-1].tolist()))
+    ids_per_feature = a.offsets[::batch].diff().tolist()
     largest = max(sum(ids_per_feature[f] for f in group) for group in groups)
     hash_bits = max(1, (2 * largest - 1).bit_length())  # at most half full
-    grad, grad_start, sample_stride = _feature_major(grad_output.float(), D_offsets, features, batch)
+    grad, grad_start, sample_stride = _feature_major(a.grad_output.float(), a.D_offsets, features, batch)
     # every tensor the kernel reads is bound to a name here: a temporary's memory would be
     # freed before the call
-    indices, offsets = indices.long().contiguous(), offsets.long().contiguous()
-    weights = indice_weights.float().contiguous() if indice_weights is not None and indice_weights.numel() else None
-    weights_offsets, momentum1_offsets, D_offsets = map(_long, (weights_offsets, momentum1_offsets, D_offsets))
+    indices, offsets = a.indices.long().contiguous(), a.offsets.long().contiguous()
+    weights = a.indice_weights.float().contiguous() if a.indice_weights is not None and a.indice_weights.numel() else None
+    weights_offsets, momentum1_offsets, D_offsets = map(_long, (a.weights_offsets, a.momentum1_offsets, a.D_offsets))
     hash_table = _buffer("hash", 2 << hash_bits, torch.int64)
-    sums, rows = _buffer("sums", largest * max_D, torch.float32), _buffer("rows", largest, torch.int64)
+    sums, rows = _buffer("sums", largest * a.max_D, torch.float32), _buffer("rows", largest, torch.int64)
     kernel()(
         grad.data_ptr(), grad_start.data_ptr(), sample_stride,
-        host_weights.data_ptr(), weights_offsets.data_ptr(), momentum1_host.data_ptr(), momentum1_offsets.data_ptr(),
+        a.host_weights.data_ptr(), weights_offsets.data_ptr(), a.momentum1_host.data_ptr(), momentum1_offsets.data_ptr(),
         D_offsets.data_ptr(), batch, indices.data_ptr(), offsets.data_ptr(),
-        weights.data_ptr() if weights is not None else None, int(pooling_mode == POOLING_MEAN),
-        float(learning_rate_tensor), float(eps), order.data_ptr(), group_end.data_ptr(), features,
-        hash_table.data_ptr(), hash_bits, sums.data_ptr(), rows.data_ptr(), max_D,
+        weights.data_ptr() if weights is not None else None, int(a.pooling_mode == POOLING_MEAN),
+        float(a.learning_rate_tensor), float(a.eps), order.data_ptr(), group_end.data_ptr(), features,
+        hash_table.data_ptr(), hash_bits, sums.data_ptr(), rows.data_ptr(), a.max_D,
     )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""Keeping freed memory in the process (training/cpu_memory.py). Each mode runs in a fresh
+"""Keeping freed memory in the process (training/cpu/memory.py). Each mode runs in a fresh
 process, as `mallopt` settings are process-wide. Page-fault counts of a workload move with
 the address-space layout from one process to the next, so this checks, through glibc's own
 `mallinfo2`, where a 16 MB block is served from and whether its memory stays after `free`."""
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from training import cpu_memory
+from training.cpu import memory as cpu_memory
 
 BLOCK = 16 << 20
 
 PROBE = r"""
 import ctypes, json, sys, torch
-from training import cpu_memory
+from training.cpu import memory as cpu_memory
 if sys.argv[1] == "retain":
     assert cpu_memory.retain()
 

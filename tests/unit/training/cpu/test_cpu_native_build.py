@@ -1,4 +1,4 @@
-"""Compiling and caching this project's C kernels (training/native_build.py), for real with
+"""Compiling and caching this project's C kernels (training/cpu/native_build.py), for real with
 the machine's C compiler."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training import native_build
+from training.cpu import native_build
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ VM with AVX-512 and AMX: about 100 ns per switch, measured in isolation) every r
 about 550 ns: a batch of 2048 × 26 ids with 53k distinct rows took 29 ms, against 3.7 ms
 here, and the benchmark's batches (5.6k distinct rows) 4.4 ms against 1.6 ms.
 
-`install()` registers `rowwise_adagrad_backward` as that op's CPU kernel for this process
-(GPU kernels are untouched); `uninstall()` restores fbgemm's. Same update, same state
+`training/cpu/embedding_update.py` registers it (or the native C loop,
+training/cpu/native_rowwise_adagrad.py) as that op's CPU kernel. Same update, same state
 layout: checkpoints, sharding and the fused optimizer's state are TorchRec's. For each
 distinct row r of a table, with g the sum of its occurrences' gradients in the batch:
 
@@ -21,144 +21,84 @@ float rounding of the mean square.
 
 from __future__ import annotations
 
-import inspect
-import warnings
-from typing import Literal
+from typing import NamedTuple
 
 import torch
 
-OP = "split_embedding_backward_codegen_rowwise_adagrad_cpu"
 POOLING_SUM, POOLING_MEAN = 0, 1
 # Distinct rows are found through a scratch array over every row of the batched tables
 # (4 bytes a row): cheaper than sorting the ids, up to this many rows; a sort beyond.
 SCRATCH_MAX_ROWS = 1 << 23
 
-_library: torch.library.Library | None = None
-_installed: str | None = None
 _scratch: dict[int, torch.Tensor] = {}
 
 
-def install(kernel: Literal["vectorized", "native"] = "vectorized") -> None:
-    """Make this project's `kernel` fbgemm's CPU kernel for row-wise Adagrad: "vectorized",
-    `rowwise_adagrad_backward` below; "native", its C loop (training/native_rowwise_adagrad.py).
-    Idempotent; replaces the other one if installed."""
-    global _library, _installed
-    if _library is not None and _installed == kernel:
-        return
-    uninstall()
-    import fbgemm_gpu
+class FbgemmArgs(NamedTuple):
+    """The arguments of fbgemm's CPU row-wise Adagrad backward op, by its schema (the one
+    copy of it here: training/cpu/embedding_update.py checks it against the installed op)."""
 
-    if not fits_this_fbgemm():
-        raise RuntimeError(
-            f"training.cpu_embedding_update = '{kernel}': fbgemm {fbgemm_gpu.__version__} changed the "
-            f"arguments of fbgemm::{OP} (now {schema_arguments()}); set training.cpu_embedding_update = 'fbgemm'"
-        )
-    implementation = rowwise_adagrad_backward
-    if kernel == "native":
-        from training import native_build, native_rowwise_adagrad
-
-        try:
-            native_rowwise_adagrad.kernel()
-        except native_build.NativeUnavailable as error:
-            raise RuntimeError(
-                f"training.cpu_embedding_update = 'native': {error}; install a C compiler or set "
-                "training.cpu_embedding_update = 'vectorized'"
-            ) from None
-        implementation = native_rowwise_adagrad.rowwise_adagrad_backward
-    library = torch.library.Library("fbgemm", "IMPL")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
-        library.impl(OP, implementation, "CPU")
-    _library, _installed = library, kernel
+    grad_output: torch.Tensor
+    host_weights: torch.Tensor
+    weights_placements: torch.Tensor
+    weights_offsets: torch.Tensor
+    D_offsets: torch.Tensor
+    max_D: int
+    hash_size_cumsum: torch.Tensor
+    total_hash_size_bits: int
+    indices: torch.Tensor
+    offsets: torch.Tensor
+    pooling_mode: int
+    indice_weights: torch.Tensor | None
+    stochastic_rounding: bool
+    momentum1_host: torch.Tensor
+    momentum1_placements: torch.Tensor
+    momentum1_offsets: torch.Tensor
+    learning_rate_tensor: torch.Tensor
+    eps: float = 0.0
+    weight_decay: float = 0.0
+    weight_decay_mode: int = 0
+    max_norm: float = 0.0
+    output_dtype: int = 0
 
 
-def fits_this_fbgemm() -> bool:
-    """Whether fbgemm's op still takes `rowwise_adagrad_backward`'s arguments."""
-    import fbgemm_gpu  # noqa: F401 - registers fbgemm's ops with torch
-
-    return schema_arguments() == list(inspect.signature(rowwise_adagrad_backward).parameters)
-
-
-def schema_arguments() -> list[str]:
-    """The argument names of the fbgemm op this module's kernel stands in for."""
-    return [argument.name for argument in getattr(torch.ops.fbgemm, OP).default._schema.arguments]
-
-
-def uninstall() -> None:
-    """fbgemm's own kernel again."""
-    global _library, _installed
-    if _library is not None:
-        _library._destroy()
-        _library, _installed = None, None
-    _scratch.clear()
-
-
-def installed() -> str | None:
-    """Which of this project's kernels is fbgemm's CPU kernel now (None: fbgemm's own)."""
-    return _installed
-
-
-def rowwise_adagrad_backward(
-    grad_output: torch.Tensor,
-    host_weights: torch.Tensor,
-    weights_placements: torch.Tensor,
-    weights_offsets: torch.Tensor,
-    D_offsets: torch.Tensor,
-    max_D: int,
-    hash_size_cumsum: torch.Tensor,
-    total_hash_size_bits: int,
-    indices: torch.Tensor,
-    offsets: torch.Tensor,
-    pooling_mode: int,
-    indice_weights: torch.Tensor | None,
-    stochastic_rounding: bool,
-    momentum1_host: torch.Tensor,
-    momentum1_placements: torch.Tensor,
-    momentum1_offsets: torch.Tensor,
-    learning_rate_tensor: torch.Tensor,
-    eps: float = 0.0,
-    weight_decay: float = 0.0,
-    weight_decay_mode: int = 0,
-    max_norm: float = 0.0,
-    output_dtype: int = 0,
-) -> None:
+def rowwise_adagrad_backward(a: FbgemmArgs) -> None:
     """Applies one step of exact row-wise Adagrad to `host_weights` and `momentum1_host`, in
-    place, for the pooled lookups of `indices`/`offsets` whose output gradient is `grad_output`
-    [B, ΣD] (the signature is fbgemm's op schema)."""
-    check_supported(host_weights, momentum1_host, pooling_mode, weight_decay, max_norm)
-    if indices.numel() == 0:
+    place, for the pooled lookups of `indices`/`offsets` whose output gradient is
+    `grad_output` [B, ΣD]."""
+    check_supported(a.host_weights, a.momentum1_host, a.pooling_mode, a.weight_decay, a.max_norm)
+    if a.indices.numel() == 0:
         return
-    lr = float(learning_rate_tensor)
-    dims = D_offsets.diff()
-    batch = (offsets.numel() - 1) // dims.numel()
-    bag, scale = _bags(offsets, indices.numel(), pooling_mode, indice_weights)
-    grad_output = grad_output.float()
+    lr = float(a.learning_rate_tensor)
+    dims = a.D_offsets.diff()
+    batch = (a.offsets.numel() - 1) // dims.numel()
+    bag, scale = _bags(a.offsets, a.indices.numel(), a.pooling_mode, a.indice_weights)
+    grad_output = a.grad_output.float()
     widths = dims.unique().tolist()
     if bag is None and scale is None and len(widths) == 1:
-        _one_id_per_bag(grad_output, host_weights, weights_offsets, hash_size_cumsum, indices, momentum1_host,
-                        momentum1_offsets, lr, eps, widths[0], batch)  # fmt: skip
+        _one_id_per_bag(grad_output, a.host_weights, a.weights_offsets, a.hash_size_cumsum, a.indices, a.momentum1_host,
+                        a.momentum1_offsets, lr, a.eps, widths[0], batch)  # fmt: skip
         return
     if bag is None and len(widths) > 1:
-        bag = torch.arange(indices.numel())
-    feature_of_id = (torch.arange(indices.numel()) if bag is None else bag).div(batch, rounding_mode="floor")
+        bag = torch.arange(a.indices.numel())
+    feature_of_id = (torch.arange(a.indices.numel()) if bag is None else bag).div(batch, rounding_mode="floor")
     for dim in widths:
         if dim == 0:
             continue
         if bool((dims == dim).all()):
-            ids, feature, factor = indices.long(), feature_of_id, scale
+            ids, feature, factor = a.indices.long(), feature_of_id, scale
             grads = _uniform_grads(grad_output, dim, bag)
         else:
             chosen = (dims.index_select(0, feature_of_id) == dim).nonzero().squeeze(1)
-            ids, feature = indices.index_select(0, chosen).long(), feature_of_id.index_select(0, chosen)
+            ids, feature = a.indices.index_select(0, chosen).long(), feature_of_id.index_select(0, chosen)
             factor = None if scale is None else scale.index_select(0, chosen)
-            grads = _sliced_grads(grad_output, D_offsets, dim, bag.index_select(0, chosen), feature, batch)
+            grads = _sliced_grads(grad_output, a.D_offsets, dim, bag.index_select(0, chosen), feature, batch)
         if factor is not None:
             grads = grads * factor.unsqueeze(1)
-        keys = hash_size_cumsum.index_select(0, feature) + ids  # one row of the batched tables: one key
-        slots, first = _distinct(keys, int(hash_size_cumsum[-1]))
+        keys = a.hash_size_cumsum.index_select(0, feature) + ids  # one row of the batched tables: one key
+        slots, first = _distinct(keys, int(a.hash_size_cumsum[-1]))
         summed = _summed(grads, slots, first.numel())
-        _update(host_weights, weights_offsets, momentum1_host, momentum1_offsets, summed,
-                feature.index_select(0, first), ids.index_select(0, first), lr, eps)  # fmt: skip
+        _update(a.host_weights, a.weights_offsets, a.momentum1_host, a.momentum1_offsets, summed,
+                feature.index_select(0, first), ids.index_select(0, first), lr, a.eps)  # fmt: skip
 
 
 def _one_id_per_bag(grad_output: torch.Tensor, host_weights: torch.Tensor, weights_offsets: torch.Tensor,
@@ -204,8 +144,8 @@ def check_supported(weights: torch.Tensor, momentum: torch.Tensor, pooling_mode:
         problem = "weight decay or max-norm on embeddings"
     if problem:
         raise NotImplementedError(
-            f"training.cpu_embedding_update = 'vectorized' or 'native' does not handle {problem}; "
-            "set training.cpu_embedding_update = 'fbgemm'"
+            f"training.cpu.embedding_update = 'vectorized' or 'native' does not handle {problem}; "
+            "set training.cpu.embedding_update = 'fbgemm'"
         )
 
 
@@ -268,3 +208,8 @@ def _add_rows(weights: torch.Tensor, starts: torch.Tensor, dim: int, step: torch
         weights.view(-1, dim).index_add_(0, starts.div(dim, rounding_mode="floor"), step)
     else:
         weights.index_add_(0, (starts.unsqueeze(1) + torch.arange(dim)).reshape(-1), step.reshape(-1))
+
+
+def reset_scratch() -> None:
+    """Free the distinct-row scratch arrays (kept between steps while the kernel is in use)."""
+    _scratch.clear()

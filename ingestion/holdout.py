@@ -1,0 +1,77 @@
+"""A validation slice of the training days: the rows tuning scores trials on.
+
+Tuning must never look at the evaluation days, and every training row must still reach the
+final model. So a retune splits the training days' feature rows, deterministically by a hash
+of each row's own values, into a fit part (the trials train on it) and a validation part
+(their NE is measured on it); `dlrm run` afterwards trains on all of them. The same rows land
+on the same side in every run, on every machine, whatever the file layout.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS
+
+# Rows whose hash falls in the first `percent` of 1,000 buckets are validation rows.
+BUCKETS = 1000
+
+
+@dataclass(frozen=True)
+class HoldoutSplit:
+    fit_files: tuple[str, ...]
+    validation_files: tuple[str, ...]
+    fit_rows: int
+    validation_rows: int
+
+
+def split_holdout(train_files: Sequence[str], out_dir: Path, percent: float, row_group_size: int = 131_072,
+                  threads: int = 2) -> HoldoutSplit:  # fmt: skip
+    """Split `train_files` (feature Parquet) into fit and validation parts under `out_dir`,
+    `percent` % of the rows to validation; reused when `out_dir` holds a finished split of
+    the same files."""
+    if not 0 < percent < 100:
+        raise ValueError(f"holdout percent must be in (0, 100), got {percent}")
+    marker = out_dir / "_done.json"
+    wanted = {"files": sorted(map(str, train_files)), "percent": percent}
+    if marker.is_file():
+        done = json.loads(marker.read_text())
+        if {k: done.get(k) for k in wanted} == wanted:
+            return _split_of(out_dir, done)
+    staging = out_dir.parent / f"_tmp-{out_dir.name}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir(parents=True)
+    try:
+        con = duckdb.connect(config={"threads": threads})
+        source = "read_parquet([" + ", ".join(f"'{f}'" for f in train_files) + "], hive_partitioning = false)"
+        # The hash covers every feature value and the label: a row's side is its own.
+        key = "hash(" + ", ".join(["label", *DENSE_COLUMNS, *SPARSE_COLUMNS]) + f") % {BUCKETS}"
+        cut = round(percent * BUCKETS / 100)
+        rows = {}
+        for part, condition in (("fit", f">= {cut}"), ("validation", f"< {cut}")):
+            (staging / part).mkdir()
+            con.execute(f"COPY (SELECT * FROM {source} WHERE {key} {condition}) TO '{staging / part / 'part-00000.parquet'}' "
+                        f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {row_group_size})")  # fmt: skip
+            rows[part] = con.execute(f"SELECT count(*) FROM read_parquet('{staging / part}/*.parquet')").fetchall()[0][0]
+        done = {**wanted, "rows": rows}
+        (staging / "_done.json").write_text(json.dumps(done))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)  # an unfinished or other split
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return _split_of(out_dir, done)
+
+
+def _split_of(out_dir: Path, done: dict) -> HoldoutSplit:
+    def files(part: str) -> tuple[str, ...]:
+        return tuple(str(p) for p in sorted((out_dir / part).glob("*.parquet")))
+
+    return HoldoutSplit(files("fit"), files("validation"), done["rows"]["fit"], done["rows"]["validation"])

@@ -1,0 +1,52 @@
+"""The pipeline on data like a small real Criteo sample (configs/small-real.toml): weak
+signal, most ids seen once, 8,000 training rows. The references must mean what they say and
+the gate must refuse a model that is worse than one of them."""
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.config import load_config
+from flows.registry import CHAMPION_ALIAS, current_champion
+
+pytestmark = pytest.mark.slow
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "small-real.toml"
+
+
+@pytest.fixture(scope="module")
+def small_run(prefect_server, tmp_path_factory: pytest.TempPathFactory):
+    from flows.pipeline import run_pipeline
+
+    overrides = [f'run_dir="{tmp_path_factory.mktemp("small-real")}"']
+    return load_config(CONFIG, overrides), run_pipeline(str(CONFIG), overrides)
+
+
+def test_every_training_row_is_trained_at_a_batch_that_gives_enough_steps(small_run) -> None:
+    config, summary = small_run
+    features = list(config.path("features").glob("*/day=0/*.parquet"))
+    assert summary["rows_trained"] == pq.read_table(features, partitioning=None).num_rows == 8000
+    # batch 2,048 would be 4 steps; min_steps = 50 halves it to 128: 63 steps
+    assert (summary["global_batch_size"], summary["steps"]) == (128, 63)
+
+
+def test_the_logistic_regression_reference_beats_the_constant(small_run) -> None:
+    _, summary = small_run
+    assert summary["logistic_regression_ne"] < summary["baseline_constant_ne"] - 0.02
+
+
+def test_a_model_behind_a_reference_is_registered_but_not_promoted(small_run) -> None:
+    config, summary = small_run
+    ne, lr, constant = summary["eval_ne"], summary["logistic_regression_ne"], summary["baseline_constant_ne"]
+    calibrated = config.evaluation.calibration_min <= summary["eval_calibration"] <= config.evaluation.calibration_max
+    assert summary["promoted"] == (ne < lr and ne < constant and calibrated), "the gate's rule, whatever the NE"
+    assert not summary["promoted"], f"untuned, this model is behind the logistic regression (NE {ne:.4f} vs {lr:.4f})"
+    assert "logistic regression" in summary["promotion_reason"] or "calibration" in summary["promotion_reason"]
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    name = config.tracking.registered_model
+    version = client.get_model_version(name, summary["model_version"])
+    assert version.tags["promotion.decision"] == "refused" and version.tags["promotion.reason"]
+    assert current_champion(client, name) is None, f"no '{CHAMPION_ALIAS}' alias for a refused first model"
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.tags["promotion.reason"] == summary["promotion_reason"]

@@ -1,0 +1,80 @@
+"""The tuner's pruner reads held-out NE from the job's typed metrics records."""
+
+import logging
+
+import optuna
+import pytest
+
+from flows.retune import TrainingTrial
+from training.progress import HeldoutRecord, TrainRecord
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.logged: list[tuple] = []
+
+    def log_metric(self, run_id: str, key: str, value: float, step: int = 0) -> None:
+        self.logged.append((run_id, key, value, step))
+
+
+def _trial_after_a_good_one() -> optuna.Trial:
+    study = optuna.create_study(pruner=optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0))
+    good = study.ask()
+    good.report(0.80, 50)
+    study.tell(good, 0.80)
+    return study.ask()
+
+
+def test_a_heldout_record_worse_than_the_median_prunes_the_trial() -> None:
+    client = _Client()
+    watch = TrainingTrial(None, None, client, "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
+    trial = _trial_after_a_good_one()
+    watch._on_progress(trial, "run", TrainRecord(23, 46, 5888, 0.5, 0.9, 0.9, 1e4, 1.0), metric="heldout_ne", prune=True)
+    assert client.logged == [], "training records do not feed the pruner"
+    watch._on_progress(trial, "run", HeldoutRecord(10, 46, 2560, 0.99), metric="heldout_ne", prune=False)
+    assert client.logged == [("run", "heldout_ne", 0.99, 10)], "logged, not reported, for a later seed"
+    with pytest.raises(optuna.TrialPruned, match="at step 23/46 is worse than the median"):
+        watch._on_progress(trial, "run", HeldoutRecord(23, 46, 5888, 0.95), metric="heldout_ne", prune=True)
+    assert trial.storage.get_trial(trial._trial_id).intermediate_values == {50: 0.95}, "reported at % done"
+
+
+def test_a_diverged_heldout_ne_prunes_the_trial() -> None:
+    watch = TrainingTrial(None, None, _Client(), "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
+    with pytest.raises(optuna.TrialPruned, match="diverged"):
+        watch._on_progress(_trial_after_a_good_one(), "run", HeldoutRecord(5, 46, 1280, float("nan")),
+                           metric="heldout_ne", prune=True)  # fmt: skip
+
+
+def test_the_last_heldout_record_is_logged_but_never_prunes() -> None:
+    client = _Client()
+    watch = TrainingTrial(None, None, client, "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
+    trial = _trial_after_a_good_one()
+    watch._on_progress(trial, "run", HeldoutRecord(46, 46, 11776, 0.99), metric="heldout_ne", prune=True)
+    assert client.logged == [("run", "heldout_ne", 0.99, 46)]
+    assert trial.storage.get_trial(trial._trial_id).intermediate_values == {}, "not reported: the trial is done"
+
+
+def test_trials_validate_on_a_slice_of_the_training_rows_never_the_evaluation_days(tiny_features, tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from flows.config import load_config
+    from flows.retune import tuning_data
+
+    state, files = tiny_features
+    config = load_config("configs/tiny.toml", [f'run_dir="{tmp_path}"'])
+    features = SimpleNamespace(state=state, files=files)
+    data = tuning_data(config, features)  # type: ignore[arg-type]
+    training = set(files[0] + files[1])
+    assert list(data.validation_files) == ["holdout"] and not set(data.train_files) & set(files[2])
+    assert not set(data.validation_files["holdout"]) & set(files[2]), "never the evaluation day"
+    assert not set(data.train_files) & training, "trials train on the fit part, not the whole days"
+    by_day = tuning_data(load_config("configs/tiny.toml", [f'run_dir="{tmp_path}"', "tuning.validation_days=[1]"]),
+                         features)  # type: ignore[arg-type]  # fmt: skip
+    assert by_day.train_files == tuple(files[0]) and by_day.validation_files == {"1": tuple(files[1])}
+
+
+def test_validating_on_an_evaluation_day_is_refused() -> None:
+    from flows.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="tuning.validation_days: .*never on the evaluation days"):
+        load_config("configs/tiny.toml", ["tuning.validation_days=[2]"])

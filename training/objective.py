@@ -1,0 +1,36 @@
+"""The training objective: log loss over the real rows of a batch.
+
+Every training row is trained: the reader pads each rank's last batch of an epoch to the
+batch size with rows labelled `PAD_LABEL` (so every rank takes the same steps and the
+collectives line up), and those rows weigh nothing here. A padding row's gradient is
+exactly zero, so it moves no MLP weight and, under row-wise Adagrad, no embedding row
+(its moment grows by 0² and its step is 0). The loss of a step is the mean over its real
+rows: a short last batch takes a step of the same scale as a full one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torchrec.datasets.utils import Batch
+from torchrec.models.dlrm import DLRMTrain
+
+from ingestion.reader import PAD_LABEL
+
+
+class RealRowsDLRMTrain(DLRMTrain):
+    """TorchRec's `DLRMTrain` (same module tree, parameter names `model.…`) whose loss leaves
+    padding rows out. forward(Batch) → (loss, (loss, logits, labels)), as `DLRMTrain`'s."""
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        loss = real_rows_log_loss(logits, batch.labels)
+        return loss, (loss.detach(), logits.detach(), batch.labels.detach())
+
+
+def real_rows_log_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean binary cross entropy over the rows whose label is not `PAD_LABEL` (0 if none)."""
+    real = labels != PAD_LABEL
+    summed = F.binary_cross_entropy_with_logits(logits.float(), labels.float().clamp(min=0.0), weight=real.float(),
+                                                reduction="sum")  # fmt: skip
+    return summed / real.sum().clamp(min=1)
