@@ -13,9 +13,12 @@ class EvaluationConfig:
     batch_size: int = 8192
     # Windowed NE during training covers this many most recent samples.
     ne_window: int = 100_000
-    # Every this many steps, NE on the first `heldout_batches` batches of the eval days (0: off).
+    # Every this many steps, NE on the first `heldout_batches` batches of the eval days (0: off;
+    # `heldout_batches = 0`: all of them).
     heldout_every_steps: int = 0
     heldout_batches: int = 4
+    # Held-out NE also at the end of every epoch (what early stopping watches).
+    heldout_every_epoch: bool = False
     # NE is also reported per value of this categorical feature, for its most frequent values.
     slice_feature: str = "C17"
     slice_top_k: int = 5
@@ -31,10 +34,14 @@ class EvaluationConfig:
     # sampling noise in the click rate of 2,000 held-out rows is about 4 % (one sd).
     calibration_min: float = 0.9
     calibration_max: float = 1.1
+    # Off: only the constant click rate gates (the logistic regression is still reported).
+    # For data too small for any DLRM to beat a fitted logistic regression, where the run
+    # exists to exercise the registry rather than to ship a model.
+    gate_on_logistic_regression: bool = True
 
     def __post_init__(self) -> None:
-        if self.heldout_every_steps < 0 or self.heldout_batches < 1:
-            raise ValueError("heldout_every_steps: must be ≥ 0, with heldout_batches ≥ 1")
+        if self.heldout_every_steps < 0 or self.heldout_batches < 0:
+            raise ValueError("heldout_every_steps: must be ≥ 0, with heldout_batches ≥ 0 (0: all)")
         if not _CATEGORICAL.match(self.slice_feature):
             raise ValueError(f"slice_feature: must name a categorical feature C1..C26, got {self.slice_feature!r}")
         if self.slice_top_k < 1:

@@ -48,10 +48,13 @@ class QualityGate:
     reference_margin: float = 0.0
     calibration_min: float = 0.9
     calibration_max: float = 1.1
+    # the constant click rate always gates; the logistic regression unless this is off
+    logistic_regression: bool = True
 
     @classmethod
     def from_config(cls, config: EvaluationConfig) -> QualityGate:
-        return cls(config.reference_margin, config.calibration_min, config.calibration_max)
+        return cls(config.reference_margin, config.calibration_min, config.calibration_max,
+                   config.gate_on_logistic_regression)  # fmt: skip
 
 
 # NEs this close (relative) are one model's, computed by different kernels: the workers score
@@ -65,8 +68,10 @@ def quality_failure(candidate_ne: float, evidence: QualityEvidence, gate: Qualit
 
     NaN anywhere fails: a comparison with NaN is never true.
     """
-    for name, reference_ne in (("the constant predictor's", evidence.constant_ne),
-                               ("the logistic regression's", evidence.reference_ne)):  # fmt: skip
+    references = [("the constant predictor's", evidence.constant_ne)]
+    if gate.logistic_regression:
+        references.append(("the logistic regression's", evidence.reference_ne))
+    for name, reference_ne in references:
         threshold = reference_ne * (1.0 - gate.reference_margin)
         if not candidate_ne < threshold:
             by = f" by the {100 * gate.reference_margin:.3f} % reference margin (< {threshold:.4f})" if gate.reference_margin else ""

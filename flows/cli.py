@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -38,9 +39,15 @@ class UserError(Exception):
     """A problem with the user's input, shown as one line."""
 
 
+DEFAULT_CONFIG = "configs/demo.toml"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if getattr(args, "config", None) == DEFAULT_CONFIG and not Path(DEFAULT_CONFIG).exists():
+        args.config = str(PROJECT_ROOT / DEFAULT_CONFIG)  # the embedded default, from any folder
     if getattr(args, "config", None):
         _trust_config_folder(args.config)
         _trust_override_paths(getattr(args, "overrides", []))
@@ -111,37 +118,39 @@ def _parser() -> argparse.ArgumentParser:
     generate.set_defaults(handler=_generate)
 
     ingest = commands.add_parser("ingest", help="raw Criteo files → validated Parquet warehouse")
-    ingest.add_argument("sources", nargs="+", metavar="SOURCE")
-    ingest.add_argument("--warehouse", required=True)
+    ingest.add_argument("sources", nargs="+", metavar="SOURCE",
+                        help="Criteo TSV files, plain or gzip, local paths or fsspec URLs")
+    ingest.add_argument("--warehouse", required=True, metavar="FOLDER",
+                        help="the warehouse folder (created if missing); each day lands in FOLDER/day=N/")
     ingest.add_argument("--day", type=int, help="the day of every SOURCE (default: day_N in the name)")
     ingest.add_argument("--force", action="store_true", help="re-ingest even if the manifest matches")
     ingest.add_argument("--multi-hot", default="", metavar="C3,C12",
                         help="features whose field holds comma-separated ids (stored as lists)")
-    ingest.add_argument("--json", action="store_true")
+    ingest.add_argument("--json", action="store_true", help="print the day totals as one JSON object")
     ingest.set_defaults(handler=_ingest)
 
     preprocess = commands.add_parser("preprocess", help="warehouse days → features (DuckDB), fitted on the train days")
     _add_config_arguments(preprocess)
     preprocess.add_argument("--days", type=int, nargs="*", help="days to write (default: the config's)")
-    preprocess.add_argument("--json", action="store_true")
+    preprocess.add_argument("--json", action="store_true", help="print the state and the written days as JSON")
     preprocess.set_defaults(handler=_preprocess)
 
     plan = commands.add_parser("plan", help="plan the sharding of a model for a cluster, here or declared")
     _add_config_arguments(plan)
     plan.add_argument("--cluster", help="cluster TOML (default: this machine with training.nproc processes)")
-    plan.add_argument("--json", action="store_true")
+    plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     plan.set_defaults(handler=_plan)
 
     evaluate = commands.add_parser("evaluate", help="NE, AUC, calibration of a predictions file")
     evaluate.add_argument("--predictions", required=True, help="Parquet with label, prediction[, weight]")
-    evaluate.add_argument("--json", action="store_true")
+    evaluate.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     evaluate.set_defaults(handler=_evaluate)
     return parser
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """--config and repeatable --set overrides, the same for every command that reads a config."""
-    parser.add_argument("--config", default="configs/demo.toml", help="TOML config (default: %(default)s)")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="TOML config (default: %(default)s)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set training.batch_size=4096")  # fmt: skip
 
@@ -299,10 +308,18 @@ def _plan(args: argparse.Namespace) -> int:
 def _ingest(args: argparse.Namespace) -> int:
     from ingestion.schema import check_multi_hot
     from ingestion.warehouse import day_of, ingest_day
+    from ingestion.warehouse import log as ingest_log
+
+    # a failed file is reported below as one "dlrm: error:" line: not also as its log record
+    ingest_log.addFilter(lambda record: record.levelno < logging.ERROR)
 
     for source in args.sources:
         if "://" not in source and not Path(source).exists():
             raise UserError(f"{source}: no such file; pass existing Criteo files (plain or .gz)")
+        if "://" not in source and Path(source).is_dir():
+            raise UserError(f"{source}: a folder; pass Criteo files (plain or .gz), e.g. {source.rstrip('/')}/day_*.gz")
+    if Path(args.warehouse).exists() and not Path(args.warehouse).is_dir():
+        raise UserError(f"--warehouse {args.warehouse}: a file, not a folder; pass the warehouse folder (created if missing)")
     try:
         multi_hot = check_multi_hot([name.strip() for name in args.multi_hot.split(",") if name.strip()])
     except ValueError as error:
@@ -328,6 +345,7 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from evaluation.metrics import summarize
@@ -335,7 +353,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     path = Path(args.predictions)
     if not path.exists():
         raise UserError(f"{path}: no such file; pass a Parquet file with label and prediction columns")
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as error:
+        raise UserError(f"{path}: not a readable Parquet file or folder ({str(error).splitlines()[0]}); pass the "
+                        "predictions Parquet a run wrote, e.g. runs/demo/train/predictions/day=2/") from None
     missing = {"label", "prediction"} - set(table.column_names)
     if missing:
         raise UserError(f"{path}: missing column(s) {sorted(missing)}; needs label, prediction[, weight]")

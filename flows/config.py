@@ -186,9 +186,11 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Pipel
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found; pass --config with a TOML file")
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # editors on Windows start files with a BOM
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); save it as UTF-8") from None
     for override in overrides:
         _apply_override(raw, override, path)
     try:

@@ -171,15 +171,26 @@ class TrainingTrial:
         self.client.log_batch(run_id, params=[_param(k, v) for k, v in params.items()])
         seeds = trial_seeds(self.config)
         per_seed: list[float] = []
+        best_epochs: list[int] = []
         try:
-            for seed, job in seed_jobs(self.config, self.data, params, out):
+            for seed, job in seed_jobs(self.config, self.data, params, out, early_stopping=True):
                 # Only the first seed's held-out NE feeds the pruner: Optuna compares trials
                 # at the same step, and every trial's first run has the same seed.
                 first = seed == seeds[0]
                 metric = "heldout_ne" if len(seeds) == 1 else f"heldout_ne.seed_{seed}"
-                watch = functools.partial(self._on_progress, trial, run_id, metric=metric, prune=first)
-                launch(job, on_line=lambda line: None, on_progress=watch)
-                per_seed.append(validation_ne(Path(job.out_dir) / "predictions"))
+                epochs = EpochEnds(self.config.tuning.max_epochs)
+                watch = functools.partial(self._on_progress, trial, run_id, metric=metric, prune=first,
+                                          epochs=epochs)  # fmt: skip
+                try:
+                    launch(job, on_line=lambda line: None, on_progress=watch)
+                except StopEarly:
+                    pass  # the job is stopped; its best epoch's NE is the seed's score
+                if epochs.early_stopping:
+                    best_epoch, ne = epochs.best()
+                    best_epochs.append(best_epoch)
+                    per_seed.append(ne)
+                else:
+                    per_seed.append(validation_ne(Path(job.out_dir) / "predictions"))
                 if len(seeds) > 1:
                     self.client.log_metric(run_id, f"ne.seed_{seed}", per_seed[-1])
         except optuna.TrialPruned as pruned:
@@ -193,6 +204,11 @@ class TrainingTrial:
             raise
         ne = statistics.fmean(per_seed)
         trial.set_user_attr("ne_per_seed", {str(s): v for s, v in zip(seeds, per_seed, strict=True)})
+        if best_epochs:
+            chosen = {"training.epochs": round(statistics.fmean(best_epochs))}
+            trial.set_user_attr("chosen", chosen)
+            self.client.log_batch(run_id, params=[_param(k, v) for k, v in chosen.items()])
+            params = {**params, **chosen}
         self.client.log_metric(run_id, "ne", ne)
         if len(seeds) > 1:
             self.client.log_metric(run_id, "ne_seed_std", statistics.stdev(per_seed))
@@ -203,20 +219,58 @@ class TrainingTrial:
         return ne
 
     def _on_progress(self, trial: optuna.Trial, run_id: str, record: MetricsRecord, *, metric: str,
-                     prune: bool) -> None:  # fmt: skip
+                     prune: bool, epochs: EpochEnds | None = None) -> None:  # fmt: skip
         if not isinstance(record, HeldoutRecord):
             return
         step, total, ne = record.step, record.total_steps, record.heldout_ne
         if not math.isfinite(ne):
             raise optuna.TrialPruned(f"held-out NE is {ne} at step {step} (diverged)")
         self.client.log_metric(run_id, metric, ne, step=step)
+        if epochs is not None and epochs.rose(record):
+            raise StopEarly
         if not prune or step >= total:
             return  # the last report comes when the trial has cost all it will: never pruned there
         # Reported against percent of training done, so the pruner compares trials at the
         # same progress whatever their batch size, and waits out the warm-up.
-        trial.report(ne, round(100 * step / total))
+        percent = round(100 * step / total)
+        if ne >= NOT_LEARNING_NE and percent >= self.config.tuning.prune_after_pct:
+            raise optuna.TrialPruned(f"held-out NE {ne:.5f} at step {step}/{total}: no better than the click rate")
+        trial.report(ne, percent)
         if trial.should_prune():
             raise optuna.TrialPruned(f"held-out NE {ne:.5f} at step {step}/{total} is worse than the median")
+
+
+# The constant click rate's NE: a trial still at or above it past `prune_after_pct` has
+# learnt nothing, and is not worth the rest of its budget.
+NOT_LEARNING_NE = 1.0
+
+
+class StopEarly(Exception):
+    """Validation NE rose from one epoch end to the next: the run has passed its best."""
+
+
+class EpochEnds:
+    """Validation NE at each epoch end of one run, for early stopping (when a trial may
+    train more than one epoch: `tuning.max_epochs` > 1)."""
+
+    def __init__(self, max_epochs: int) -> None:
+        self.early_stopping = max_epochs > 1
+        self.max_epochs = max_epochs
+        self.ne: list[float] = []
+
+    def rose(self, record: HeldoutRecord) -> bool:
+        """Take an epoch end's NE; True when it is worse than the best epoch's before it."""
+        if not self.early_stopping or record.step % (record.total_steps // self.max_epochs):
+            return False
+        self.ne.append(record.heldout_ne)
+        return len(self.ne) > 1 and self.ne[-1] > min(self.ne[:-1])
+
+    def best(self) -> tuple[int, float]:
+        """(epochs trained at the best epoch end, its NE)."""
+        if not self.ne:
+            raise optuna.TrialPruned("no epoch ended with a validation NE")
+        best = min(range(len(self.ne)), key=self.ne.__getitem__)
+        return best + 1, self.ne[best]
 
 
 def trial_seeds(config: PipelineConfig) -> list[int]:
@@ -224,22 +278,30 @@ def trial_seeds(config: PipelineConfig) -> list[int]:
     return [config.training.seed + i for i in range(config.tuning.seeds_per_trial)]
 
 
-def seed_jobs(config: PipelineConfig, data: TuningData, params: Params, out: Path) -> Iterator[tuple[int, TrainJob]]:
+def seed_jobs(config: PipelineConfig, data: TuningData, params: Params, out: Path,
+              early_stopping: bool = False) -> Iterator[tuple[int, TrainJob]]:  # fmt: skip
     """One validation run per trial seed, each in its own folder under `out` (when several)."""
     seeds = trial_seeds(config)
     for seed in seeds:
         folder = out if len(seeds) == 1 else out / f"seed-{seed}"
-        yield seed, validation_job(config, data, params, folder, seed)
+        yield seed, validation_job(config, data, params, folder, seed, early_stopping)
 
 
 def validation_job(config: PipelineConfig, data: TuningData, params: Params, out: Path,
-                   seed: int | None = None) -> TrainJob:  # fmt: skip
+                   seed: int | None = None, early_stopping: bool = False) -> TrainJob:  # fmt: skip
     """A training run of `config` with `params` applied (and another training seed, if
-    given) on the tuning data's training part, scored on its validation part."""
+    given) on the tuning data's training part, scored on its validation part. With
+    `early_stopping` and `tuning.max_epochs` > 1, it runs up to that many epochs and is
+    scored on all the validation rows at each epoch end."""
     training, model = apply_params(config.training, config.model, params)
     training = dataclasses.replace(training, checkpoint_every=0, max_restarts=0,
                                    seed=training.seed if seed is None else seed)  # fmt: skip
-    trial_config = dataclasses.replace(config, training=training, model=model)
+    evaluation = config.evaluation
+    if early_stopping and config.tuning.max_epochs > 1:
+        # up to max_epochs, scored at every epoch end on all the validation rows (early stopping)
+        training = dataclasses.replace(training, epochs=config.tuning.max_epochs)
+        evaluation = dataclasses.replace(evaluation, heldout_every_epoch=True, heldout_batches=0)
+    trial_config = dataclasses.replace(config, training=training, model=model, evaluation=evaluation)
     job = build_job(trial_config, data.features.state, data.features.files, run_id=out.name)
     return dataclasses.replace(job, train_files=data.train_files, eval_files=data.validation_files, out_dir=str(out))
 

@@ -13,6 +13,7 @@ the new one, never half of one. Re-ingesting a day replaces it. Files names star
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -126,6 +127,11 @@ def ingest_day(
         _publish(staging / "quarantine", warehouse / "_quarantine" / f"day={day}", staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the staging root, unless another ingest is using it
+            staging.parent.rmdir()
+    if not report.files_failed and report.rows_read == 0:
+        log.warning("day %d: no lines in %s: published an empty partition; check the source files",
+                    day, ", ".join(sources))  # fmt: skip
     return report
 
 
@@ -162,11 +168,16 @@ def _ingest_file(source: str, day: int, staging: Path, index: int, multi_hot: tu
         report.error = str(error)
         data_path.unlink(missing_ok=True)
         quarantine_path.unlink(missing_ok=True)
+        # its rows are in neither the partition nor the quarantine: the manifest counts none
+        report.rows_read = report.rows_written = report.rows_quarantined = 0
         log.error("%s", error)
     assert report.error or report.rows_read == report.rows_written + report.rows_quarantined
     report.sha256 = digest.hexdigest()
     report.seconds = time.perf_counter() - started
     return report
+
+
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def _read_line_blocks(source: str, digest: hashlib._Hash, report: FileReport) -> Iterator[bytes]:
@@ -181,6 +192,7 @@ def _read_line_blocks(source: str, digest: hashlib._Hash, report: FileReport) ->
         pending: list[bytes] = []
         pending_bytes = 0
         lines_done = 0
+        first_block = True
         while True:
             try:
                 chunk = raw.read(READ_CHUNK_BYTES)
@@ -203,6 +215,8 @@ def _read_line_blocks(source: str, digest: hashlib._Hash, report: FileReport) ->
             pending, pending_bytes = [data[cut:]], len(data) - cut
             if cut:
                 block = data[:cut]
+                if first_block:  # a file saved with a UTF-8 byte-order mark: not part of line 1
+                    block, first_block = block.removeprefix(UTF8_BOM), False
                 lines_done += block.count(b"\n")
                 yield block if block.endswith(b"\n") else block + b"\n"  # a last line without its newline
             if not chunk:

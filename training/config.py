@@ -177,6 +177,9 @@ class TrainingConfig:
     # Row-wise Adagrad's epsilon (embeddings) and the dense optimizer's weight decay.
     embedding_eps: float = 1e-8
     dense_weight_decay: float = 0.0
+    # L2 on the embedding rows a step touches (fbgemm's L2 weight-decay mode): the
+    # regulariser for ids seen a few times, which otherwise memorise their labels.
+    embedding_weight_decay: float = 0.0
     warmup_steps: int = 0
     # Warm-up as a fraction of the run's steps (the longer of the two counts; never longer
     # than the run), so one setting fits a run of any length and batch size.
@@ -225,6 +228,11 @@ class TrainingConfig:
                 raise ValueError(f"{key}: must be positive, got {getattr(self, key)}")
         if self.embedding_eps <= 0 or self.dense_weight_decay < 0:
             raise ValueError("embedding_eps: must be positive, with dense_weight_decay ≥ 0")
+        if self.embedding_weight_decay < 0:
+            raise ValueError(f"embedding_weight_decay: must be ≥ 0, got {self.embedding_weight_decay}")
+        if self.embedding_weight_decay and self.cpu.embedding_update == "fbgemm":
+            raise ValueError("embedding_weight_decay: fbgemm's CPU kernel ignores it; on CPU hosts set "
+                             "training.cpu.embedding_update = 'auto' (GPU hosts apply it either way)")
         if self.threads_per_proc < 1:
             raise ValueError(f"threads_per_proc: must be at least 1, got {self.threads_per_proc}")
         if self.log_every < 1:

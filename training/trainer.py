@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +17,8 @@ import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -48,12 +51,25 @@ class TrainStats:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
 
+class EmbeddingRowWiseAdagrad(RowWiseAdagrad):
+    """TorchRec's row-wise Adagrad, also taking the keys only fbgemm's fused kernel reads
+    (its optimizer type and weight-decay mode): TorchRec hands a parameter's in-backward
+    optimizer arguments to the sharded tables as they are."""
+
+    def __init__(self, params, lr: float, eps: float, weight_decay: float = 0.0, weight_decay_mode=None,
+                 optimizer=None) -> None:  # fmt: skip
+        super().__init__(params, lr=lr, eps=eps, weight_decay=weight_decay)
+
+
 def attach_embedding_optimizer(model: nn.Module, config: TrainingConfig) -> None:
-    """Row-wise Adagrad fused into the embedding backward (applied before sharding)."""
+    """Row-wise Adagrad fused into the embedding backward (applied before sharding), with
+    L2 on the rows each step touches when `embedding_weight_decay` is set."""
     embedding_params = [p for n, p in model.named_parameters() if "embedding_bags" in n]
-    apply_optimizer_in_backward(
-        RowWiseAdagrad, embedding_params, {"lr": config.embedding_lr, "eps": config.embedding_eps}
-    )
+    arguments: dict[str, Any] = {"lr": config.embedding_lr, "eps": config.embedding_eps,
+                                 "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD}  # fmt: skip
+    if config.embedding_weight_decay:
+        arguments.update(weight_decay=config.embedding_weight_decay, weight_decay_mode=WeightDecayMode.L2)
+    apply_optimizer_in_backward(EmbeddingRowWiseAdagrad, embedding_params, arguments)
 
 
 def build_schedule(model: nn.Module, optimizer: CombinedOptimizer, config: TrainingConfig) -> LRSchedule:
@@ -267,7 +283,7 @@ def train(
         step += 1
         timer.stepped(step)
         ne.add(logits, labels)
-        maybe_evaluate(steps, job, device, progress, timer, step)
+        maybe_evaluate(steps, job, device, progress, timer, step, batches.steps_per_epoch)
         ne.maybe_log(step, loss)
         maybe_checkpoint(model, optimizer, job, batches, ledger, timer, step, total_steps)
     steps.pause()  # the model's own forward again, for the final checkpoint and predictions
@@ -288,10 +304,12 @@ def train_step(steps: TrainSteps, batches: TrainBatches, schedule: LRSchedule, l
 
 
 def maybe_evaluate(steps: TrainSteps, job: TrainJob, device: torch.device, progress: Progress, timer: TrainTimer,
-                   step: int) -> None:  # fmt: skip
-    """Held-out NE every `heldout_every_steps` steps and at the last step (not training time)."""
-    every = job.evaluation.heldout_every_steps
-    if every and (step % every == 0 or step == progress.total_steps):
+                   step: int, steps_per_epoch: int) -> None:  # fmt: skip
+    """Held-out NE every `heldout_every_steps` steps, at every epoch end when
+    `heldout_every_epoch`, and at the last step of either (not training time)."""
+    every, config = job.evaluation.heldout_every_steps, job.evaluation
+    periodic = bool(every) and (step % every == 0 or step == progress.total_steps)
+    if periodic or (config.heldout_every_epoch and step % steps_per_epoch == 0):
         with timer.paused():
             progress.add_heldout(step, heldout_state(steps.pause(), job, device))
 
@@ -316,7 +334,7 @@ def heldout_state(model: nn.Module, job: TrainJob, device: torch.device) -> Bina
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     for index, batch in enumerate(reader):
-        if index == job.evaluation.heldout_batches:
+        if index == job.evaluation.heldout_batches > 0:  # 0: every batch
             break
         with autocast(job.training, device):
             _, (_, logits, labels) = model(batch.to(device, non_blocking=True))

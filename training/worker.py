@@ -102,7 +102,8 @@ def _cpu_kernels(model: torch.nn.Module, job: TrainJob, device: torch.device) ->
         return {}
     from training.cpu import accelerate
 
-    kernels = accelerate(model, job.training.cpu, job.training.precision).as_dict()
+    training = job.training
+    kernels = accelerate(model, training.cpu, training.precision, training.embedding_weight_decay).as_dict()
     if dist.get_rank() == 0:
         print("[train] CPU kernels: " + ", ".join(f"{part} {kernel}" for part, kernel in kernels.items()), flush=True)
     return kernels

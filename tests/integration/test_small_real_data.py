@@ -50,3 +50,39 @@ def test_a_model_behind_a_reference_is_registered_but_not_promoted(small_run) ->
     assert current_champion(client, name) is None, f"no '{CHAMPION_ALIAS}' alias for a refused first model"
     run = client.get_run(summary["mlflow_run_id"])
     assert run.data.tags["promotion.reason"] == summary["promotion_reason"]
+
+
+def test_the_logistic_regression_reference_is_within_1_percent_of_scikit_learns(small_run) -> None:
+    """scikit-learn's `LogisticRegression` on the same features (one column per id seen in
+    training, the preprocessed dense columns), C chosen the same way on the same hashed
+    slice of the training rows, refit on all, scored on the evaluation day."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    from evaluation.metrics import binary_state, compute_ne
+    from ingestion.preprocess import PreprocessState
+    from ingestion.schema import SPARSE_COLUMNS
+    from tests.unit.training.test_baselines import _one_hot, one_blas_thread
+    from training.baselines import DEFAULT_C_GRID, row_id_hash, validation_rows
+
+    config, summary = small_run
+    [state_file] = config.path("features").glob("*/state.json")
+    sizes = PreprocessState.load(state_file).table_sizes
+
+    def columns(day: int) -> dict[str, np.ndarray]:
+        table = pq.read_table(sorted(state_file.parent.glob(f"day={day}/*.parquet")), partitioning=None)
+        return {name: table[name].to_numpy() for name in table.column_names}
+
+    train, test = columns(config.data.train_days[0]), columns(config.data.eval_days[0])
+    x, y = _one_hot(train, sizes, train), train["label"]
+    held_out = validation_rows(row_id_hash([train[name] for name in SPARSE_COLUMNS]), 0.1, config.training.seed)
+
+    def fit(rows: np.ndarray, c: float) -> LogisticRegression:
+        with one_blas_thread():
+            return LogisticRegression(C=c, solver="lbfgs", max_iter=5_000, tol=1e-8).fit(x[rows], y[rows])
+
+    by_c = {c: compute_ne(binary_state(y[held_out], fit(~held_out, c).predict_proba(x[held_out])[:, 1]))
+            for c in DEFAULT_C_GRID}  # fmt: skip
+    reference = fit(np.ones(len(y), dtype=bool), min(by_c, key=by_c.get))
+    sklearn_ne = compute_ne(binary_state(test["label"], reference.predict_proba(_one_hot(test, sizes, train))[:, 1]))
+    assert summary["logistic_regression_ne"] == pytest.approx(sklearn_ne, rel=0.01)

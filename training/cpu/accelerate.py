@@ -24,7 +24,7 @@ class CpuKernels:
         return asdict(self)
 
 
-def accelerate(model: nn.Module, config: CpuConfig, precision: str) -> CpuKernels:
+def accelerate(model: nn.Module, config: CpuConfig, precision: str, embedding_weight_decay: float = 0.0) -> CpuKernels:
     """Swap the CPU kernels into every DLRM of `model` and set up the process for them.
 
     Call it before sharding: the sparse arch it swaps in holds the collection that the
@@ -33,7 +33,7 @@ def accelerate(model: nn.Module, config: CpuConfig, precision: str) -> CpuKernel
     precision and what this machine can build: the same job always computes the same way.
     """
     malloc = "retain" if config.malloc == "retain" and memory.retain() else "system"
-    update = embedding_update.choose(config.embedding_update)
+    update = embedding_update.choose(config.embedding_update, embedding_weight_decay)
     embedding_update.use(update)
     dot_kernel = _interaction_kernel(config, precision)
     matmul = "onednn" if config.matmul == "onednn" and precision == "fp32" else "aten"

@@ -36,17 +36,23 @@ _library: torch.library.Library | None = None
 _installed: Kernel = "fbgemm"
 
 
-def choose(setting: str) -> Kernel:
+def choose(setting: str, weight_decay: float = 0.0) -> Kernel:
     """The kernel for `training.cpu.embedding_update`: the setting itself, or for "auto" the
-    native kernel where it can run here, else fbgemm's."""
+    native kernel where it can run here, else fbgemm's. fbgemm's CPU kernel ignores weight
+    decay, so a decayed run falls back to the vectorized kernel instead."""
     if setting != "auto":
         return setting  # type: ignore[return-value]
     if not fits_this_fbgemm():
+        if weight_decay:
+            raise RuntimeError(
+                f"training.embedding_weight_decay: fbgemm's CPU kernel ignores it and its op {OP} changed "
+                "arguments, so this project's kernels cannot stand in; set training.embedding_weight_decay = 0"
+            )
         return "fbgemm"
     try:
         native_rowwise_adagrad.kernel()
     except native_build.NativeUnavailable:
-        return "fbgemm"
+        return "vectorized" if weight_decay else "fbgemm"
     return "native"
 
 

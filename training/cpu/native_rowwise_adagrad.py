@@ -15,10 +15,11 @@ import functools
 import torch
 
 from training.cpu import native_build
-from training.cpu.rowwise_adagrad import POOLING_MEAN, FbgemmArgs, check_supported
+from training.cpu.rowwise_adagrad import POOLING_MEAN, FbgemmArgs, check_supported, l2_decay
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_ARGUMENTS = (_P, _P, _I, _P, _P, _P, _P, _P, _I, _P, _P, _P, ctypes.c_int32, ctypes.c_float, ctypes.c_float,
+_F = ctypes.c_float
+_ARGUMENTS = (_P, _P, _I, _P, _P, _P, _P, _P, _I, _P, _P, _P, ctypes.c_int32, _F, _F, _F,
               _P, _P, _I, _P, _I, _P, _P, _I)  # fmt: skip
 _work: dict[str, torch.Tensor] = {}
 
@@ -33,7 +34,7 @@ def kernel():
 
 def rowwise_adagrad_backward(a: FbgemmArgs) -> None:
     """One step of exact row-wise Adagrad on `host_weights` and `momentum1_host`, in place."""
-    check_supported(a.host_weights, a.momentum1_host, a.pooling_mode, a.weight_decay, a.max_norm)
+    check_supported(a.host_weights, a.momentum1_host, a.pooling_mode, a.weight_decay_mode, a.max_norm)
     if a.indices.numel() == 0:
         return
     features = a.D_offsets.numel() - 1
@@ -55,7 +56,7 @@ def rowwise_adagrad_backward(a: FbgemmArgs) -> None:
         a.host_weights.data_ptr(), weights_offsets.data_ptr(), a.momentum1_host.data_ptr(), momentum1_offsets.data_ptr(),
         D_offsets.data_ptr(), batch, indices.data_ptr(), offsets.data_ptr(),
         weights.data_ptr() if weights is not None else None, int(a.pooling_mode == POOLING_MEAN),
-        float(a.learning_rate_tensor), float(a.eps), order.data_ptr(), group_end.data_ptr(), features,
+        float(a.learning_rate_tensor), float(a.eps), l2_decay(a), order.data_ptr(), group_end.data_ptr(), features,
         hash_table.data_ptr(), hash_bits, sums.data_ptr(), rows.data_ptr(), a.max_D,
     )  # fmt: skip
 

@@ -26,6 +26,9 @@ from typing import NamedTuple
 import torch
 
 POOLING_SUM, POOLING_MEAN = 0, 1
+# fbgemm's WeightDecayMode: NONE ignores `weight_decay`; L2 adds weight_decay · w to the
+# gradient of each row a step touches. The other modes are fbgemm's alone.
+DECAY_NONE, DECAY_L2 = 0, 1
 # Distinct rows are found through a scratch array over every row of the batched tables
 # (4 bytes a row): cheaper than sorting the ids, up to this many rows; a sort beyond.
 SCRATCH_MAX_ROWS = 1 << 23
@@ -65,10 +68,10 @@ def rowwise_adagrad_backward(a: FbgemmArgs) -> None:
     """Applies one step of exact row-wise Adagrad to `host_weights` and `momentum1_host`, in
     place, for the pooled lookups of `indices`/`offsets` whose output gradient is
     `grad_output` [B, ΣD]."""
-    check_supported(a.host_weights, a.momentum1_host, a.pooling_mode, a.weight_decay, a.max_norm)
+    check_supported(a.host_weights, a.momentum1_host, a.pooling_mode, a.weight_decay_mode, a.max_norm)
     if a.indices.numel() == 0:
         return
-    lr = float(a.learning_rate_tensor)
+    lr, decay = float(a.learning_rate_tensor), l2_decay(a)
     dims = a.D_offsets.diff()
     batch = (a.offsets.numel() - 1) // dims.numel()
     bag, scale = _bags(a.offsets, a.indices.numel(), a.pooling_mode, a.indice_weights)
@@ -76,7 +79,7 @@ def rowwise_adagrad_backward(a: FbgemmArgs) -> None:
     widths = dims.unique().tolist()
     if bag is None and scale is None and len(widths) == 1:
         _one_id_per_bag(grad_output, a.host_weights, a.weights_offsets, a.hash_size_cumsum, a.indices, a.momentum1_host,
-                        a.momentum1_offsets, lr, a.eps, widths[0], batch)  # fmt: skip
+                        a.momentum1_offsets, lr, a.eps, decay, widths[0], batch)  # fmt: skip
         return
     if bag is None and len(widths) > 1:
         bag = torch.arange(a.indices.numel())
@@ -98,12 +101,13 @@ def rowwise_adagrad_backward(a: FbgemmArgs) -> None:
         slots, first = _distinct(keys, int(a.hash_size_cumsum[-1]))
         summed = _summed(grads, slots, first.numel())
         _update(a.host_weights, a.weights_offsets, a.momentum1_host, a.momentum1_offsets, summed,
-                feature.index_select(0, first), ids.index_select(0, first), lr, a.eps)  # fmt: skip
+                feature.index_select(0, first), ids.index_select(0, first), lr, a.eps, decay)  # fmt: skip
 
 
 def _one_id_per_bag(grad_output: torch.Tensor, host_weights: torch.Tensor, weights_offsets: torch.Tensor,
                     hash_size_cumsum: torch.Tensor, indices: torch.Tensor, momentum1_host: torch.Tensor,
-                    momentum1_offsets: torch.Tensor, lr: float, eps: float, dim: int, batch: int) -> None:  # fmt: skip
+                    momentum1_offsets: torch.Tensor, lr: float, eps: float, decay: float, dim: int,
+                    batch: int) -> None:  # fmt: skip
     """The common case (one id per feature and sample, every feature `dim` wide) without
     reordering the gradient: ids come feature-major [F, B], `grad_output` is [B, F, D]."""
     ids = indices.long().view(-1, batch)
@@ -112,7 +116,7 @@ def _one_id_per_bag(grad_output: torch.Tensor, host_weights: torch.Tensor, weigh
     # the slots in the gradient's sample-major order: a row's occurrences still sum by sample
     summed = _summed(grad_output.reshape(-1, dim), slots.view(ids.shape).t().reshape(-1), first.numel())
     _update(host_weights, weights_offsets, momentum1_host, momentum1_offsets, summed,
-            first.div(batch, rounding_mode="floor"), ids.view(-1).index_select(0, first), lr, eps)  # fmt: skip
+            first.div(batch, rounding_mode="floor"), ids.view(-1).index_select(0, first), lr, eps, decay)  # fmt: skip
 
 
 def _summed(grads: torch.Tensor, slots: torch.Tensor, distinct: int) -> torch.Tensor:
@@ -123,9 +127,13 @@ def _summed(grads: torch.Tensor, slots: torch.Tensor, distinct: int) -> torch.Te
 
 def _update(host_weights: torch.Tensor, weights_offsets: torch.Tensor, momentum1_host: torch.Tensor,
             momentum1_offsets: torch.Tensor, summed: torch.Tensor, feature: torch.Tensor, rows: torch.Tensor,
-            lr: float, eps: float) -> None:  # fmt: skip
-    """Row-wise Adagrad on each distinct (feature's table, row) with its summed gradient."""
+            lr: float, eps: float, decay: float) -> None:  # fmt: skip
+    """Row-wise Adagrad on each distinct (feature's table, row) with its summed gradient
+    (plus `decay` times the row: L2 on the rows the step touches)."""
     dim = summed.shape[1]
+    if decay:
+        starts = weights_offsets.index_select(0, feature) + rows * dim
+        summed.add_(host_weights[starts.unsqueeze(1) + torch.arange(dim)], alpha=decay)
     moment_at = momentum1_offsets.index_select(0, feature) + rows
     moment = momentum1_host.index_select(0, moment_at).add_(summed.square().mean(1))
     momentum1_host.index_copy_(0, moment_at, moment)
@@ -133,15 +141,20 @@ def _update(host_weights: torch.Tensor, weights_offsets: torch.Tensor, momentum1
     _add_rows(host_weights, weights_offsets.index_select(0, feature) + rows * dim, dim, step)
 
 
-def check_supported(weights: torch.Tensor, momentum: torch.Tensor, pooling_mode: int, weight_decay: float,
+def l2_decay(a: FbgemmArgs) -> float:
+    """The L2 coefficient this step applies (0 unless fbgemm's L2 mode is on)."""
+    return float(a.weight_decay) if a.weight_decay_mode == DECAY_L2 else 0.0
+
+
+def check_supported(weights: torch.Tensor, momentum: torch.Tensor, pooling_mode: int, weight_decay_mode: int,
                      max_norm: float) -> None:  # fmt: skip
     problem = None
     if weights.dtype != torch.float32 or momentum.dtype != torch.float32:
         problem = f"{weights.dtype} embedding weights (fp32 only)"
     elif pooling_mode not in (POOLING_SUM, POOLING_MEAN):
         problem = f"pooling mode {pooling_mode} (sum and mean only)"
-    elif weight_decay or max_norm:
-        problem = "weight decay or max-norm on embeddings"
+    elif weight_decay_mode not in (DECAY_NONE, DECAY_L2) or max_norm:
+        problem = f"weight decay mode {weight_decay_mode} or max-norm on embeddings (L2 decay only)"
     if problem:
         raise NotImplementedError(
             f"training.cpu.embedding_update = 'vectorized' or 'native' does not handle {problem}; "

@@ -47,6 +47,16 @@ class TuningConfig:
     lr_decay: tuple[str, ...] = LR_DECAYS
     embedding_eps: tuple[float, ...] = (1e-10, 1e-4)  # log
     dense_weight_decay: tuple[float, ...] = (1e-9, 1e-3)  # log
+    # L2 on the embedding rows a step touches (`training.embedding_weight_decay`): small,
+    # sparse data, where most ids are seen a few times, needs it; the low end is "none".
+    embedding_weight_decay: tuple[float, ...] = (1e-8, 1e-1)  # log
+    # Up to this many epochs per trial, with early stopping: validation NE at every epoch
+    # end, the trial stops when it rises, and its best epoch count becomes
+    # `training.epochs` (the run's learning-rate schedule then spans those epochs, where the
+    # trial's spanned max_epochs). 1: every trial trains the configured epochs.
+    max_epochs: int = 1
+    # Global batch sizes to choose among (`training.batch_size`); empty keeps the run's.
+    batch_sizes: tuple[int, ...] = ()
     # Optional: the dense optimizer as a searched choice ("adagrad", "adam"); empty keeps
     # the configured one. Large batches often favour Adam for the MLPs.
     dense_optimizers: tuple[str, ...] = ()
@@ -62,11 +72,12 @@ class TuningConfig:
     heartbeat_s: int = 10
 
     def __post_init__(self) -> None:
-        for name in ("embedding_lr", "dense_lr", "warmup_fraction", "embedding_eps", "dense_weight_decay"):
+        for name in ("embedding_lr", "dense_lr", "warmup_fraction", "embedding_eps", "dense_weight_decay",
+                     "embedding_weight_decay"):
             bounds = getattr(self, name)
             if len(bounds) != 2 or not 0 <= bounds[0] <= bounds[1]:
                 raise ValueError(f"{name}: expected [low, high] with 0 ≤ low ≤ high, got {list(bounds)}")
-        for name in ("embedding_lr", "dense_lr", "embedding_eps", "dense_weight_decay"):
+        for name in ("embedding_lr", "dense_lr", "embedding_eps", "dense_weight_decay", "embedding_weight_decay"):
             if getattr(self, name)[0] <= 0:
                 raise ValueError(f"{name}: a log-scale range needs low > 0, got {list(getattr(self, name))}")
         if self.warmup_fraction[1] >= 1:
@@ -86,5 +97,9 @@ class TuningConfig:
             raise ValueError("timeout_s: must be ≥ 0, with heartbeat_s ≥ 1")
         if set(self.dense_optimizers) - {"adagrad", "adam"}:
             raise ValueError(f"dense_optimizers: choose among ['adagrad', 'adam'], got {list(self.dense_optimizers)}")
+        if self.max_epochs < 1:
+            raise ValueError(f"max_epochs: must be at least 1, got {self.max_epochs}")
+        if any(b < 1 for b in self.batch_sizes):
+            raise ValueError(f"batch_sizes: must be positive, got {list(self.batch_sizes)}")
         if any(d <= 0 for d in self.embedding_dims) or any(f <= 0 for f in self.mlp_width_factors):
             raise ValueError("embedding_dims: dimensions and width factors must be positive")

@@ -16,6 +16,9 @@ from training.tuning.config import TuningConfig
 
 Params = dict[str, Any]
 LEARNING_RATES = ("training.embedding_lr", "training.dense_lr")
+# Parameters a trial settles itself rather than the sampler: the epoch count early stopping
+# picked (kept in the trial's user attribute "chosen").
+CHOSEN_BY_TRIALS = ("training.epochs",)
 
 
 class Suggests(Protocol):
@@ -37,7 +40,12 @@ def suggest(trial: Suggests, space: TuningConfig) -> Params:
         "training.dense_weight_decay": trial.suggest_float(
             "training.dense_weight_decay", *space.dense_weight_decay, log=True
         ),
+        "training.embedding_weight_decay": trial.suggest_float(
+            "training.embedding_weight_decay", *space.embedding_weight_decay, log=True
+        ),
     }
+    if space.batch_sizes:
+        params["training.batch_size"] = trial.suggest_categorical("training.batch_size", list(space.batch_sizes))
     if space.dense_optimizers:
         params["training.dense_optimizer"] = trial.suggest_categorical(
             "training.dense_optimizer", list(space.dense_optimizers)
@@ -75,7 +83,10 @@ def params_of(training: TrainingConfig, model: ModelConfig, space: TuningConfig)
         "training.lr_decay": training.lr_decay,
         "training.embedding_eps": training.embedding_eps,
         "training.dense_weight_decay": training.dense_weight_decay,
+        "training.embedding_weight_decay": training.embedding_weight_decay,
     }
+    if space.batch_sizes:
+        params["training.batch_size"] = training.batch_size
     if space.dense_optimizers:
         params["training.dense_optimizer"] = training.dense_optimizer
     if space.embedding_dims:
@@ -94,7 +105,8 @@ def scale_params(params: Params, from_batch: int, to_batch: int, rule: str) -> P
     """
     ratio = to_batch / from_batch
     factor = {"linear": ratio, "sqrt": math.sqrt(ratio)}[rule]
-    scaled = dict(params)
+    # the set moves to `to_batch`: a batch size the other study chose does not come along
+    scaled = {name: value for name, value in params.items() if name != "training.batch_size"}
     for name in LEARNING_RATES:
         if name in scaled:
             scaled[name] = float(scaled[name]) * factor
@@ -111,8 +123,10 @@ def clip_to_space(params: Params, space: TuningConfig) -> Params:
         "training.warmup_fraction": space.warmup_fraction,
         "training.embedding_eps": space.embedding_eps,
         "training.dense_weight_decay": space.dense_weight_decay,
+        "training.embedding_weight_decay": space.embedding_weight_decay,
     }
-    clipped = dict(params)
+    # what a trial chose itself (its early-stopped epochs) is not a point of the space
+    clipped = {name: value for name, value in params.items() if name not in CHOSEN_BY_TRIALS}
     for name, (low, high) in bounds.items():
         if name in clipped:
             value = min(max(clipped[name], low), high)
@@ -120,7 +134,8 @@ def clip_to_space(params: Params, space: TuningConfig) -> Params:
     if clipped.get("training.lr_decay") not in space.lr_decay:
         clipped["training.lr_decay"] = space.lr_decay[0]
     for name, choices in (("training.dense_optimizer", space.dense_optimizers), ("model.embedding_dim", space.embedding_dims),
-                          ("model.mlp_width_factor", space.mlp_width_factors)):  # fmt: skip
+                          ("model.mlp_width_factor", space.mlp_width_factors),
+                          ("training.batch_size", space.batch_sizes)):  # fmt: skip
         if choices and clipped.get(name) not in choices:
             clipped[name] = choices[0]
         if not choices:

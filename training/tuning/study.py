@@ -205,7 +205,13 @@ def best_of(study: optuna.Study) -> TunedParams | None:
     if not complete:
         return None
     best = min(complete, key=lambda t: t.value)  # type: ignore[arg-type, return-value]
-    return TunedParams(_key_of(study.user_attrs), dict(best.params), float(best.value), best.number, study.study_name)  # type: ignore[arg-type]
+    return TunedParams(_key_of(study.user_attrs), trial_params(best), float(best.value), best.number, study.study_name)  # type: ignore[arg-type]
+
+
+def trial_params(trial: FrozenTrial) -> Params:
+    """What a finished trial trained with: the sampled parameters and those it chose itself
+    (the epoch count early stopping settled on)."""
+    return {**trial.params, **trial.user_attrs.get("chosen", {})}
 
 
 def tuned_keys(storage: RDBStorage, model: str) -> list[TunedParams]:
@@ -216,7 +222,7 @@ def tuned_keys(storage: RDBStorage, model: str) -> list[TunedParams]:
         best: FrozenTrial | None = summary.best_trial
         if attrs.get("model") != model or "tuning_key" not in attrs or best is None or best.value is None:
             continue
-        found.append(TunedParams(_key_of(attrs), dict(best.params), float(best.value), best.number, summary.study_name))
+        found.append(TunedParams(_key_of(attrs), trial_params(best), float(best.value), best.number, summary.study_name))
     return found
 
 

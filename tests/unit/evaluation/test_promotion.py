@@ -59,6 +59,8 @@ def test_a_first_model_worse_than_the_constant_is_not_promoted() -> None:
         (0.85, QualityEvidence(1.0, 0.88, 0.87), QualityGate(), "calibration 0.870 is outside"),
         (0.85, QualityEvidence(1.0, 0.88, 0.87), QualityGate(calibration_min=0.8), None),
         (0.85, QualityEvidence(1.0, 0.88, float("nan")), QualityGate(), "calibration nan is outside"),
+        (0.90, GOOD, QualityGate(logistic_regression=False), None),  # the regression reported, not gating
+        (1.0007, GOOD, QualityGate(logistic_regression=False), "not below the constant predictor's"),
     ],
 )
 def test_the_gate_needs_both_references_beaten_and_a_calibrated_model(candidate, evidence, gate, refused_because) -> None:
@@ -86,6 +88,7 @@ def test_the_gate_takes_its_thresholds_from_the_evaluation_config() -> None:
     gate = QualityGate.from_config(EvaluationConfig(reference_margin=0.002, calibration_min=0.8, calibration_max=1.25))
     assert gate == QualityGate(0.002, 0.8, 1.25)
     assert QualityGate.from_config(EvaluationConfig()) == QualityGate()
+    assert not QualityGate.from_config(EvaluationConfig(gate_on_logistic_regression=False)).logistic_regression
 
 
 @pytest.mark.parametrize(

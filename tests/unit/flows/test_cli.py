@@ -76,6 +76,49 @@ def test_evaluate_rejects_bad_predictions_in_one_line(tmp_path: Path) -> None:
     assert "missing column(s) ['prediction']" in _one_line_error(dlrm("evaluate", "--predictions", str(path)))
 
 
+def test_bad_paths_and_files_stop_with_one_line(tmp_path: Path) -> None:
+    not_parquet = tmp_path / "predictions.parquet"
+    not_parquet.write_text("label,prediction\n1,0.5\n")
+    line = _one_line_error(dlrm("evaluate", "--predictions", str(not_parquet)))
+    assert "not a readable Parquet file" in line and str(not_parquet) in line
+    day = tmp_path / "day_0"
+    day.write_text("0\t1\n")
+    a_file = tmp_path / "warehouse-file"
+    a_file.write_text("")
+    line = _one_line_error(dlrm("ingest", str(day), "--warehouse", str(a_file)))
+    assert "a file, not a folder" in line and not list(tmp_path.glob("warehouse-file*/*"))
+    assert "a folder; pass Criteo files" in _one_line_error(dlrm("ingest", str(tmp_path), "--warehouse", str(tmp_path / "w")))
+
+
+def test_a_failed_file_is_reported_once_and_no_staging_is_left(tmp_path: Path) -> None:
+    row = "0\t1\t2\t3\t4\t5\t6\t7\t8\t9\t10\t11\t12\t13\t" + "\t".join(["deadbeef"] * 26) + "\n"
+    whole = gzip.compress((row * 3000).encode())
+    truncated = tmp_path / "day_0.gz"
+    truncated.write_bytes(whole[: len(whole) // 2])
+    result = dlrm("ingest", str(truncated), "--warehouse", str(tmp_path / "wh"))
+    assert result.returncode == 1
+    assert result.stderr.count("truncated gzip") == 1, result.stderr
+    assert result.stderr.startswith("dlrm: error: ")
+    assert not (tmp_path / "wh" / "_tmp").exists()
+
+
+def test_the_embedded_default_config_is_found_from_any_folder(tmp_path: Path) -> None:
+    line = _one_line_error(dlrm("plan", cwd=tmp_path))
+    assert "no tables to plan" in line and "config file not found" not in line
+
+
+def test_a_config_saved_with_a_bom_reads_as_utf8(tmp_path: Path) -> None:
+    from flows.config import ConfigError, load_config
+
+    config = tmp_path / "bom.toml"
+    config.write_bytes("\ufeffname = \"bom\"\n[training]\nbatch_size = 512\n".encode())
+    loaded = load_config(config)
+    assert (loaded.name, loaded.training.batch_size) == ("bom", 512)
+    config.write_bytes(b"name = \"caf\xe9\"\n")  # Latin-1
+    with pytest.raises(ConfigError, match="not UTF-8 text .* save it as UTF-8"):
+        load_config(config)
+
+
 def test_ingest_json_reconciles_and_reports_partial(tmp_path: Path) -> None:
     good = "0\t1\t2\t3\t4\t5\t6\t7\t8\t9\t10\t11\t12\t13\t" + "\t".join(["deadbeef"] * 26)
     (tmp_path / "day_0.gz").write_bytes(gzip.compress(((good + "\n") * 5 + "oops\n").encode()))

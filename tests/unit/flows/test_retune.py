@@ -5,7 +5,7 @@ import logging
 import optuna
 import pytest
 
-from flows.retune import TrainingTrial
+from flows.retune import EpochEnds, StopEarly, TrainingTrial
 from training.progress import HeldoutRecord, TrainRecord
 
 
@@ -52,6 +52,53 @@ def test_the_last_heldout_record_is_logged_but_never_prunes() -> None:
     watch._on_progress(trial, "run", HeldoutRecord(46, 46, 11776, 0.99), metric="heldout_ne", prune=True)
     assert client.logged == [("run", "heldout_ne", 0.99, 46)]
     assert trial.storage.get_trial(trial._trial_id).intermediate_values == {}, "not reported: the trial is done"
+
+
+def test_a_trial_that_learns_nothing_is_discarded_at_its_first_report_past_the_warm_up() -> None:
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(tuning=SimpleNamespace(prune_after_pct=30))
+    watch = TrainingTrial(config, None, _Client(), "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
+    trial = optuna.create_study(pruner=optuna.pruners.NopPruner()).ask()
+    watch._on_progress(trial, "run", HeldoutRecord(10, 46, 2560, 1.02), metric="heldout_ne", prune=True)
+    with pytest.raises(optuna.TrialPruned, match="no better than the click rate"):
+        watch._on_progress(trial, "run", HeldoutRecord(20, 46, 5120, 1.001), metric="heldout_ne", prune=True)
+    watch._on_progress(trial, "run", HeldoutRecord(20, 46, 5120, 0.999), metric="heldout_ne", prune=True)
+
+
+def test_early_stopping_stops_when_an_epoch_end_is_worse_and_keeps_the_best_epoch() -> None:
+    ends = EpochEnds(max_epochs=3)
+    assert not ends.rose(HeldoutRecord(5, 30, 1, 0.95)), "not an epoch end"
+    assert not ends.rose(HeldoutRecord(10, 30, 1, 0.90))
+    assert not ends.rose(HeldoutRecord(20, 30, 1, 0.88))
+    assert ends.rose(HeldoutRecord(30, 30, 1, 0.89))
+    assert ends.ne == [0.90, 0.88, 0.89] and ends.best() == (2, 0.88)
+    single = EpochEnds(max_epochs=1)
+    assert not single.rose(HeldoutRecord(30, 30, 1, 0.89)) and not single.early_stopping
+
+
+def test_a_watched_epoch_end_that_rose_stops_the_run() -> None:
+    watch = TrainingTrial(None, None, _Client(), "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
+    ends, trial = EpochEnds(max_epochs=2), _trial_after_a_good_one()
+    watch._on_progress(trial, "run", HeldoutRecord(10, 20, 1, 0.85), metric="heldout_ne", prune=False, epochs=ends)
+    with pytest.raises(StopEarly):
+        watch._on_progress(trial, "run", HeldoutRecord(20, 20, 1, 0.86), metric="heldout_ne", prune=False, epochs=ends)
+
+
+def test_early_stopping_trials_run_the_most_epochs_scored_on_every_validation_row(tiny_features, tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from flows.config import load_config
+    from flows.retune import tuning_data, validation_job
+
+    state, files = tiny_features
+    config = load_config("configs/tiny.toml", [f'run_dir="{tmp_path}"', "tuning.max_epochs=3", "training.epochs=1"])
+    data = tuning_data(config, SimpleNamespace(state=state, files=files))  # type: ignore[arg-type]
+    plain = validation_job(config, data, {}, tmp_path / "plain")
+    stopping = validation_job(config, data, {}, tmp_path / "stopping", early_stopping=True)
+    assert (plain.training.epochs, plain.evaluation.heldout_every_epoch) == (1, False)
+    assert (stopping.training.epochs, stopping.evaluation.heldout_every_epoch) == (3, True)
+    assert stopping.evaluation.heldout_batches == 0, "every validation row"
 
 
 def test_trials_validate_on_a_slice_of_the_training_rows_never_the_evaluation_days(tiny_features, tmp_path) -> None:

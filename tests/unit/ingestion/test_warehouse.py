@@ -43,6 +43,18 @@ def test_rows_in_equal_rows_written_plus_quarantined(tmp_path: Path) -> None:
     assert len(manifest["files"][0]["sha256"]) == 64
 
 
+@pytest.mark.parametrize("gzipped", [True, False])
+def test_a_byte_order_mark_before_line_1_is_not_part_of_it(tmp_path: Path, gzipped: bool) -> None:
+    data = ("\ufeff" + "".join(line + "\n" for line in [GOOD] * 3)).encode()
+    source = tmp_path / ("day_0.gz" if gzipped else "day_0.tsv")
+    source.write_bytes(gzip.compress(data) if gzipped else data)
+    report = ingest_day([str(source)], 0, tmp_path / "wh")
+    assert (report.rows_read, report.rows_written, report.rows_quarantined) == (3, 3, 0)
+    bom_inside = tmp_path / "day_1.tsv"
+    bom_inside.write_bytes((GOOD + "\n\ufeff" + GOOD + "\n").encode())
+    assert ingest_day([str(bom_inside)], 1, tmp_path / "wh").rows_quarantined == 1, "only a leading one is dropped"
+
+
 def test_warehouse_schema_is_typed(tiny_warehouse: Path) -> None:
     table = pq.read_table(tiny_warehouse / "day=0")
     assert [(f.name, f.type) for f in table.schema] == [(f.name, f.type) for f in WAREHOUSE_SCHEMA]
@@ -69,7 +81,7 @@ def test_reingest_replaces_the_partition_without_duplicates(tmp_path: Path) -> N
     assert warehouse_rows(tmp_path / "wh", 0) == 4
     forced = ingest_day([str(source)], 0, tmp_path / "wh", force=True)
     assert not forced.skipped and warehouse_rows(tmp_path / "wh", 0) == 4
-    assert not any((tmp_path / "wh" / "_tmp").iterdir()), "no staging folders are left behind"
+    assert not (tmp_path / "wh" / "_tmp").exists(), "no staging folders are left behind"
 
 
 def test_truncated_gzip_fails_that_file_only(tmp_path: Path) -> None:
@@ -83,6 +95,19 @@ def test_truncated_gzip_fails_that_file_only(tmp_path: Path) -> None:
     assert str(truncated) in error and "truncated gzip" in error and "near line" in error
     assert report.rows_written == 2000
     assert warehouse_rows(tmp_path / "wh", 1) == 2000, "the readable file was still ingested"
+    files = read_manifest(tmp_path / "wh", 1)["files"]
+    assert sum(f["rows_written"] for f in files) == 2000, "the failed file's parsed rows were not published"
+    assert all(f["rows_read"] == f["rows_written"] + f["rows_quarantined"] for f in files)
+    assert not (tmp_path / "wh" / "_tmp").exists(), "no staging folder left behind"
+
+
+def test_an_empty_source_is_warned_about(tmp_path: Path, caplog) -> None:
+    empty = tmp_path / "day_0.gz"
+    empty.write_bytes(gzip.compress(b""))
+    with caplog.at_level("WARNING", logger=warehouse.log.name):
+        report = ingest_day([str(empty)], 0, tmp_path / "wh")
+    assert report.rows_read == 0
+    assert any("no lines in" in r.getMessage() and "empty partition" in r.getMessage() for r in caplog.records)
 
 
 def test_unreadable_only_file_leaves_the_old_partition(tmp_path: Path) -> None:

@@ -102,3 +102,27 @@ def test_warmup_is_the_longer_count_and_never_longer_than_the_run(steps: int, fr
     factors = [lr_multiplier(step, total, warmup, "none", 0.0) for step in range(total)]
     assert factors[-1] == 1.0 or warmup == total, "the run reaches the full rate unless all of it is warm-up"
     assert all(a <= b for a, b in itertools.pairwise(factors))
+
+
+def test_embedding_l2_is_searched_and_the_batch_size_only_when_allowed() -> None:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
+    plain = suggest(study.ask(), SPACE)
+    low, high = SPACE.embedding_weight_decay
+    assert low <= plain["training.embedding_weight_decay"] <= high and "training.batch_size" not in plain
+    space = TuningConfig(batch_sizes=(64, 128))
+    chosen = {suggest(study.ask(), space)["training.batch_size"] for _ in range(12)}
+    assert chosen == {64, 128}
+    training, _ = apply_params(TrainingConfig(), ModelConfig(), {"training.batch_size": 64,
+                                                                 "training.embedding_weight_decay": 1e-3})  # fmt: skip
+    assert (training.batch_size, training.embedding_weight_decay) == (64, 1e-3)
+
+
+def test_a_trials_own_epoch_choice_and_batch_size_do_not_travel_to_another_study() -> None:
+    tuned = {**params_of(TrainingConfig(), ModelConfig(), TuningConfig(batch_sizes=(64, 128))),
+             "training.batch_size": 64, "training.epochs": 2}  # fmt: skip
+    scaled = scale_params(tuned, 128, 1024, "sqrt")
+    assert "training.batch_size" not in scaled, "the set moves to the new batch"
+    clipped = clip_to_space(tuned, SPACE)
+    assert "training.epochs" not in clipped, "early stopping chose it; it is not a point to sample"
+    assert "training.batch_size" not in clipped, "not searched in this space"
+    assert clip_to_space(tuned, TuningConfig(batch_sizes=(64, 128)))["training.batch_size"] == 64

@@ -80,7 +80,8 @@ def test_warm_start_queues_the_nearest_best_scaled_by_both_rules_once(tmp_path: 
     small = TuningKey(256, 2, 1, "cpu", "EPYC", 12)
     nearest = TunedParams(small, {"training.embedding_lr": 0.02, "training.dense_lr": 0.001,
                                   "training.warmup_fraction": 0.05, "training.lr_decay": "cosine",
-                                  "training.embedding_eps": 1e-8, "training.dense_weight_decay": 1e-6},
+                                  "training.embedding_eps": 1e-8, "training.dense_weight_decay": 1e-6,
+                                  "training.embedding_weight_decay": 1e-6},
                           0.8, 4, "m.small")  # fmt: skip
     study, worker = _study(url, space)
     assert enqueue_warm_start(study, url, nearest, KEY.global_batch_size, space) == 4
@@ -133,7 +134,7 @@ def test_a_study_resumes_after_its_worker_is_killed(tmp_path: Path) -> None:
         if trials:  # the study exists a moment before its first trial
             running = trials[-1]
             if sum(t.state == TrialState.COMPLETE for t in trials) >= 2 and running.state == TrialState.RUNNING \
-                    and len(running.params) == 6:  # its parameters are chosen: it is training
+                    and len(running.params) == 7:  # its parameters are chosen: it is training
                 break
         time.sleep(0.1)
     os.kill(process.pid, signal.SIGKILL)

@@ -5,6 +5,9 @@
  *
  *     m[r] += mean(g²);  w[r] -= lr · g / (√m[r] + eps)
  *
+ * with g += weight_decay · w[r] first when weight_decay is set (fbgemm's L2 mode: the decay
+ * of a row applies on the steps that touch it, through its Adagrad moment too).
+ *
  * Arguments follow fbgemm's op (split_embedding_backward_codegen_rowwise_adagrad_cpu):
  * ids of bag f·B + b are indices[offsets[f·B + b] : offsets[f·B + b + 1]]; feature f's
  * weights and moments start at weights_offsets[f] and momentum_offsets[f]. The caller adds:
@@ -35,8 +38,10 @@ VECTOR_CLONES static void add_scaled(float *sum, const float *grad, float scale,
     for (int64_t d = 0; d < dim; ++d) sum[d] += scale * grad[d];
 }
 
-VECTOR_CLONES static void update_row(float *weights, float *moment, const float *sum, int64_t dim, float lr,
-                                     float eps) {
+VECTOR_CLONES static void update_row(float *weights, float *moment, float *sum, int64_t dim, float lr,
+                                     float eps, float weight_decay) {
+    if (weight_decay != 0.0f)
+        for (int64_t d = 0; d < dim; ++d) sum[d] += weight_decay * weights[d];
     float squares = 0.0f;
     for (int64_t d = 0; d < dim; ++d) squares += sum[d] * sum[d];
     *moment += squares / (float)dim;
@@ -52,7 +57,7 @@ int64_t dlrm_rowwise_adagrad(const float *grad, const int64_t *grad_start, int64
                              float *weights, const int64_t *weights_offsets, float *momentum,
                              const int64_t *momentum_offsets, const int64_t *D_offsets, int64_t batch,
                              const int64_t *indices, const int64_t *offsets, const float *indice_weights,
-                             int32_t mean_pooling, float lr, float eps, const int64_t *order,
+                             int32_t mean_pooling, float lr, float eps, float weight_decay, const int64_t *order,
                              const uint8_t *group_end, int64_t features, int64_t *hash, int64_t hash_bits,
                              float *sums, int64_t *rows, int64_t max_dim) {
     int64_t updated = 0, group_start = 0;
@@ -100,7 +105,8 @@ int64_t dlrm_rowwise_adagrad(const float *grad, const int64_t *grad_start, int64
                     __builtin_prefetch(table_weights + later * dim + dim - 1, 1);
                     __builtin_prefetch(table_moments + later, 1);
                 }
-                update_row(table_weights + rows[s] * dim, table_moments + rows[s], sums + s * max_dim, dim, lr, eps);
+                update_row(table_weights + rows[s] * dim, table_moments + rows[s], sums + s * max_dim, dim, lr, eps,
+                           weight_decay);
             }
         }
         updated += distinct;

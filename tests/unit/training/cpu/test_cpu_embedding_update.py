@@ -40,9 +40,18 @@ def test_without_a_c_compiler_auto_keeps_fbgemms_and_native_is_refused_by_name(m
     native_rowwise_adagrad.kernel.cache_clear()
     try:
         assert embedding_update.choose("auto") == "fbgemm"
+        assert embedding_update.choose("auto", weight_decay=1e-4) == "vectorized", "fbgemm's ignores decay"
         with pytest.raises(RuntimeError, match=r"'native': no C compiler.*set training.cpu.embedding_update = 'vectorized'"):
             embedding_update.use("native")
         assert embedding_update.installed() == "fbgemm"
     finally:
         native_build.load.cache_clear()
         native_rowwise_adagrad.kernel.cache_clear()
+
+
+def test_a_decayed_run_is_never_left_to_fbgemms_cpu_kernel() -> None:
+    from training.config import CpuConfig, TrainingConfig
+
+    assert embedding_update.choose("auto", weight_decay=1e-4) == "native"
+    with pytest.raises(ValueError, match="embedding_weight_decay: fbgemm's CPU kernel ignores it"):
+        TrainingConfig(embedding_weight_decay=1e-4, cpu=CpuConfig(embedding_update="fbgemm"))

@@ -17,6 +17,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
 )
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     SplitTableBatchedEmbeddingBagsCodegen,
+    WeightDecayMode,
 )
 
 from training.cpu import embedding_update
@@ -33,6 +34,7 @@ class Case:
     max_bag: int  # bag lengths drawn from 0..max_bag (1: one id per bag)
     pooling: PoolingMode = PoolingMode.SUM
     weighted: bool = False
+    weight_decay: float = 0.0  # fbgemm's L2 mode when set
 
 
 CASES = {
@@ -42,6 +44,8 @@ CASES = {
     "per_id_weights": Case(((40, 8), (9, 8)), (0, 1), max_bag=3, weighted=True),
     "mixed_dims": Case(((30, 4), (20, 16), (25, 8)), (0, 1, 2), max_bag=2),
     "shared_table": Case(((30, 8), (12, 8)), (0, 0, 1), max_bag=2),
+    "l2_decay": Case(((40, 8), (9, 8)), (0, 1), max_bag=2, weight_decay=0.3),
+    "l2_decay_one_id_per_bag": Case(((50, 16), (7, 16)), (0, 1), max_bag=1, weight_decay=0.3),
 }
 BATCH, STEPS = 6, 3
 
@@ -55,6 +59,8 @@ def _module(case: Case) -> SplitTableBatchedEmbeddingBagsCodegen:
         learning_rate=LR,
         eps=EPS,
         pooling_mode=case.pooling,
+        weight_decay=case.weight_decay,
+        weight_decay_mode=WeightDecayMode.L2 if case.weight_decay else WeightDecayMode.NONE,
     )
     module.init_embedding_weights_uniform(-0.5, 0.5)
     return module
@@ -104,6 +110,7 @@ def _oracle(case: Case) -> tuple[list[np.ndarray], list[np.ndarray]]:
                     key = (t, int(ids[i]))
                     summed[key] = summed.get(key, 0.0) + factor * g
         for (t, row), g in summed.items():
+            g = g + case.weight_decay * weights[t][row]
             moments[t][row] += np.mean(g * g)
             weights[t][row] -= LR * g / (np.sqrt(moments[t][row]) + EPS)
     return weights, moments
@@ -126,12 +133,24 @@ def test_matches_fbgemms_kernel_and_a_float64_oracle(name: str, kernel: str) -> 
         ours = _train(case)
     finally:
         embedding_update.use("fbgemm")
-    fbgemm = _train(case)
     oracle = _oracle(case)
+    # fbgemm's CPU kernel ignores weight decay (see the test below): the oracle alone judges it
+    fbgemm = _train(case) if not case.weight_decay else ours
     for mine, theirs, exact in zip(ours[0] + ours[1], fbgemm[0] + fbgemm[1], oracle[0] + oracle[1], strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(mine.double().numpy(), exact, rtol=1e-5, atol=1e-6)
     assert any(not torch.equal(w, w0) for w, w0 in zip(ours[0], _module(case).split_embedding_weights(), strict=True))
+
+
+def test_fbgemms_cpu_kernel_ignores_embedding_weight_decay() -> None:
+    """Why `auto` never leaves an L2-decayed run to fbgemm on CPU: its CPU kernel trains as if
+    no decay were set (its CUDA kernel applies it, as the oracle does)."""
+    decayed = CASES["l2_decay"]
+    plain = Case(decayed.tables, decayed.feature_table_map, decayed.max_bag)
+    fbgemm, undecayed, oracle = _train(decayed), _oracle(plain), _oracle(decayed)
+    for theirs, exact, decay_applied in zip(fbgemm[0], undecayed[0], oracle[0], strict=True):
+        np.testing.assert_allclose(theirs.double().numpy(), exact, rtol=1e-5, atol=1e-6)
+        assert np.abs(exact - decay_applied).max() > 1e-3
 
 
 def test_large_key_spaces_sort_instead_of_a_scratch_array(monkeypatch, vectorised) -> None:
@@ -161,7 +180,7 @@ def test_unsupported_settings_name_the_fix(vectorised) -> None:
     torch.manual_seed(0)
     module = SplitTableBatchedEmbeddingBagsCodegen(
         [(10, 8, EmbeddingLocation.HOST, ComputeDevice.CPU)], optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-        learning_rate=LR, weight_decay=0.1,
+        learning_rate=LR, weight_decay=0.1, weight_decay_mode=WeightDecayMode.DECOUPLE,
     )  # fmt: skip
     out = module(torch.tensor([1, 2]), torch.tensor([0, 1, 2]))
     with pytest.raises(NotImplementedError, match="cpu.embedding_update = 'fbgemm'"):

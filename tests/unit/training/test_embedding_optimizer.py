@@ -1,0 +1,57 @@
+"""The embeddings' fused optimizer reaches fbgemm's sharded tables with its settings."""
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    SplitTableBatchedEmbeddingBagsCodegen,
+    WeightDecayMode,
+)
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+
+from ingestion.schema import SPARSE_COLUMNS
+from training.config import ModelConfig, ShardingConfig, TrainingConfig
+from training.model import build_train_model
+from training.sharding import shard_model
+from training.trainer import attach_embedding_optimizer
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, decay: float, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE="1")
+    dist.init_process_group("gloo", rank=rank, world_size=1)
+    try:
+        config = ModelConfig(embedding_dim=4, bottom_mlp=(8, 4), top_mlp=(8, 1))
+        model = build_train_model(config, {name: 10 for name in SPARSE_COLUMNS}, torch.device("meta"))
+        attach_embedding_optimizer(model, TrainingConfig(embedding_lr=0.2, embedding_eps=1e-6,
+                                                         embedding_weight_decay=decay))  # fmt: skip
+        sharded, _ = shard_model(model, ShardingConfig(), torch.device("cpu"), 16)
+        # the sharded collection keeps its lookups in a plain list, outside `modules()`
+        lookups = [lookup for ebc in sharded.modules() if isinstance(ebc, ShardedEmbeddingBagCollection)
+                   for lookup in ebc._lookups]  # fmt: skip
+        tables = [m for lookup in lookups for m in lookup.modules()
+                  if isinstance(m, SplitTableBatchedEmbeddingBagsCodegen)]  # fmt: skip
+        results[decay] = [(t.optimizer, t.weight_decay_mode, t.optimizer_args.weight_decay, t.get_learning_rate(),
+                           t.optimizer_args.eps) for t in tables]  # fmt: skip
+    finally:
+        dist.destroy_process_group()
+
+
+def test_embedding_weight_decay_reaches_the_sharded_tables_as_l2() -> None:
+    results = mp.Manager().dict()
+    for decay in (0.0, 0.01):
+        mp.spawn(_worker, args=(_free_port(), decay, results), nprocs=1, join=True)
+    assert results[0.0] and results[0.01]
+    for optimizer, mode, decay, lr, eps in results[0.01]:
+        assert (optimizer, mode) == (EmbOptimType.EXACT_ROWWISE_ADAGRAD, WeightDecayMode.L2)
+        assert decay == 0.01 and abs(lr - 0.2) < 1e-7 and eps == 1e-6  # the rate is held in float32
+    assert {(o, m) for o, m, *_ in results[0.0]} == {(EmbOptimType.EXACT_ROWWISE_ADAGRAD, WeightDecayMode.NONE)}
