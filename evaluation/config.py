@@ -34,6 +34,9 @@ class EvaluationConfig:
     # sampling noise in the click rate of 2,000 held-out rows is about 4 % (one sd).
     calibration_min: float = 0.9
     calibration_max: float = 1.1
+    # The logistic-regression reference fits on at most about this many training rows, a
+    # sample picked by a hash of each row (it holds them in memory: ~1.7 GB a million); 0: all.
+    reference_max_rows: int = 2_000_000
     # Off: only the constant click rate gates (the logistic regression is still reported).
     # For data too small for any DLRM to beat a fitted logistic regression, where the run
     # exists to exercise the registry rather than to ship a model.
@@ -48,6 +51,8 @@ class EvaluationConfig:
             raise ValueError(f"slice_top_k: must be at least 1, got {self.slice_top_k}")
         if not 0.0 <= self.promotion_margin < 1.0:
             raise ValueError(f"promotion_margin: must be in [0, 1), got {self.promotion_margin}")
+        if self.reference_max_rows < 0:
+            raise ValueError(f"reference_max_rows: must be ≥ 0 (0: all rows), got {self.reference_max_rows}")
         if not 0.0 <= self.reference_margin < 1.0:
             raise ValueError(f"reference_margin: must be in [0, 1), got {self.reference_margin}")
         if not 0.0 < self.calibration_min <= 1.0:  # the band holds 1.0, calibrated

@@ -167,10 +167,13 @@ def baseline_task(config: PipelineConfig, state: PreprocessState, files: dict[in
     model (training/baselines.py)."""
     torch.set_num_threads(max(1, config.training.nproc * config.training.threads_per_proc))
     train_files = [f for day in config.data.train_days for f in files[day]]
-    fit = fit_logistic_regression(state.table_sizes, train_files, seed=config.training.seed)
+    fit = fit_logistic_regression(state.table_sizes, train_files, seed=config.training.seed,
+                                  max_rows=config.evaluation.reference_max_rows)  # fmt: skip
     get_run_logger().info(
-        "logistic regression: L2 chosen on %s held-out training rows (C %.4g, validation NE %.4f), refit on all %s; %s",
-        f"{fit.validation_rows:,}", fit.c, fit.validation_ne, f"{fit.train_rows:,}",
+        "logistic regression: L2 chosen on %s held-out training rows (C %.4g, validation NE %.4f), refit on %s; %s",
+        f"{fit.validation_rows:,}", fit.c, fit.validation_ne,
+        f"all {fit.train_rows:,}" if fit.train_rows == fit.rows_available else
+        f"{fit.train_rows:,} of {fit.rows_available:,} (a hashed sample: evaluation.reference_max_rows)",
         "converged" if fit.converged else f"stopped after {fit.iterations} iterations without converging",
     )  # fmt: skip
     return {day: score_files(fit.model, files[day], config.evaluation.slice_feature) for day in config.data.eval_days}

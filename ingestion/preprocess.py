@@ -74,14 +74,16 @@ class PreprocessState:
         return cls(**{**data, "train_days": tuple(data["train_days"])})
 
 
-def connect(config: PreprocessConfig, spill_dir: Path) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with bounded memory that spills to `spill_dir`."""
+def connect(config: PreprocessConfig, spill_dir: Path, keep_order: bool = False) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with bounded memory that spills to `spill_dir`. `keep_order`: rows
+    come out in the order they were read (for the feature files: the trainer's batches are
+    cut from them, so another order on a busier machine would train other parameters)."""
     spill_dir.mkdir(parents=True, exist_ok=True)
     con = duckdb.connect()
     con.execute(f"SET memory_limit = '{config.duckdb_memory_limit}'")
     con.execute(f"SET threads = {int(config.duckdb_threads)}")
     con.execute(f"SET temp_directory = '{spill_dir}'")
-    con.execute("SET preserve_insertion_order = false")
+    con.execute(f"SET preserve_insertion_order = {str(keep_order).lower()}")
     return con
 
 
@@ -195,6 +197,7 @@ def feature_sql(state: PreprocessState, features_root: Path | None = None) -> st
             for c in SPARSE_COLUMNS
         ]  # fmt: skip
         return "SELECT s.label::TINYINT AS label, " + ", ".join(dense + sparse) + " FROM {source} s"
+    # Joins do not keep the input order: the rows are numbered as read and put back in order.
     if features_root is None:
         raise PreprocessError("a vocabulary state needs its features folder to find the vocabularies")
     sparse, joins = [], []
@@ -212,7 +215,8 @@ def feature_sql(state: PreprocessState, features_root: Path | None = None) -> st
         sparse.append(f"CASE WHEN s.{c} IS NULL THEN {MISSING_ROW} ELSE coalesce(v{i}.index, {OOV_ROW}) END::INTEGER AS {c}")
         joins.append(f"LEFT JOIN read_parquet('{vocab}') v{i} ON s.{c} = v{i}.value")
     return ("SELECT s.label::TINYINT AS label, " + ", ".join(dense + sparse)
-            + " FROM {source} s " + " ".join(joins))  # fmt: skip
+            + " FROM (SELECT *, row_number() OVER () AS source_row FROM {source}) s " + " ".join(joins)
+            + " ORDER BY s.source_row")  # fmt: skip
 
 
 def features_dir(features_root: Path, state: PreprocessState, day: int) -> Path:
@@ -231,7 +235,7 @@ def apply_state(config: PreprocessConfig, state: PreprocessState, warehouse: Pat
     staging = features_root / "_tmp" / f"day={day}-{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     try:
-        con = connect(config, features_root / "_spill")
+        con = connect(config, features_root / "_spill", keep_order=True)
         query = feature_sql(state, features_root).format(source=f"read_parquet('{_day_glob(warehouse, day)}')")
         con.execute(
             f"COPY ({query}) TO '{staging / 'part-00000.parquet'}' "

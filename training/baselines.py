@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -34,6 +35,8 @@ from ingestion.reader import PAD_LABEL, build_reader, example_of_values
 from ingestion.schema import NUM_DENSE, SPARSE_COLUMNS
 
 # Candidate inverse L2 strengths (scikit-learn's C: C·Σ loss + ½‖w‖²), half a decade apart.
+# Salts the row sample of `max_rows`, so it is not the validation slice (salted by the seed).
+SAMPLE_SALT = 0x5A3B1E
 DEFAULT_C_GRID: tuple[float, ...] = tuple(10.0 ** (k / 2) for k in range(-7, 3))  # 3.2e-4 … 10
 # Where the search starts: 1e4 real Criteo rows chose C ≈ 0.03, 6e5 generated rows C ≈ 0.1.
 START_C = 0.03
@@ -73,6 +76,7 @@ class LogisticFit:
     validation_rows: int
     iterations: int  # L-BFGS iterations of the final fit
     converged: bool  # the final fit met its stopping rule before `max_iter`
+    rows_available: int = 0  # training rows in the files (train_rows: those fitted, with `max_rows`)
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,7 @@ def fit_logistic_regression(
     max_iter: int = 500,
     tolerance: float = 1e-6,
     batch_size: int = 65_536,
+    max_rows: int = 0,
 ) -> LogisticFit:
     """Choose C on a hashed validation slice of the training rows, refit on all of them.
 
@@ -109,13 +114,16 @@ def fit_logistic_regression(
     towards weaker (then, if that got worse at once, stronger) regularisation while the
     validation NE improves, each fit warm-started from its neighbour's. A fit stops when
     10 L-BFGS iterations lower the objective by less than `tolerance` (relative), or after
-    `max_iter`. All training rows are held in memory: at the peak about 1.7 GB per
-    million rows (26 ids each).
+    `max_iter`. The rows fitted are held in memory: at the peak about 1.7 GB per million
+    rows (26 ids each). `max_rows` > 0 fits on a sample of about that many training rows,
+    picked by a hash of each row (the same rows on every run); 0 fits on all.
     """
     if not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"validation_fraction: must be in (0, 1), got {validation_fraction}")
     sizes = [table_sizes[name] for name in SPARSE_COLUMNS]
-    dense, ids, rows_of_ids, labels, row_hash = _read_training_rows(train_files, sizes, batch_size)
+    total = sum(pq.ParquetFile(f).metadata.num_rows for f in train_files)
+    sample = min(1.0, max_rows / total) if max_rows and total else 1.0
+    dense, ids, rows_of_ids, labels, row_hash = _read_training_rows(train_files, sizes, batch_size, sample)
     held_out = validation_rows(row_hash, validation_fraction, seed)
     seen = np.bincount(ids, minlength=int(sum(sizes))) > 0  # only the ids seen get a column
     columns, column_of = np.flatnonzero(seen), (np.cumsum(seen, dtype=np.int64) - 1)[ids].astype(np.int32)
@@ -133,7 +141,7 @@ def fit_logistic_regression(
     n = len(labels)
     model = _to_model(table_sizes, theta, columns)
     return LogisticFit(model, 1.0 / (c * n), c, ne_by_c.get(c, math.nan), ne_by_c, n, int(held_out.sum()),
-                       iterations, converged)  # fmt: skip
+                       iterations, converged, total)  # fmt: skip
 
 
 def _choose_c(fit_rows: _Rows, check_rows: _Rows, fit, c_grid: Sequence[float], columns: int):
@@ -192,25 +200,30 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _read_training_rows(files: Sequence[str], sizes: Sequence[int], batch_size: int):
-    """Every row of `files` in file order: dense [n, 13], the ids (offset into one index
-    space) with the row of each, labels [n], and each row's id hash."""
+def _read_training_rows(files: Sequence[str], sizes: Sequence[int], batch_size: int, sample: float = 1.0):
+    """The rows of `files` in file order (with `sample` < 1, the rows in that fraction of a
+    salted id hash's range): dense [n, 13], the ids (offset into one index space) with the
+    row of each, labels [n], and each row's id hash."""
     offsets = np.concatenate(([0], np.cumsum(sizes[:-1]))).astype(np.int64)
     dense, ids, rows_of_ids, labels, hashes, seen = [], [], [], [], [], 0
     for batch in build_reader(files, batch_size, drop_remainder=False, prefetch=1):
         kjt = batch.sparse_features
         if kjt.keys() != list(SPARSE_COLUMNS):
             kjt = kjt.permute([kjt.keys().index(name) for name in SPARSE_COLUMNS])
-        keep = (batch.labels != PAD_LABEL).numpy()
         values = kjt.values().numpy()
+        starts = np.concatenate(([0], np.cumsum(kjt.lengths().numpy())[:-1])).reshape(len(SPARSE_COLUMNS), -1)
+        row_hash = row_id_hash(list(values[starts]))
+        keep = (batch.labels != PAD_LABEL).numpy()
+        if sample < 1.0:
+            keep &= validation_rows(row_hash, sample, seed=SAMPLE_SALT)
         example = example_of_values(kjt).numpy()
         real = keep[example]
         dense.append(batch.dense_features.numpy()[keep])
         ids.append((values + np.repeat(offsets, kjt.length_per_key()))[real])
-        rows_of_ids.append((example[real] + seen).astype(np.int32))  # pad rows only end the last batch
+        kept_index = np.cumsum(keep) - 1  # a kept row's place among the batch's kept rows
+        rows_of_ids.append((kept_index[example[real]] + seen).astype(np.int32))
         labels.append(batch.labels.numpy()[keep])
-        starts = np.concatenate(([0], np.cumsum(kjt.lengths().numpy())[:-1])).reshape(len(SPARSE_COLUMNS), -1)
-        hashes.append(row_id_hash(list(values[starts]))[keep])
+        hashes.append(row_hash[keep])
         seen += int(keep.sum())
     if not seen:
         raise ValueError("no training rows in the given files")

@@ -226,3 +226,16 @@ def test_multi_hot_bags_are_summed_like_the_model_sums_them(multi_hot_features) 
     constant = np.full(len(scores.labels), state.train_click_rate)
     assert fit.converged and fit.train_rows == 8000
     assert compute_ne(binary_state(scores.labels, scores.predictions)) < compute_ne(binary_state(scores.labels, constant)) - 0.02
+
+
+def test_max_rows_fits_a_fixed_hashed_sample_and_still_learns(signal_data) -> None:
+    train, test, sizes, train_files, test_files = signal_data
+    full = fit_logistic_regression(sizes, train_files, seed=SEED)
+    sampled = fit_logistic_regression(sizes, train_files, seed=SEED, max_rows=2000)
+    again = fit_logistic_regression(sizes, train_files, seed=SEED, max_rows=2000)
+    assert full.train_rows == full.rows_available == 4000
+    assert sampled.rows_available == 4000 and 1800 <= sampled.train_rows <= 2200, sampled.train_rows
+    assert again.train_rows == sampled.train_rows and again.c == sampled.c, "the same rows every run"
+    sampled_ne = _ne_of_model(sampled.model, test_files)
+    constant = compute_ne(binary_state(test["label"], np.full(len(test["label"]), train["label"].mean())))
+    assert _ne_of_model(full.model, test_files) <= sampled_ne < constant, "half the rows: worse, still informative"
