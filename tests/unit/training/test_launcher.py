@@ -111,7 +111,7 @@ def test_follow_streams_the_lines_and_polls_after_each_and_at_the_end() -> None:
 
 
 class _Pruned(Exception):
-    pass
+    """What a pruning callback raises to end the follow (the test checks it propagates)."""
 
 
 def test_a_silent_job_is_polled_on_a_timer_and_a_poll_that_raises_ends_the_follow() -> None:
