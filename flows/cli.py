@@ -26,6 +26,7 @@ from typing import Any
 
 from evaluation.promotion import reference_line
 from flows.prefect_defaults import apply_prefect_defaults
+from training.processes import Stopped, raise_if_stopped, stop_on_signals
 
 # Our packages log through the standard library; Prefect shows those records in the UI too.
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ingestion,training,evaluation,flows")
@@ -52,7 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _trust_config_folder(args.config)
         _trust_override_paths(getattr(args, "overrides", []))
     try:
-        return args.handler(args)
+        with stop_on_signals(_say):
+            return args.handler(args)
+    except Stopped as stopped:
+        # every started process is ended and the runs are marked; one line, no traceback
+        print(f"dlrm: stopped by {stopped}", file=sys.stderr)
+        return stopped.exit_code
     except UserError as error:
         print(f"dlrm: error: {error}", file=sys.stderr)
         return 2
@@ -61,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"dlrm: error: {error}", file=sys.stderr)
             return 2
         raise
+
+
+def _say(line: str) -> None:
+    print(f"dlrm: {line}", file=sys.stderr, flush=True)
 
 
 def _trust_config_folder(config: str) -> None:
@@ -87,7 +97,8 @@ def _trust_override_paths(overrides: list[str]) -> None:
 def _is_user_facing(error: Exception) -> bool:
     """Errors the user can act on; matched by class name so no heavy module loads to check."""
     names = {cls.__name__ for cls in type(error).__mro__}
-    return bool(names & {"ConfigError", "PreprocessError", "ShardingError", "MetricError", "FileNotFoundError"})
+    return bool(names & {"ConfigError", "PreprocessError", "ShardingError", "MetricError", "FileNotFoundError",
+                         "ServerStartError"})  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -160,9 +171,12 @@ def _retune(args: argparse.Namespace) -> int:
     from flows.sources import raw_sources
 
     raw_sources(load_config(args.config, args.overrides))  # fail fast, before Prefect starts
+    from flows.local_server import prefect_api
     from flows.retune import retune
 
-    result = retune(config_path=args.config, overrides=args.overrides, n_trials=args.trials, timeout_s=args.timeout)
+    with prefect_api():
+        result = retune(config_path=args.config, overrides=args.overrides, n_trials=args.trials,
+                        timeout_s=args.timeout)  # fmt: skip
     if args.json:
         print(json.dumps(result))
     elif result["best_ne"] is None:
@@ -178,9 +192,12 @@ def _serve(args: argparse.Namespace) -> int:
     from flows.config import load_config
 
     load_config(args.config, args.overrides)  # fail fast, before Prefect starts
+    from flows.local_server import prefect_api
     from flows.serve import serve_deployments
 
-    serve_deployments(args.config, args.overrides, args.limit)
+    with prefect_api():
+        serve_deployments(args.config, args.overrides, args.limit)
+    raise_if_stopped()  # Prefect's runner ends quietly on Ctrl-C: the exit code still says so
     return 0
 
 
@@ -190,9 +207,11 @@ def _run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)  # fail fast, before Prefect starts
     raw_sources(config)
+    from flows.local_server import prefect_api
     from flows.pipeline import run_pipeline
 
-    summary = run_pipeline(args.config, args.overrides)
+    with prefect_api():
+        summary = run_pipeline(args.config, args.overrides)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -20,6 +20,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.config import ConfigError, PipelineConfig
 from flows.sources import raw_sources
+from flows.stopped_runs import cancel_when_stopped
 from flows.tasks import fit_task, generate_task, ingest_task, preprocess_task
 from ingestion.preprocess import PreprocessState
 from training.run_length import fit_run_length
@@ -59,7 +60,7 @@ def day_task_runner(config: PipelineConfig):
     return ThreadPoolTaskRunner(max_workers=config.orchestration.max_workers)
 
 
-@flow(name="ingest")
+@flow(name="ingest", on_crashed=[cancel_when_stopped])
 def ingest_days(config: PipelineConfig, days: list[int]) -> list[dict[str, Any]]:
     """Raw files of each day → the validated Parquet warehouse (generated first for the
     synthetic source); one report per day."""
@@ -71,7 +72,7 @@ def ingest_days(config: PipelineConfig, days: list[int]) -> list[dict[str, Any]]
     return ingest
 
 
-@flow(name="preprocess")
+@flow(name="preprocess", on_crashed=[cancel_when_stopped])
 def preprocess_days(config: PipelineConfig, days: list[int]) -> tuple[PreprocessState, dict[int, list[str]]]:
     """Fit the preprocessing state on the train days (once per config and inputs), then
     write each day's features; returns the state and each day's feature files."""

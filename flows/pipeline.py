@@ -18,6 +18,7 @@ from flows.config import PipelineConfig, config_as_dict, flatten, load_config, l
 from flows.deferred import track_or_defer, wait_for_tracking
 from flows.features import prepare_features, with_run_length
 from flows.registry import current_champion
+from flows.stopped_runs import cancel_when_stopped
 from flows.tasks import (
     TrainedModel,
     baseline_task,
@@ -56,6 +57,7 @@ class PipelineResult:
             **self.report.flat_metrics(),
             "train_samples_per_s": self.training.summary.samples_per_s,
             "rows_trained": self.training.summary.rows_trained,
+            "resumed_from_step": self.training.summary.resumed_from_step,
             "steps": self.training.summary.steps,
             "world_size": self.training.summary.world_size,
             "global_batch_size": self.config.training.batch_size,
@@ -70,14 +72,14 @@ class PipelineResult:
         }
 
 
-@flow(name="pipeline", log_prints=True)
+@flow(name="pipeline", log_prints=True, on_crashed=[cancel_when_stopped])
 def pipeline(config_path: str = "configs/demo.toml", overrides: list[str] | None = None) -> dict[str, Any]:
     """The whole slice on one config; returns the summary (also published as artifacts)."""
     overrides = overrides or []
     return run_stages(load_flow_config(config_path, overrides), config_path, overrides).as_dict()
 
 
-@flow(name="retrain", log_prints=True)
+@flow(name="retrain", log_prints=True, on_crashed=[cancel_when_stopped])
 def retrain(
     config_path: str = "configs/demo.toml",
     batch_size: int | None = None,
@@ -114,13 +116,13 @@ def run_stages(config: PipelineConfig, config_path: str, overrides: list[str]) -
     return result
 
 
-@flow(name="train")
+@flow(name="train", on_crashed=[cancel_when_stopped])
 def train_model(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]]) -> TrainedModel:
     """Sharded training with torchrun on the train days; the job's summary and outputs."""
     return train_task(config, state, files)
 
 
-@flow(name="evaluate")
+@flow(name="evaluate", on_crashed=[cancel_when_stopped])
 def evaluate_model(
     config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]], train_out: str
 ) -> tuple[EvalReport, dict[int, Scores]]:

@@ -30,6 +30,7 @@ from evaluation.metrics import MetricError, binary_state, compute_ne
 from evaluation.report import Scores
 from flows.config import PipelineConfig, load_flow_config
 from flows.features import Features, prepare_features, run_logger, with_run_length
+from flows.stopped_runs import cancel_when_stopped
 from flows.tasks import build_job, read_predictions
 from flows.tracking import ensure_experiment, log_study_plots
 from ingestion.holdout import split_holdout
@@ -75,7 +76,7 @@ class RetuneResult:
         }
 
 
-@flow(name="retune", log_prints=True)
+@flow(name="retune", log_prints=True, on_crashed=[cancel_when_stopped])
 def retune(
     config_path: str = "configs/demo.toml",
     overrides: list[str] | None = None,
@@ -111,7 +112,11 @@ def run_retune(config: PipelineConfig, features: Features) -> RetuneResult:
     data = tuning_data(config, features)
     log.info("retune: trials are scored on %s, never on the evaluation days", data.description)
     objective = TrainingTrial(config, data, client, parent, key, log)
-    outcome = run_worker(study, objective, config.tuning, storage_url, worker)
+    try:
+        outcome = run_worker(study, objective, config.tuning, storage_url, worker)
+    except BaseException as error:  # the study's MLflow run is not left running
+        client.set_terminated(parent, "FAILED" if isinstance(error, Exception) else "KILLED")  # KILLED: Ctrl-C
+        raise
     best = best_of(study)
     _finish_parent(client, parent, study, best)
     _publish(study, best)
@@ -201,6 +206,10 @@ class TrainingTrial:
         except Exception:
             self.client.set_tag(run_id, "tuning.state", "failed")
             self.client.set_terminated(run_id, "FAILED")
+            raise
+        except BaseException:  # Ctrl-C or SIGTERM: the trial is stopped, not failed
+            self.client.set_tag(run_id, "tuning.state", "stopped")
+            self.client.set_terminated(run_id, "KILLED")
             raise
         ne = statistics.fmean(per_seed)
         trial.set_user_attr("ne_per_seed", {str(s): v for s, v in zip(seeds, per_seed, strict=True)})

@@ -13,8 +13,18 @@ environment; `prefect.yaml` offers the same deployments for work pools.
 from __future__ import annotations
 
 from prefect import serve
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterDeploymentId,
+    FlowRunFilterParentFlowRunId,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
+from prefect.client.schemas.objects import StateType
 from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron
+from prefect.states import Cancelled
 
 from flows.config import load_config
 from flows.pipeline import pipeline, retrain
@@ -42,5 +52,28 @@ def build_deployments(config_path: str, overrides: list[str] | None = None) -> l
 
 
 def serve_deployments(config_path: str, overrides: list[str] | None = None, limit: int | None = None) -> None:
-    """Register the deployments and run their flow runs until stopped (Ctrl-C)."""
-    serve(*build_deployments(config_path, overrides), limit=limit)
+    """Register the deployments and run their flow runs until stopped (Ctrl-C, SIGTERM)."""
+    deployments = build_deployments(config_path, overrides)
+    try:
+        serve(*deployments, limit=limit)
+    finally:
+        cancel_runs_left_running(deployments)
+
+
+def cancel_runs_left_running(deployments: list[RunnerDeployment]) -> int:
+    """Mark Cancelled the runs of these deployments (and their subflow runs) still Running or
+    Pending: the runner ends their processes when it stops, and a run it ended must not
+    stay "Running" in the UI. Returns how many were marked."""
+    active = FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))
+    marked = 0
+    with get_client(sync_client=True) as client:
+        ids = [client.read_deployment_by_name(f"{d.flow_name}/{d.name}").id for d in deployments]
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            deployment_id=FlowRunFilterDeploymentId(any_=ids), state=active))  # fmt: skip
+        while runs:
+            for run in runs:
+                client.set_flow_run_state(run.id, Cancelled(message="the serving process was stopped"), force=True)
+                marked += 1
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id for run in runs]), state=active))  # fmt: skip
+    return marked

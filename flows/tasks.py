@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,7 +22,6 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
-from prefect.runtime import flow_run
 from prefect.tasks import exponential_backoff
 
 from evaluation.metrics import BinaryState, binary_state, compute_ne
@@ -37,6 +37,7 @@ from training.export import export_model
 from training.job import TrainJob
 from training.launcher import launch
 from training.progress import MetricsRecord
+from training.resume import job_fingerprint
 from training.scoring import dlrm_logits, score_files
 from training.summary import TrainSummary
 
@@ -110,10 +111,10 @@ class TrainedModel:
 def train_task(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]]) -> TrainedModel:
     """Sharded training with torchrun; returns the job's summary and where its outputs are.
 
-    A retry of this task belongs to the same flow run, so it resumes from the run's last
-    checkpoint; a new flow run trains from scratch.
+    A retry of this task, or the same command after an interruption, resumes from the
+    job's last checkpoint; a job that ran to its end trains again (training/resume.py).
     """
-    job = build_job(config, state, files, run_id=str(flow_run.id or "local"))
+    job = build_job(config, state, files)
     logger = get_run_logger()
     progress = create_progress_artifact(0.0, key="training-progress", description="Training steps done (%)")
     shown = [0.0]
@@ -144,9 +145,11 @@ def _publish_plan(plan_file: Path) -> None:
 
 
 def build_job(
-    config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]], run_id: str = "export"
+    config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]], run_id: str | None = None
 ) -> TrainJob:
-    return TrainJob(
+    """The job of the config's training stage. Its checkpoints go to `run_id`'s folder; by
+    default, the job's fingerprint, so the same command resumes an interrupted run."""
+    job = TrainJob(
         model=config.model,
         sharding=config.sharding,
         training=config.training,
@@ -155,9 +158,10 @@ def build_job(
         train_files=tuple(f for day in config.data.train_days for f in files[day]),
         eval_files={str(day): tuple(files[day]) for day in config.data.eval_days},
         out_dir=str(config.path("train")),
-        run_id=run_id,
+        run_id=run_id or "",
         pooling_factors=dict(state.multi_hot),
     )
+    return job if run_id else dataclasses.replace(job, run_id=job_fingerprint(job))
 
 
 @task(name="baseline-logistic-regression", **STAGE)

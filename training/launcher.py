@@ -10,7 +10,6 @@ naming the rank, its exit code (or signal) and the end of its traceback.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import re
@@ -24,7 +23,9 @@ from pathlib import Path
 
 from training.checkpoint import latest_checkpoint
 from training.job import TrainJob
+from training.processes import forget_group, raise_if_stopped, start_group, stop_group
 from training.progress import MetricsFollower, MetricsRecord
+from training.resume import mark_finished, prepare_checkpoints
 
 FAILURE_RECORD = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
@@ -65,14 +66,18 @@ def launch(
 
     A failed attempt is relaunched as a fresh torchrun (a new rendezvous) up to
     `training.max_restarts` times; each relaunch resumes from the run's last checkpoint.
+    A new launch of an interrupted job resumes too; of a finished one, trains again
+    (training/resume.py).
     torchrun's own in-place restart is not used: with gloo it can rejoin a dead peer's
     stale address and hang.
     """
     attempts = job.training.max_restarts + 1
     poll = _progress_poller(MetricsFollower(job.out / "metrics.jsonl"), on_progress)
+    on_line(f"[train] {prepare_checkpoints(job)}")
     for attempt in range(1, attempts + 1):
         try:
             _launch_once(job, on_line, poll, poll_s)
+            mark_finished(job)
             return
         except TrainingFailed as failure:
             if attempt == attempts:
@@ -110,17 +115,18 @@ def _launch_once(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[
     job.save(job_path)
     env = {**os.environ, "OMP_NUM_THREADS": str(job.training.threads_per_proc), "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_project_root()), env.get("PYTHONPATH")]))
-    process = subprocess.Popen(
-        torchrun_command(job, job_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        start_new_session=True,  # its own process group, so a stop reaches every worker
-    )  # fmt: skip
+    # its own process group (a stop reaches every worker), ended with this process
+    process = start_group(torchrun_command(job, job_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, env=env)  # fmt: skip
     try:
         output = follow(process, on_line, poll, poll_s)
     except BaseException:
         # A callback stopped the job (a pruned trial), or Ctrl-C: no orphaned workers.
-        _stop(process)
+        stop_group(process)
         raise
     code = process.wait()
+    forget_group(process)
+    raise_if_stopped()  # ended by a stop (SIGINT/SIGTERM to the program): not a failure to retry
     if code != 0:
         raise _failure(job, "\n".join(output), code)
 
@@ -155,17 +161,6 @@ def follow(process: subprocess.Popen, on_line: Callable[[str], None], poll: Call
         poll()
     poll()
     return output
-
-
-def _stop(process: subprocess.Popen, grace_s: float = 10.0) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def _project_root() -> Path:

@@ -162,7 +162,7 @@ def test_a_killed_worker_fails_the_train_task_which_prefect_retries_from_the_che
     def train_once() -> tuple[TrainedModel, str]:
         from prefect.runtime import flow_run
 
-        job = build_job(config, state, files, run_id=str(flow_run.id))
+        job = build_job(config, state, files)  # the folder the task trains in: its fingerprint
         _kill_one_worker_after(job, step=25)  # during the task's first attempt
         state_ = train_task(config, state, files, return_state=True)
         return state_.result(), str(flow_run.id)

@@ -1,0 +1,156 @@
+"""Ctrl-C and SIGTERM on a real `dlrm run`: every process it started ends within seconds,
+its Prefect flow runs end Cancelled (none left Running), the exit code names the signal,
+and the same command afterwards resumes from the interrupted run's checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _command(run_dir: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "flows.cli", "run", "--config", str(ROOT / "configs" / "tiny.toml"),
+        "--set", f'run_dir="{run_dir}"', "--set", "training.epochs=30", "--set", "training.checkpoint_every=20",
+        "--json",
+    ]  # fmt: skip
+
+
+def _environment(home: Path) -> dict[str, str]:
+    env = {**os.environ, "PREFECT_HOME": str(home)}
+    env.pop("PREFECT_API_URL", None)  # the command's own temporary server: the one a stop must not break
+    return env
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return tree
+
+
+def _descendants(pid: int) -> set[int]:
+    tree, found, todo = _children(), set(), [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _start_and_wait_for_a_checkpoint(run_dir: Path, home: Path, log: Path) -> subprocess.Popen:
+    process = subprocess.Popen(_command(run_dir), cwd=ROOT, env=_environment(home), stdout=subprocess.DEVNULL,
+                               stderr=log.open("w"), start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not list(run_dir.glob("train/checkpoints/*/step-*/meta.json")):
+        assert process.poll() is None, f"the run ended before its first checkpoint:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.2)
+    return process
+
+
+def _flow_run_states(home: Path) -> dict[str, str]:
+    with sqlite3.connect(home / "prefect.db") as db:
+        return {name: state for name, state in db.execute("SELECT flow.name, flow_run.state_type FROM flow_run "
+                                                          "JOIN flow ON flow.id = flow_run.flow_id")}  # fmt: skip
+
+
+def _stop(process: subprocess.Popen, signum: int, times: int = 1) -> tuple[int, float, set[int]]:
+    """Signal the command as a terminal would (its process group), `times` times; returns
+    its exit code, the seconds it took, and the processes it had started."""
+    started = _descendants(process.pid)
+    assert started, "the command had started processes (a Prefect server, torchrun, workers)"
+    began = time.monotonic()
+    for _ in range(times):
+        os.killpg(process.pid, signum)
+        time.sleep(0.3)
+    code = process.wait(timeout=60)
+    return code, time.monotonic() - began, started
+
+
+def test_ctrl_c_twice_stops_everything_marks_the_runs_and_the_same_command_resumes(tmp_path: Path) -> None:
+    run_dir, home, log = tmp_path / "run", tmp_path / "prefect", tmp_path / "stderr.log"
+    process = _start_and_wait_for_a_checkpoint(run_dir, home, log)
+    code, seconds, started = _stop(process, signal.SIGINT, times=2)
+
+    assert code == 130, log.read_text()[-3000:]
+    assert seconds < 30, f"stopping took {seconds:.0f} s"
+    time.sleep(1.0)
+    assert not [pid for pid in started if _alive(pid)], "no process the command started outlives it"
+    lines = log.read_text().splitlines()
+    assert lines[-1] == "dlrm: stopped by SIGINT" and "Traceback" not in log.read_text()
+    states = _flow_run_states(home)
+    assert "RUNNING" not in states.values(), states
+    assert states["pipeline"] == "CANCELLED" and states["train"] == "CANCELLED", states
+
+    again = subprocess.run(_command(run_dir), check=False, cwd=ROOT, env=_environment(home), capture_output=True, text=True,
+                           timeout=600)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads(again.stdout.strip().splitlines()[-1])
+    assert summary["resumed_from_step"] >= 20, "the same command resumes the interrupted run"
+    assert summary["rows_trained"] == 12_000 * 30, "every training row once an epoch, across the resume"
+    assert "resuming the interrupted run from step-" in again.stderr
+
+
+def test_sigterm_stops_the_run_with_exit_code_143(tmp_path: Path) -> None:
+    run_dir, home, log = tmp_path / "run", tmp_path / "prefect", tmp_path / "stderr.log"
+    process = _start_and_wait_for_a_checkpoint(run_dir, home, log)
+    started = _descendants(process.pid)
+    os.kill(process.pid, signal.SIGTERM)  # a supervisor's stop: to the process only
+    code = process.wait(timeout=60)
+
+    assert code == 143, log.read_text()[-3000:]
+    time.sleep(1.0)
+    assert not [pid for pid in started if _alive(pid)], "no process the command started outlives it"
+    assert log.read_text().splitlines()[-1] == "dlrm: stopped by SIGTERM"
+    assert "RUNNING" not in _flow_run_states(home).values()
+
+
+def test_ctrl_c_stops_serve_and_the_retrain_it_was_running(tmp_path: Path) -> None:
+    run_dir, home, log = tmp_path / "run", tmp_path / "prefect", tmp_path / "stderr.log"
+    command = [sys.executable, "-m", "flows.cli", "serve", "--config", str(ROOT / "configs" / "tiny.toml"),
+               "--set", f'run_dir="{run_dir}"', "--set", "training.epochs=30"]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, env=_environment(home), stdout=log.open("w"),
+                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while "prefect deployment run" not in log.read_text():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+    api = re.search(r"http://127\.0\.0\.1:\d+", log.read_text()).group(0) + "/api"
+    subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "retrain/retrain"], check=True,
+                   env={**_environment(home), "PREFECT_API_URL": api}, capture_output=True)  # fmt: skip
+    while not list(run_dir.glob("train/checkpoints/*/step-*/meta.json")):
+        assert process.poll() is None and time.monotonic() < deadline + 240, log.read_text()[-3000:]
+        time.sleep(0.2)
+
+    code, seconds, started = _stop(process, signal.SIGINT)
+    assert code == 130 and seconds < 30, (code, seconds)
+    time.sleep(1.0)
+    assert not [pid for pid in started if _alive(pid)], "no trainer, flow-run process or server outlives serve"
+    states = _flow_run_states(home)
+    assert states["retrain"] == "CANCELLED" and states["train"] == "CANCELLED", states
+    assert "RUNNING" not in states.values(), states
