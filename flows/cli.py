@@ -2,7 +2,8 @@
 
     dlrm run --config configs/demo.toml [--set section.key=value ...]
     dlrm retune --config FILE [--trials N] [--timeout S] [--json]
-    dlrm serve --config FILE [--limit N]
+    dlrm serve --config FILE [--limit N] [--with-server [--port 4200]]
+    dlrm server [--port 4200]
     dlrm generate --config FILE [--days 0 1 2]
     dlrm ingest SOURCE... --warehouse DIR [--day N] [--multi-hot C3,C12] [--json]
     dlrm preprocess --config FILE [--days 0 1 2] [--json]
@@ -25,23 +26,23 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.promotion import reference_line
-from flows.prefect_defaults import apply_prefect_defaults
+from flows.prefect_defaults import DASHBOARD_PORT, apply_prefect_defaults
 from training.processes import Stopped, raise_if_stopped, stop_on_signals
 
+DEFAULT_CONFIG = "configs/demo.toml"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Each checkout's Prefect state is its own (deployments, runs, the local server's database):
+# with the shared ~/.prefect, two checkouts' `dlrm serve` would pick up each other's runs.
+os.environ.setdefault("PREFECT_HOME", str(PROJECT_ROOT / ".prefect"))
 # Our packages log through the standard library; Prefect shows those records in the UI too.
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ingestion,training,evaluation,flows")
 apply_prefect_defaults()
 # Prefect keeps its local server's database in PREFECT_HOME but does not create the folder.
-if os.environ.get("PREFECT_HOME"):
-    Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
+Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
 
 
 class UserError(Exception):
     """A problem with the user's input, shown as one line."""
-
-
-DEFAULT_CONFIG = "configs/demo.toml"
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,7 +121,14 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="register and serve the nightly, retrain and retune deployments")
     _add_config_arguments(serve)
     serve.add_argument("--limit", type=int, help="most flow runs at once (default: no limit)")
+    serve.add_argument("--with-server", action="store_true",
+                       help="also start the Prefect server with its UI here (else PREFECT_API_URL names one)")
+    serve.add_argument("--port", type=int, default=DASHBOARD_PORT, help="the UI's port with --with-server (default: %(default)s)")
     serve.set_defaults(handler=_serve)
+
+    server = commands.add_parser("server", help="the Prefect server with its UI (the dashboard), until Ctrl-C")
+    server.add_argument("--port", type=int, default=DASHBOARD_PORT, help="the UI's port (default: %(default)s)")
+    server.set_defaults(handler=_server)
 
     generate = commands.add_parser("generate", help="write Criteo-format days of synthetic data")
     _add_config_arguments(generate)
@@ -192,13 +200,35 @@ def _serve(args: argparse.Namespace) -> int:
     from flows.config import load_config
 
     load_config(args.config, args.overrides)  # fail fast, before Prefect starts
-    from flows.local_server import prefect_api
+    if not args.with_server and not os.environ.get("PREFECT_API_URL"):
+        raise UserError(
+            "dlrm serve needs a Prefect server that stays, for the UI to list its deployments: add "
+            f"--with-server, or start one with `dlrm server` and export PREFECT_API_URL=http://127.0.0.1:{args.port}/api"
+        )
+    from flows.local_server import persistent_server, prefect_api
     from flows.serve import serve_deployments
 
-    with prefect_api():
+    with prefect_api(persistent_server(args.port) if args.with_server else None):
         serve_deployments(args.config, args.overrides, args.limit)
     raise_if_stopped()  # Prefect's runner ends quietly on Ctrl-C: the exit code still says so
     return 0
+
+
+def _server(args: argparse.Namespace) -> int:
+    import time
+
+    if os.environ.get("PREFECT_API_URL"):
+        raise UserError(f"PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): that server is the dashboard; "
+                        "unset it to start one here")  # fmt: skip
+    from flows.local_server import persistent_server, prefect_api, server_answers
+
+    with prefect_api(persistent_server(args.port)) as url:
+        print(f"Prefect UI: {url.removesuffix('/api')}   (state in {os.environ['PREFECT_HOME']})\n"
+              f"In another shell: export PREFECT_API_URL={url}; then dlrm serve, dlrm run, … show here. "
+              "Ctrl-C stops the server.", flush=True)  # fmt: skip
+        while server_answers(url):
+            time.sleep(5)
+    raise UserError(f"the Prefect server on {url} stopped answering")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -259,7 +289,7 @@ def format_summary(summary: dict[str, Any], config) -> str:
         "Open the UIs on this run's data:",
         f"  MLflow:  .venv/bin/mlflow ui --backend-store-uri {config.tracking_uri} --port 5000",
         "           then http://127.0.0.1:5000",
-        f"  Prefect: PREFECT_HOME={os.environ.get('PREFECT_HOME', '~/.prefect')} .venv/bin/prefect server start",
+        f"  Prefect: PREFECT_HOME={os.environ.get('PREFECT_HOME', '~/.prefect')} .venv/bin/dlrm server",
         "           then http://127.0.0.1:4200",
         f"  Files:   {run_dir}",
     ]

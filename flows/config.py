@@ -55,8 +55,14 @@ class OrchestrationConfig:
     dask_address: str = ""
     nightly_cron: str = "0 2 * * *"
     timezone: str = "UTC"
+    # Training jobs (the pipeline's training stage, each retune trial) at once on the
+    # trainers, through a Prefect concurrency limit: a scheduled retune waits for a
+    # retrain's training instead of sharing its cores. 0: no limit.
+    trainer_slots: int = 1
 
     def __post_init__(self) -> None:
+        if self.trainer_slots < 0:
+            raise ValueError(f"trainer_slots: must be ≥ 0 (0: no limit), got {self.trainer_slots}")
         if self.max_workers < 1:
             raise ValueError(f"max_workers: must be at least 1, got {self.max_workers}")
         if self.task_runner == "dask" and not self.dask_address:

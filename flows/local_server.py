@@ -1,11 +1,12 @@
-"""The Prefect API one `dlrm` command talks to: the server `PREFECT_API_URL` names, or else
-a temporary local server that the command starts and stops itself.
+"""The Prefect API one `dlrm` command talks to: the server `PREFECT_API_URL` names; else,
+for `dlrm serve --with-server` and `dlrm server`, a persistent server with the UI; else a
+temporary API-only server that the command starts and stops itself.
 
-Prefect would start that temporary server on its own, but in the command's process group:
-a Ctrl-C in the terminal then kills the server first, and the flow runs, still being
+Prefect would start a temporary server on its own, but in the command's process group: a
+Ctrl-C in the terminal then kills the server first, and the flow runs, still being
 stopped, can no longer be marked (they stay "Running", the clean-up fails against a dead
-API). Here the server runs in its own session (`training.processes`), so the command stops
-its work, marks its runs, and stops the server last.
+API). Here every server runs in its own session (`training.processes`), so the command
+stops its work, marks its runs, and stops the server last.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import prefect
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
+from flows.prefect_defaults import DASHBOARD_PORT
 from training.processes import start_group, stop_group
 
 log = logging.getLogger("flows.server")
@@ -31,18 +34,58 @@ STARTUP_TIMEOUT_VARIABLE = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 
 
 class ServerStartError(RuntimeError):
-    """The temporary Prefect server did not answer in time (shown as one line)."""
+    """A Prefect server did not start or answer in time (shown as one line)."""
+
+
+@dataclass(frozen=True)
+class LocalServer:
+    """How to start one kind of local Prefect server."""
+
+    kind: str  # "temporary" | "persistent": for messages
+    command: list[str]
+    env: dict[str, str]
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def temporary_server() -> LocalServer:
+    """API only, on a free port: the server Prefect itself would start for one command."""
+    port = _free_port()
+    command = [
+        sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent),
+        "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+        "--log-level", "error", "--lifespan", "on",
+    ]  # fmt: skip
+    env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    return LocalServer("temporary", command, env, port)
+
+
+def persistent_server(port: int = DASHBOARD_PORT) -> LocalServer:
+    """`prefect server start`: the UI, the scheduler, and a database in PREFECT_HOME that
+    outlives the command (the deployments and their runs stay listed)."""
+    if not _port_is_free(port):
+        raise ServerStartError(
+            f"port {port} is taken (another Prefect server?): point PREFECT_API_URL at it "
+            f"(export PREFECT_API_URL=http://127.0.0.1:{port}/api) or pass --port with a free port"
+        )
+    command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    return LocalServer("persistent", command, {"PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}, port)
 
 
 @contextlib.contextmanager
-def prefect_api() -> Iterator[str]:
-    """The API URL to use within the block; a temporary server lives as long as the block."""
+def prefect_api(server: LocalServer | None = None) -> Iterator[str]:
+    """The API URL to use within the block: `PREFECT_API_URL` when set, else `server`
+    (default: a temporary one), started here and stopped when the block ends."""
     configured = PREFECT_API_URL.value()
     if configured:
         yield configured
         return
-    timeout_s = float(os.environ.get(STARTUP_TIMEOUT_VARIABLE, "120"))
-    process, url = _start(timeout_s)
+    server = server or temporary_server()
+    process = _start(server, float(os.environ.get(STARTUP_TIMEOUT_VARIABLE, "120")))
+    url = f"{server.address}/api"
     previous = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = url  # processes this command starts use it too
     try:
@@ -51,42 +94,45 @@ def prefect_api() -> Iterator[str]:
     finally:
         _restore("PREFECT_API_URL", previous)
         _send_pending_logs_and_events()
-        log.info("stopping the temporary Prefect server on %s", url.removesuffix("/api"))
-        stop_group(process, grace_s=5.0)
+        log.info("stopping the %s Prefect server on %s", server.kind, server.address)
+        stop_group(process, grace_s=10.0)
 
 
-def _start(timeout_s: float) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    command = [
-        sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent),
-        "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
-        "--log-level", "error", "--lifespan", "on",
-    ]  # fmt: skip
-    # the settings Prefect gives its own temporary server: API only, one process's database
-    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+def _start(server: LocalServer, timeout_s: float) -> subprocess.Popen:
+    env = {**os.environ, **server.env}
     env.pop("PREFECT_API_URL", None)
-    url = f"http://127.0.0.1:{port}/api"
-    log.info("starting a temporary Prefect server on http://127.0.0.1:%d (set PREFECT_API_URL to use a "
-             "persistent one: see the README's dashboard section)", port)  # fmt: skip
-    process = start_group(command, end_on_stop=False, env=env, stdout=subprocess.DEVNULL)
+    home = os.environ.get("PREFECT_HOME", "~/.prefect")
+    if server.kind == "temporary":
+        log.info("starting a temporary Prefect server on %s (for a dashboard that stays: `dlrm server`, "
+                 "then export PREFECT_API_URL=http://127.0.0.1:%d/api)", server.address, DASHBOARD_PORT)  # fmt: skip
+    else:
+        log.info("starting the Prefect server with its UI on %s (state in %s)", server.address, home)
+    process = start_group(server.command, end_on_stop=False, env=env, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise ServerStartError(
-                    f"the temporary Prefect server exited with code {process.returncode} before answering; "
-                    f"check PREFECT_HOME ({os.environ.get('PREFECT_HOME', '~/.prefect')}) or set PREFECT_API_URL "
-                    "to a running server"
+                    f"the {server.kind} Prefect server exited with code {process.returncode} before answering; "
+                    f"check PREFECT_HOME ({home}) or set PREFECT_API_URL to a running server"
                 )
             with contextlib.suppress(httpx.HTTPError):
-                if client.get(f"{url}/health").status_code == 200:
-                    return process, url
+                if client.get(f"{server.address}/api/health").status_code == 200:
+                    return process
             time.sleep(0.2)
     stop_group(process, grace_s=5.0)
     raise ServerStartError(
-        f"the temporary Prefect server did not answer within {timeout_s:.0f} s; on a busy machine raise "
+        f"the {server.kind} Prefect server did not answer within {timeout_s:.0f} s; on a busy machine raise "
         f"{STARTUP_TIMEOUT_VARIABLE}, or set PREFECT_API_URL to a running server"
     )
+
+
+def server_answers(url: str) -> bool:
+    """Whether the Prefect API at `url` answers its health check."""
+    try:
+        return httpx.get(f"{url}/health", timeout=5.0).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _send_pending_logs_and_events() -> None:
@@ -104,6 +150,15 @@ def _free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _port_is_free(port: int) -> bool:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def _restore(name: str, value: str | None) -> None:

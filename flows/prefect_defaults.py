@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+DASHBOARD_PORT = 4200  # Prefect's own default port for its server and UI
 LOCAL_SERVER_DEFAULTS = {
     # The local server's usage telemetry needs the internet and only adds errors without it.
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

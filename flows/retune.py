@@ -33,6 +33,7 @@ from flows.features import Features, prepare_features, run_logger, with_run_leng
 from flows.stopped_runs import cancel_when_stopped
 from flows.tasks import build_job, read_predictions
 from flows.tracking import ensure_experiment, log_study_plots
+from flows.trainer_slots import trainer_slot
 from ingestion.holdout import split_holdout
 from training.job import TrainJob
 from training.launcher import launch
@@ -178,26 +179,8 @@ class TrainingTrial:
         per_seed: list[float] = []
         best_epochs: list[int] = []
         try:
-            for seed, job in seed_jobs(self.config, self.data, params, out, early_stopping=True):
-                # Only the first seed's held-out NE feeds the pruner: Optuna compares trials
-                # at the same step, and every trial's first run has the same seed.
-                first = seed == seeds[0]
-                metric = "heldout_ne" if len(seeds) == 1 else f"heldout_ne.seed_{seed}"
-                epochs = EpochEnds(self.config.tuning.max_epochs)
-                watch = functools.partial(self._on_progress, trial, run_id, metric=metric, prune=first,
-                                          epochs=epochs)  # fmt: skip
-                try:
-                    launch(job, on_line=lambda line: None, on_progress=watch)
-                except StopEarly:
-                    pass  # the job is stopped; its best epoch's NE is the seed's score
-                if epochs.early_stopping:
-                    best_epoch, ne = epochs.best()
-                    best_epochs.append(best_epoch)
-                    per_seed.append(ne)
-                else:
-                    per_seed.append(validation_ne(Path(job.out_dir) / "predictions"))
-                if len(seeds) > 1:
-                    self.client.log_metric(run_id, f"ne.seed_{seed}", per_seed[-1])
+            with trainer_slot(self.config, self.log):
+                self._train_seeds(trial, run_id, params, out, per_seed, best_epochs)
         except optuna.TrialPruned as pruned:
             self.client.set_tag(run_id, "tuning.state", "pruned")
             self.client.set_terminated(run_id, "KILLED")
@@ -226,6 +209,31 @@ class TrainingTrial:
         spread = f" (seeds {', '.join(f'{v:.5f}' for v in per_seed)})" if len(seeds) > 1 else ""
         self.log.info("trial #%d: NE %.5f%s with %s", trial.number, ne, spread, params)
         return ne
+
+    def _train_seeds(self, trial: optuna.Trial, run_id: str, params: Params, out: Path, per_seed: list[float],
+                     best_epochs: list[int]) -> None:  # fmt: skip
+        """Train the trial once per seed; each seed's validation NE (and best epoch count) is appended."""
+        seeds = trial_seeds(self.config)
+        for seed, job in seed_jobs(self.config, self.data, params, out, early_stopping=True):
+            # Only the first seed's held-out NE feeds the pruner: Optuna compares trials
+            # at the same step, and every trial's first run has the same seed.
+            first = seed == seeds[0]
+            metric = "heldout_ne" if len(seeds) == 1 else f"heldout_ne.seed_{seed}"
+            epochs = EpochEnds(self.config.tuning.max_epochs)
+            watch = functools.partial(self._on_progress, trial, run_id, metric=metric, prune=first,
+                                      epochs=epochs)  # fmt: skip
+            try:
+                launch(job, on_line=lambda line: None, on_progress=watch)
+            except StopEarly:
+                pass  # the job is stopped; its best epoch's NE is the seed's score
+            if epochs.early_stopping:
+                best_epoch, ne = epochs.best()
+                best_epochs.append(best_epoch)
+                per_seed.append(ne)
+            else:
+                per_seed.append(validation_ne(Path(job.out_dir) / "predictions"))
+            if len(seeds) > 1:
+                self.client.log_metric(run_id, f"ne.seed_{seed}", per_seed[-1])
 
     def _on_progress(self, trial: optuna.Trial, run_id: str, record: MetricsRecord, *, metric: str,
                      prune: bool, epochs: EpochEnds | None = None) -> None:  # fmt: skip

@@ -17,6 +17,7 @@ from prefect.exceptions import ObjectNotFound
 from flows.config import PipelineConfig
 from flows.features import Features
 from flows.retune import run_logger, run_retune
+from flows.trainer_slots import waits_for
 from training.tuning.key import tuning_key
 from training.tuning.space import Params, apply_params, params_of
 from training.tuning.study import open_storage, tuned_keys
@@ -46,7 +47,8 @@ def choose_hyperparameters(
                 reason=f"{decision.reason}; retuned to NE {result.best.ne:.5f} (trial #{result.best.trial_number})",
             )  # fmt: skip
     if decision.schedule_retune:
-        decision = dataclasses.replace(decision, reason=f"{decision.reason} ({schedule_retune(config_path, overrides)})")
+        scheduled = schedule_retune(config, config_path, overrides)
+        decision = dataclasses.replace(decision, reason=f"{decision.reason} ({scheduled})")
     _publish(decision)
     return decision
 
@@ -56,8 +58,9 @@ def with_params(config: PipelineConfig, params: Params) -> PipelineConfig:
     return dataclasses.replace(config, training=training, model=model)
 
 
-def schedule_retune(config_path: str, overrides: list[str]) -> str:
-    """Create a `retune` flow run on the served deployment; say what happened."""
+def schedule_retune(config: PipelineConfig, config_path: str, overrides: list[str]) -> str:
+    """Create a `retune` flow run on the served deployment; say what happened and when the
+    retune will train (after this run's training: flows/trainer_slots.py)."""
     log = run_logger("flows.tuning")
     try:
         run = run_deployment(
@@ -69,8 +72,8 @@ def schedule_retune(config_path: str, overrides: list[str]) -> str:
         log.warning("tuning: no '%s' deployment is served (start one with `dlrm serve`); run `%s` to retune",
                     RETUNE_DEPLOYMENT, command)  # fmt: skip
         return f"no {RETUNE_DEPLOYMENT} deployment is served: run `{command}`"
-    log.info("tuning: retune scheduled as flow run %s", run.id)
-    return f"retune scheduled as flow run {run.id}"
+    log.info("tuning: retune scheduled as flow run %s; %s", run.id, waits_for(config))
+    return f"retune scheduled as flow run {run.id}; {waits_for(config)}"
 
 
 def _publish(decision: TuningDecision) -> None:

@@ -23,8 +23,9 @@ class ModelConfig:
     declared_tables: DeclaredTables = field(default_factory=lambda: DeclaredTables())
 
     def __post_init__(self) -> None:
-        if self.embedding_dim <= 0:
-            raise ValueError(f"embedding_dim: must be positive, got {self.embedding_dim}")
+        if self.embedding_dim <= 0 or self.embedding_dim % 4:
+            # fbgemm's embedding kernels (CPU and CUDA) take rows of 4·k floats
+            raise ValueError(f"embedding_dim: must be a positive multiple of 4, got {self.embedding_dim}")
         if not self.bottom_mlp or self.bottom_mlp[-1] != self.embedding_dim:
             raise ValueError(
                 f"bottom_mlp: must end with embedding_dim ({self.embedding_dim}), "

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -130,27 +130,61 @@ def test_sigterm_stops_the_run_with_exit_code_143(tmp_path: Path) -> None:
     assert "RUNNING" not in _flow_run_states(home).values()
 
 
-def test_ctrl_c_stops_serve_and_the_retrain_it_was_running(tmp_path: Path) -> None:
+def test_serve_with_server_shows_its_deployments_in_the_ui_and_ctrl_c_stops_it_and_its_retrain(
+    tmp_path: Path,
+) -> None:
+    """The README's dashboard steps: `dlrm serve --with-server`, the UI lists the deployments
+    (headless Chromium), a retrain runs; then Ctrl-C ends the retrain, the server and serve."""
+    from playwright.sync_api import sync_playwright
+
     run_dir, home, log = tmp_path / "run", tmp_path / "prefect", tmp_path / "stderr.log"
+    port = _free_port()
     command = [sys.executable, "-m", "flows.cli", "serve", "--config", str(ROOT / "configs" / "tiny.toml"),
-               "--set", f'run_dir="{run_dir}"', "--set", "training.epochs=30"]  # fmt: skip
+               "--set", f'run_dir="{run_dir}"', "--set", "training.epochs=30", "--with-server", "--port", str(port)]  # fmt: skip
     process = subprocess.Popen(command, cwd=ROOT, env=_environment(home), stdout=log.open("w"),
                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 240
     while "prefect deployment run" not in log.read_text():
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.5)
-    api = re.search(r"http://127\.0\.0\.1:\d+", log.read_text()).group(0) + "/api"
+    ui = f"http://127.0.0.1:{port}"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{ui}/deployments", wait_until="networkidle")
+            for name in ("nightly", "retrain", "retune"):
+                page.get_by_text(name, exact=True).first.wait_for(timeout=30_000)
+        finally:
+            browser.close()
     subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "retrain/retrain"], check=True,
-                   env={**_environment(home), "PREFECT_API_URL": api}, capture_output=True)  # fmt: skip
+                   env={**_environment(home), "PREFECT_API_URL": f"{ui}/api"}, capture_output=True)  # fmt: skip
     while not list(run_dir.glob("train/checkpoints/*/step-*/meta.json")):
         assert process.poll() is None and time.monotonic() < deadline + 240, log.read_text()[-3000:]
         time.sleep(0.2)
 
     code, seconds, started = _stop(process, signal.SIGINT)
-    assert code == 130 and seconds < 30, (code, seconds)
+    assert code == 130 and seconds < 30, (code, seconds, log.read_text()[-3000:])
     time.sleep(1.0)
     assert not [pid for pid in started if _alive(pid)], "no trainer, flow-run process or server outlives serve"
     states = _flow_run_states(home)
     assert states["retrain"] == "CANCELLED" and states["train"] == "CANCELLED", states
     assert "RUNNING" not in states.values(), states
+
+
+def test_serve_without_a_server_says_how_to_get_one(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "serve", "--config", str(ROOT / "configs" / "tiny.toml")],
+                          check=False, cwd=ROOT, env=_environment(tmp_path / "prefect"), capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "--with-server" in done.stderr and "dlrm server" in done.stderr and "PREFECT_API_URL" in done.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip

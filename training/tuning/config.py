@@ -101,5 +101,6 @@ class TuningConfig:
             raise ValueError(f"max_epochs: must be at least 1, got {self.max_epochs}")
         if any(b < 1 for b in self.batch_sizes):
             raise ValueError(f"batch_sizes: must be positive, got {list(self.batch_sizes)}")
-        if any(d <= 0 for d in self.embedding_dims) or any(f <= 0 for f in self.mlp_width_factors):
-            raise ValueError("embedding_dims: dimensions and width factors must be positive")
+        if any(d <= 0 or d % 4 for d in self.embedding_dims) or any(f <= 0 for f in self.mlp_width_factors):
+            raise ValueError("embedding_dims: dimensions must be positive multiples of 4 and width factors positive, "
+                             f"got {list(self.embedding_dims)} and {list(self.mlp_width_factors)}")

@@ -35,7 +35,8 @@ def _one_line_error(result: subprocess.CompletedProcess) -> str:
     [
         ("[training]\nbatch_sise = 4\n", "training.batch_sise: unknown key"),
         ('[training]\nbatch_size = "4"\n', "training.batch_size: expected int, got str"),
-        ("[model]\nembedding_dim = 0\n", "model.embedding_dim: must be positive"),
+        ("[model]\nembedding_dim = 0\n", "model.embedding_dim: must be a positive multiple of 4"),
+        ("[model]\nembedding_dim = 6\nbottom_mlp = [32, 6]\n", "model.embedding_dim: must be a positive multiple of 4, got 6"),
     ],
 )
 def test_bad_config_stops_with_one_line(tmp_path: Path, text: str, needle: str) -> None:
