@@ -282,7 +282,8 @@ def format_summary(summary: dict[str, Any], config) -> str:
             f"({config.training.nproc} processes, {config.sharding.sharding_type})"
         ),
         f"  hyperparameters      {summary['tuning_decision']}: {summary['tuning_reason']}",
-        f"  MLflow run           {summary['mlflow_run_id']}  (model version {summary['model_version']})",
+        (f"  MLflow run           {summary.get('mlflow_run_url') or summary['mlflow_run_id']}  "
+         f"(model version {summary['model_version']})"),
         f"  champion             {'promoted: ' if summary['promoted'] else 'not promoted: '}{summary['promotion_reason']}"
         + (f" (champion NE on these days {champion:.4f})" if champion is not None and not summary["promoted"] else ""),
         "",

@@ -32,6 +32,8 @@ from flows.tracking import (
     TrackedRun,
     read_metrics_history,
     run_history,
+    run_url,
+    ui_address,
 )
 from flows.tuning import choose_hyperparameters, with_params
 from ingestion.preprocess import PreprocessState
@@ -62,6 +64,8 @@ class PipelineResult:
             "world_size": self.training.summary.world_size,
             "global_batch_size": self.config.training.batch_size,
             "mlflow_run_id": self.tracked.run_id,
+            "mlflow_run_url": run_url(ui_address(self.config.tracking_uri), self.tracked.experiment_id,
+                                      self.tracked.run_id) if self.tracked.experiment_id else None,
             "model_version": self.tracked.model_version,
             "promoted": bool(self.decision and self.decision.promote),
             "promotion_reason": self.decision.reason if self.decision else "no model registered",
@@ -97,7 +101,7 @@ def retrain(
 
 def run_stages(config: PipelineConfig, config_path: str, overrides: list[str]) -> PipelineResult:
     logger = get_run_logger()
-    started = time.perf_counter()
+    started, started_at_ms = time.perf_counter(), int(time.time() * 1000)
     features = prepare_features(config)
     ingest, state, feature_files = features.ingest, features.state, features.files
     config = with_run_length(config, state)
@@ -106,7 +110,7 @@ def run_stages(config: PipelineConfig, config_path: str, overrides: list[str]) -
     training = train_model(config, state, feature_files)
     report, scores = evaluate_model(config, state, feature_files, str(training.out_dir))
     model = export_task(config, state, feature_files, training.summary.checkpoint)
-    tracked = _track(config, state, ingest, report, scores, training, model, tuning.as_tags())
+    tracked = _track(config, state, ingest, report, scores, training, model, tuning.as_tags(), started_at_ms)
     decision = None
     if tracked.model_version is not None:
         decision = promote_task(config, tracked.run_id, tracked.model_version, report)
@@ -133,7 +137,7 @@ def evaluate_model(
 
 def _track(
     config: PipelineConfig, state: PreprocessState, ingest, report: EvalReport, scores: dict[int, Scores],
-    training: TrainedModel, model, tuning_tags: dict[str, str],
+    training: TrainedModel, model, tuning_tags: dict[str, str], started_at_ms: int,
 ) -> TrackedRun:
     out, summary = training.out_dir, training.summary
     resolved = config_as_dict(config)
@@ -171,6 +175,7 @@ def _track(
             "evaluation.days": ",".join(map(str, config.data.eval_days)),
             **tuning_tags,
         },
+        start_time_ms=started_at_ms,
     )
     return track_or_defer(
         Path(config.run_dir).resolve(), config.tracking_uri, config.artifact_location, config.tracking.experiment,
@@ -212,11 +217,11 @@ def _publish_artifacts(result: PipelineResult) -> None:
 
 
 def _run_link(result: PipelineResult) -> str:
-    """A link into the MLflow UI when the store is a server, else the run id."""
-    uri, tracked = result.config.tracking_uri, result.tracked
-    if uri.startswith(("http://", "https://")) and tracked.experiment_id:
-        return f"[{tracked.run_id}]({uri.rstrip('/')}/#/experiments/{tracked.experiment_id}/runs/{tracked.run_id})"
-    return f"`{tracked.run_id}`"
+    """A link into the MLflow UI (for a local store: the `mlflow ui` the summary prints)."""
+    tracked = result.tracked
+    if not tracked.experiment_id:
+        return f"`{tracked.run_id}`"
+    return f"[{tracked.run_id}]({run_url(ui_address(result.config.tracking_uri), tracked.experiment_id, tracked.run_id)})"
 
 
 def run_pipeline(config_path: str, overrides: list[str] | None = None) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from training.progress import metric_values, read_records
 
 log = logging.getLogger(__name__)
 MODEL_REQUIREMENTS = ["torch==2.13.0", "torchrec==1.8.0", "fbgemm-gpu-cpu==1.8.0"]
+LOCAL_UI = "http://127.0.0.1:5000"  # `mlflow ui --port 5000` on a local store
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,17 @@ class TrackedRun:
     run_id: str
     experiment_id: str
     model_version: str | None
+
+
+def run_url(ui: str, experiment_id: str, run_id: str) -> str:
+    """The run's page in the MLflow UI at `ui` (e.g. http://127.0.0.1:5000)."""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def ui_address(tracking_uri: str) -> str:
+    """Where the run's MLflow UI is: the tracking server itself, or for a local store the
+    address of the `mlflow ui` command that the summary prints."""
+    return tracking_uri if tracking_uri.startswith(("http://", "https://")) else LOCAL_UI
 
 
 @dataclass
@@ -43,6 +55,9 @@ class RunRecord:
     eval_predictions: tuple[np.ndarray, np.ndarray] | None = None
     baseline_history: list[dict[str, float]] | None = None  # another run's history, for relative NE
     tags: dict[str, str] = field(default_factory=dict)
+    # when the pipeline started (ms since the epoch): the MLflow run's start, so its duration
+    # is the pipeline's, not the seconds the logging took
+    start_time_ms: int | None = None
 
 
 def read_metrics_history(path: Path) -> list[dict[str, float]]:
@@ -69,7 +84,9 @@ def log_pipeline_run(
 ) -> TrackedRun:
     """Log everything of one pipeline run; register the model if one is given."""
     experiment_id = use_experiment(tracking_uri, experiment, artifact_location)
-    with mlflow.start_run(run_name=record.run_name, tags=record.tags) as run:
+    created = MlflowClient(tracking_uri).create_run(experiment_id, start_time=record.start_time_ms,
+                                                    tags=record.tags, run_name=record.run_name)  # fmt: skip
+    with mlflow.start_run(run_id=created.info.run_id) as run:
         mlflow.log_params({k: _param_value(v) for k, v in record.params.items()})
         mlflow.log_dict(record.config, "config/resolved_config.json")
         mlflow.log_metrics({k: float(v) for k, v in record.metrics.items() if v is not None and np.isfinite(v)})

@@ -1,5 +1,6 @@
 """The `pipeline` flow end to end on the tiny config, under a real (temporary) Prefect server."""
 
+import time
 from pathlib import Path
 
 import mlflow
@@ -20,8 +21,13 @@ def pipeline_run(prefect_server, tmp_path_factory: pytest.TempPathFactory):
 
     run_dir = tmp_path_factory.mktemp("tiny-run")
     overrides = [f'run_dir="{run_dir}"']
+    CALLED["at_ms"] = time.time() * 1000
     summary = run_pipeline(str(ROOT / "configs" / "tiny.toml"), overrides)
+    CALLED["returned_ms"] = time.time() * 1000
     return load_config(ROOT / "configs" / "tiny.toml", overrides), summary
+
+
+CALLED: dict[str, float] = {}  # when the module's pipeline run was called and returned
 
 
 def test_warehouse_and_features_hold_every_row(pipeline_run) -> None:
@@ -65,6 +71,17 @@ def test_mlflow_run_has_metrics_params_plan_and_plots(pipeline_run) -> None:
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert {"plots/ne_curve.png", "plots/reliability.png"} <= plots
     assert run.info.artifact_uri.startswith(str(config.path("mlartifacts"))), "artifacts stay in the run folder"
+
+
+def test_the_mlflow_run_spans_the_pipeline_and_the_summary_links_it(pipeline_run) -> None:
+    config, summary = pipeline_run
+    run = MlflowClient(tracking_uri=config.tracking_uri).get_run(summary["mlflow_run_id"])
+    # the run starts when the pipeline starts (not once training is over), ends when it ends
+    assert CALLED["at_ms"] <= run.info.start_time <= CALLED["at_ms"] + 15_000
+    assert run.info.end_time <= CALLED["returned_ms"]
+    assert (run.info.end_time - run.info.start_time) / 1000 >= run.data.metrics["train_seconds"]
+    expected = f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    assert summary["mlflow_run_url"] == expected, "a local store: the page of the `mlflow ui` the summary prints"
 
 
 def test_model_is_registered_loads_and_becomes_champion(pipeline_run) -> None:
