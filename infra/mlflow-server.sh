@@ -6,7 +6,13 @@
 #   MLFLOW_HOST / MLFLOW_PORT     where to listen (default 127.0.0.1:5000)
 #   MLFLOW_ALLOWED_HOSTS          Host headers the server answers, with their ports (a guard
 #                                 against DNS rebinding); default: this loopback port
+#   or POSTGRES_USER, POSTGRES_PASSWORD [, POSTGRES_HOST]: the store URL is built from them, encoded
 set -eu
+. "$(dirname "$0")/database-url.sh"
+if [ -z "${MLFLOW_BACKEND_STORE_URI:-}" ] && [ -n "${POSTGRES_USER:-}" ]; then
+    MLFLOW_BACKEND_STORE_URI=$(database_url postgresql mlflow) || exit 2
+    export MLFLOW_BACKEND_STORE_URI
+fi
 : "${MLFLOW_BACKEND_STORE_URI:?set it to the postgresql:// URL of the mlflow database}"
 : "${MLFLOW_ARTIFACTS_DESTINATION:?set it to the folder or URL that keeps the artifacts}"
 exec mlflow server \

@@ -2,7 +2,13 @@
 # The Prefect server on PostgreSQL, as the prefect-server service runs it (and the tests, natively).
 #   PREFECT_API_DATABASE_CONNECTION_URL  postgresql+asyncpg://user:password@host:5432/prefect
 #   PREFECT_SERVER_API_HOST / _PORT      where to listen (default 127.0.0.1:4200)
+#   or POSTGRES_USER, POSTGRES_PASSWORD [, POSTGRES_HOST]: the URL is built from them, encoded
 set -eu
+. "$(dirname "$0")/database-url.sh"
+if [ -z "${PREFECT_API_DATABASE_CONNECTION_URL:-}" ] && [ -n "${POSTGRES_USER:-}" ]; then
+    PREFECT_API_DATABASE_CONNECTION_URL=$(database_url postgresql+asyncpg prefect) || exit 2
+    export PREFECT_API_DATABASE_CONNECTION_URL
+fi
 : "${PREFECT_API_DATABASE_CONNECTION_URL:?set it to the postgresql+asyncpg:// URL of the prefect database}"
 export PREFECT_SERVER_ANALYTICS_ENABLED="${PREFECT_SERVER_ANALYTICS_ENABLED:-false}"
 # Where the UI in the browser calls the API: this server, unless published elsewhere.

@@ -54,9 +54,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         admin.execute(f"CREATE DATABASE {name};".replace(name, database))
     base = base_env(home)
     prefect_port, mlflow_port = free_port(), free_port()
+    # as compose starts it: the URL built from the credentials (a password that needs
+    # encoding; the server's trust auth accepts any), under this test's database prefix
     prefect = start_service("prefect-server.sh", {
-        **base, "PREFECT_SERVER_API_PORT": str(prefect_port),
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://{POSTGRES}/{databases['prefect']}",
+        **base, "PREFECT_SERVER_API_PORT": str(prefect_port), "POSTGRES_USER": "postgres",
+        "POSTGRES_PASSWORD": "p@ss/w:rd", "POSTGRES_HOST": POSTGRES.split("@")[1], "POSTGRES_DATABASE_PREFIX": f"{prefix}_",
     }, home / "prefect.log")  # fmt: skip
     mlflow = start_service("mlflow-server.sh", {
         **base, "MLFLOW_PORT": str(mlflow_port), "MLFLOW_WORKERS": "1",

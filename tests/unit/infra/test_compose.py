@@ -39,14 +39,16 @@ def test_postgres_init_creates_one_database_per_service() -> None:
 def test_prefect_server_is_the_client_version_on_postgres() -> None:
     server = SERVICES["prefect-server"]
     assert server["image"].split(":")[1].startswith(f"{prefect.__version__}-")
-    assert server["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"].startswith("postgresql+asyncpg://")
+    assert {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_HOST"} <= set(server["environment"])
+    assert "database_url postgresql+asyncpg prefect" in (ROOT / "infra" / "prefect-server.sh").read_text()
     assert server["command"] == ["/infra/prefect-server.sh"]
 
 
 def test_mlflow_uses_postgres_served_artifacts_and_allowed_hosts() -> None:
     mlflow = SERVICES["mlflow"]
     env = mlflow["environment"]
-    assert env["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql://")
+    assert {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_HOST"} <= set(env)
+    assert "database_url postgresql mlflow" in (ROOT / "infra" / "mlflow-server.sh").read_text()
     assert env["MLFLOW_ARTIFACTS_DESTINATION"] == "/mlartifacts"
     assert "mlflow-artifacts:/mlartifacts" in mlflow["volumes"]
     assert "mlflow" in env["MLFLOW_ALLOWED_HOSTS"].split(",")
@@ -104,3 +106,51 @@ def test_the_production_config_takes_its_urls_from_the_environment(name: str, mo
     monkeypatch.setenv("OPTUNA_STORAGE", "postgresql://u:p@postgres:5432/optuna")
     config = load_config(ROOT / "configs" / name)
     assert config.tracking_uri == "http://mlflow:5000" and config.optuna_storage.endswith("/optuna")
+
+
+def _trainer_env(password: str) -> subprocess.CompletedProcess:
+    """infra/trainer-env.sh, the trainers' entrypoint, run natively with `env` as its command."""
+    env = {"PATH": os.environ["PATH"], "POSTGRES_USER": "dlrm user", "POSTGRES_PASSWORD": password,
+           "POSTGRES_HOST": "postgres:5432"}  # fmt: skip
+    return subprocess.run([str(ROOT / "infra" / "trainer-env.sh"), "env"], env=env, capture_output=True,
+                          text=True, timeout=30, check=False)  # fmt: skip
+
+
+def test_credentials_are_url_encoded_into_every_database_url() -> None:
+    from sqlalchemy.engine import make_url
+
+    password = "p@ss/w:rd%"
+    done = _trainer_env(password)
+    assert done.returncode == 0, done.stderr
+    exported = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    url = make_url(exported["OPTUNA_STORAGE"])
+    assert (url.username, url.password, url.host, url.port, url.database) == ("dlrm user", password, "postgres",
+                                                                               5432, "optuna")  # fmt: skip
+    assert exported["DLRM_LOCK_URL"] == exported["OPTUNA_STORAGE"]
+    trainer = SERVICES["trainer"]
+    assert trainer["entrypoint"] == ["/opt/dlrm/infra/trainer-env.sh"]
+    assert not {"OPTUNA_STORAGE", "DLRM_LOCK_URL"} & set(trainer["environment"]), "built, encoded, in the container"
+
+
+@pytest.mark.parametrize("password", ["change-me", ""])
+def test_the_example_password_and_no_password_are_refused_in_one_line(password: str) -> None:
+    done = _trainer_env(password)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "POSTGRES_PASSWORD" in done.stderr
+
+
+def test_the_image_runs_as_a_user_and_carries_no_local_state() -> None:
+    dockerfile = (ROOT / "infra" / "Dockerfile").read_text()
+    users = re.findall(r"^USER (\S+)", dockerfile, re.MULTILINE)
+    assert users and users[-1] not in ("root", "0"), "the last USER is not root"
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", "runs", ".env", ".git", ".prefect"} <= set(ignored)
+
+
+def test_each_trainer_has_its_own_data_and_a_health_check() -> None:
+    volumes = {name: SERVICES[name]["volumes"] for name in ("trainer", "trainer-gpu")}
+    assert volumes["trainer"] != volumes["trainer-gpu"]
+    assert {v.split(":")[0] for v in volumes["trainer-gpu"]} <= set(COMPOSE["volumes"])
+    for name in ("trainer", "trainer-gpu"):
+        assert "8080/health" in " ".join(SERVICES[name]["healthcheck"]["test"])
+        assert SERVICES[name]["environment"]["PREFECT_RUNNER_SERVER_ENABLE"] == "true"
