@@ -5,7 +5,7 @@
     dlrm serve --config FILE [--limit N] [--with-server [--port 4200]]
     dlrm server [--port 4200]
     dlrm generate --config FILE [--days 0 1 2]
-    dlrm ingest SOURCE... --warehouse DIR [--day N] [--multi-hot C3,C12] [--json]
+    dlrm ingest SOURCE... --warehouse DIR [--day N] [--multi-hot C3,C12] [--allow-empty] [--json]
     dlrm preprocess --config FILE [--days 0 1 2] [--json]
     dlrm plan --config FILE [--cluster CLUSTER.toml] [--json]
     dlrm evaluate --predictions FILE.parquet [--json]
@@ -99,7 +99,7 @@ def _is_user_facing(error: Exception) -> bool:
     """Errors the user can act on; matched by class name so no heavy module loads to check."""
     names = {cls.__name__ for cls in type(error).__mro__}
     return bool(names & {"ConfigError", "PreprocessError", "ShardingError", "MetricError", "FileNotFoundError",
-                         "ServerStartError"})  # fmt: skip
+                         "ServerStartError", "EmptyDayError"})  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -143,6 +143,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="the warehouse folder (created if missing); each day lands in FOLDER/day=N/")
     ingest.add_argument("--day", type=int, help="the day of every SOURCE (default: day_N in the name)")
     ingest.add_argument("--force", action="store_true", help="re-ingest even if the manifest matches")
+    ingest.add_argument("--allow-empty", action="store_true",
+                        help="publish a day whose sources hold no lines (default: refuse it, exit 2)")
     ingest.add_argument("--multi-hot", default="", metavar="C3,C12",
                         help="features whose field holds comma-separated ids (stored as lists)")
     ingest.add_argument("--json", action="store_true", help="print the day totals as one JSON object")
@@ -379,7 +381,8 @@ def _ingest(args: argparse.Namespace) -> int:
         by_day.setdefault(args.day if args.day is not None else day_of(source, index), []).append(source)
     totals = {"rows_read": 0, "rows_written": 0, "rows_quarantined": 0, "files_failed": []}
     for day, sources in sorted(by_day.items()):
-        report = ingest_day(sources, day, Path(args.warehouse), force=args.force, multi_hot=multi_hot)
+        report = ingest_day(sources, day, Path(args.warehouse), force=args.force, multi_hot=multi_hot,
+                            allow_empty=args.allow_empty)  # fmt: skip
         totals["rows_read"] += report.rows_read
         totals["rows_written"] += report.rows_written
         totals["rows_quarantined"] += report.rows_quarantined

@@ -102,12 +102,19 @@ def read_manifest(warehouse: Path, day: int) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+class EmptyDayError(ValueError):
+    """A day whose sources hold no lines at all, refused (shown as one line)."""
+
+
 def ingest_day(
-    sources: Sequence[str], day: int, warehouse: Path, force: bool = False, multi_hot: Sequence[str] = ()
+    sources: Sequence[str], day: int, warehouse: Path, force: bool = False, multi_hot: Sequence[str] = (),
+    allow_empty: bool = True,
 ) -> DayReport:
     """Ingest the raw files of one day; publish the partition if at least one file was read.
 
     `multi_hot`: the features whose raw field is a comma-separated list of ids.
+    `allow_empty`: sources with no lines at all publish an empty partition, with a warning;
+    False: they raise `EmptyDayError` and nothing is published.
     """
     multi_hot = check_multi_hot(multi_hot)
     warehouse.mkdir(parents=True, exist_ok=True)
@@ -122,6 +129,9 @@ def ingest_day(
             report.files.append(_ingest_file(source, day, staging, index, multi_hot))
         if len(report.files_failed) == len(report.files):
             return report  # nothing readable: keep whatever partition was there
+        if not allow_empty and not report.files_failed and report.rows_read == 0:
+            raise EmptyDayError(f"day {day}: no lines in {', '.join(sources)}; nothing was published. Check the "
+                                "source files, or pass --allow-empty to publish an empty day")  # fmt: skip
         _write_manifest(staging / "data", report)
         _publish(staging / "data", partition_dir(warehouse, day), staging)
         _publish(staging / "quarantine", warehouse / "_quarantine" / f"day={day}", staging)

@@ -177,3 +177,17 @@ def test_stage_commands_chain_generate_ingest_preprocess(tmp_path: Path) -> None
 def test_preprocess_before_ingest_is_a_one_line_error(tmp_path: Path) -> None:
     line = _one_line_error(dlrm("preprocess", "--config", "configs/tiny.toml", "--set", f'run_dir="{tmp_path}"'))
     assert "no Parquet" in line and "ingest that day first" in line
+
+
+def test_an_empty_day_is_refused_in_one_line_unless_allowed(tmp_path: Path) -> None:
+    empty = tmp_path / "day_0.gz"
+    empty.write_bytes(gzip.compress(b""))
+    warehouse = tmp_path / "wh"
+    refused = dlrm("ingest", str(empty), "--warehouse", str(warehouse))
+    assert refused.returncode == 2
+    assert "day 0: no lines in" in _one_line_error(refused) and "--allow-empty" in refused.stderr
+    assert not (warehouse / "day=0").exists() and not (warehouse / "_tmp").exists(), "nothing published or left"
+    allowed = dlrm("ingest", str(empty), "--warehouse", str(warehouse), "--allow-empty", "--json")
+    assert allowed.returncode == 0, allowed.stderr
+    assert json.loads(allowed.stdout.splitlines()[-1])["rows_written"] == 0
+    assert (warehouse / "day=0").is_dir() and "empty partition" in allowed.stderr
