@@ -107,14 +107,18 @@ def _start(server: LocalServer, timeout_s: float) -> subprocess.Popen:
                  "then export PREFECT_API_URL=http://127.0.0.1:%d/api)", server.address, DASHBOARD_PORT)  # fmt: skip
     else:
         log.info("starting the Prefect server with its UI on %s (state in %s)", server.address, home)
-    process = start_group(server.command, end_on_stop=False, env=env, stdout=subprocess.DEVNULL)
+    # its output goes to a log beside its database: a failed start is one line here, naming it
+    server_log = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser() / f"{server.kind}-server.log"
+    server_log.parent.mkdir(parents=True, exist_ok=True)
+    with server_log.open("ab") as output:
+        process = start_group(server.command, end_on_stop=False, env=env, stdout=output, stderr=output)
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise ServerStartError(
-                    f"the {server.kind} Prefect server exited with code {process.returncode} before answering; "
-                    f"check PREFECT_HOME ({home}) or set PREFECT_API_URL to a running server"
+                    f"the {server.kind} Prefect server exited with code {process.returncode} before answering "
+                    f"(its log: {server_log}); check PREFECT_HOME ({home}) or set PREFECT_API_URL to a running server"
                 )
             with contextlib.suppress(httpx.HTTPError):
                 if client.get(f"{server.address}/api/health").status_code == 200:
@@ -122,8 +126,8 @@ def _start(server: LocalServer, timeout_s: float) -> subprocess.Popen:
             time.sleep(0.2)
     stop_group(process, grace_s=5.0)
     raise ServerStartError(
-        f"the {server.kind} Prefect server did not answer within {timeout_s:.0f} s; on a busy machine raise "
-        f"{STARTUP_TIMEOUT_VARIABLE}, or set PREFECT_API_URL to a running server"
+        f"the {server.kind} Prefect server did not answer within {timeout_s:.0f} s (its log: {server_log}); on a "
+        f"busy machine raise {STARTUP_TIMEOUT_VARIABLE}, or set PREFECT_API_URL to a running server"
     )
 
 

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -191,3 +192,18 @@ def test_an_empty_day_is_refused_in_one_line_unless_allowed(tmp_path: Path) -> N
     assert allowed.returncode == 0, allowed.stderr
     assert json.loads(allowed.stdout.splitlines()[-1])["rows_written"] == 0
     assert (warehouse / "day=0").is_dir() and "empty partition" in allowed.stderr
+
+
+def test_a_prefect_server_that_cannot_start_is_one_line(tmp_path: Path) -> None:
+    # a database the server cannot open: it exits before answering
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path}/missing/folder/prefect.db"}  # fmt: skip
+    env.pop("PREFECT_API_URL", None)
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--config", str(ROOT / "configs" / "tiny.toml"),
+                           "--set", f'run_dir="{tmp_path / "run"}"'], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=180, check=False)  # fmt: skip
+    errors = [x for x in done.stderr.splitlines() if x.startswith("dlrm: error:")]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, "the server's own traceback goes to its log"
+    assert "Prefect server exited with code" in errors[0] and "PREFECT_API_URL" in errors[0]
+    assert "Traceback" in (tmp_path / "prefect" / "temporary-server.log").read_text(), "named in the line"
