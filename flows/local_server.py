@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import prefect
@@ -41,7 +42,7 @@ class ServerStartError(RuntimeError):
 class LocalServer:
     """How to start one kind of local Prefect server."""
 
-    kind: str  # "temporary" | "persistent": for messages
+    kind: Literal["temporary", "persistent"]
     command: list[str]
     env: dict[str, str]
     port: int
