@@ -188,3 +188,34 @@ def _free_port() -> int:
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+
+
+def test_ctrl_c_stops_a_retune_and_marks_its_mlflow_runs_killed(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from flows.config import load_config
+
+    run_dir, home, log = tmp_path / "run", tmp_path / "prefect", tmp_path / "stderr.log"
+    overrides = ["--set", f'run_dir="{run_dir}"', "--set", "training.epochs=30"]
+    command = [sys.executable, "-m", "flows.cli", "retune", "--config", str(ROOT / "configs" / "tiny.toml"),
+               *overrides, "--trials", "5"]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, env=_environment(home), stdout=subprocess.DEVNULL,
+                               stderr=log.open("w"), start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not list(run_dir.glob("tuning/*/trial-*/metrics.jsonl")):
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    time.sleep(1.0)  # the trial is training
+
+    code, seconds, started = _stop(process, signal.SIGINT)
+    assert code == 130 and seconds < 30, (code, seconds, log.read_text()[-3000:])
+    time.sleep(1.0)
+    assert not [pid for pid in started if _alive(pid)], "no trial process or server outlives the retune"
+    assert _flow_run_states(home)["retune"] == "CANCELLED"
+    config = load_config(ROOT / "configs" / "tiny.toml", [f'run_dir="{run_dir}"'])
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    experiment = client.get_experiment_by_name(config.tracking.experiment)
+    runs = client.search_runs([experiment.experiment_id])
+    assert runs and not [r for r in runs if r.info.status == "RUNNING"], [(r.info.run_name, r.info.status) for r in runs]
+    stopped = [r for r in runs if r.data.tags.get("tuning.state") == "stopped"]
+    assert len(stopped) == 1 and stopped[0].info.status == "KILLED", "the trial in flight is marked stopped"
