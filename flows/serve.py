@@ -12,6 +12,8 @@ environment; `prefect.yaml` offers the same deployments for work pools.
 
 from __future__ import annotations
 
+import logging
+
 from prefect import serve
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
@@ -29,6 +31,8 @@ from prefect.states import Cancelled
 from flows.config import load_config
 from flows.pipeline import pipeline, retrain
 from flows.retune import retune
+
+log = logging.getLogger("flows.serve")
 
 
 def build_deployments(config_path: str, overrides: list[str] | None = None) -> list[RunnerDeployment]:
@@ -57,7 +61,10 @@ def serve_deployments(config_path: str, overrides: list[str] | None = None, limi
     try:
         serve(*deployments, limit=limit)
     finally:
-        cancel_runs_left_running(deployments)
+        try:
+            cancel_runs_left_running(deployments)
+        except Exception as error:  # noqa: BLE001 - never hide why serving ended behind a clean-up error
+            log.warning("could not mark the runs left running as cancelled: %s", error)
 
 
 def cancel_runs_left_running(deployments: list[RunnerDeployment]) -> int:

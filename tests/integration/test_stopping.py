@@ -219,3 +219,24 @@ def test_ctrl_c_stops_a_retune_and_marks_its_mlflow_runs_killed(tmp_path: Path) 
     assert runs and not [r for r in runs if r.info.status == "RUNNING"], [(r.info.run_name, r.info.status) for r in runs]
     stopped = [r for r in runs if r.data.tags.get("tuning.state") == "stopped"]
     assert len(stopped) == 1 and stopped[0].info.status == "KILLED", "the trial in flight is marked stopped"
+
+
+def test_dlrm_server_serves_the_ui_until_ctrl_c(tmp_path: Path) -> None:
+    import httpx
+
+    port, log = _free_port(), tmp_path / "server.log"
+    process = subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--port", str(port)], cwd=ROOT,
+                               env=_environment(tmp_path / "prefect"), stdout=log.open("w"),
+                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 180
+    while "Prefect UI:" not in log.read_text():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+    assert f"export PREFECT_API_URL=http://127.0.0.1:{port}/api" in log.read_text()
+    assert httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=10).status_code == 200
+    assert "<html" in httpx.get(f"http://127.0.0.1:{port}/", timeout=10).text.lower(), "the UI is served"
+
+    code, seconds, started = _stop(process, signal.SIGINT)
+    assert code == 130 and seconds < 30, (code, seconds, log.read_text()[-3000:])
+    time.sleep(1.0)
+    assert not [pid for pid in started if _alive(pid)], "the server ends with the command"
