@@ -41,6 +41,9 @@ class TrackingConfig:
     # A finished run waits this long for an unreachable tracking server, then is saved
     # locally for the next run to upload.
     outage_wait_s: float = 300.0
+    # The device the registered model is served on: its fbgemm requirement is the CPU
+    # build (cpu) or the CUDA build (cuda), and it scores there by default.
+    serving_device: Literal["cpu", "cuda"] = "cpu"
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 import requests
-import torch
 from mlflow.exceptions import MlflowException
 
 from flows.tracking import RunRecord, TrackedRun, log_pipeline_run
+from training.export import ServingModel
 
 PENDING = "mlflow-pending"
 OUTAGE_ERRORS = (MlflowException, requests.RequestException, httpx.HTTPError, OSError)
@@ -52,7 +52,7 @@ def wait_for_tracking(tracking_uri: str, wait_s: float, log: Any) -> bool:
     return False
 
 
-def defer_run(run_dir: Path, record: RunRecord, model: Any | None) -> Path:
+def defer_run(run_dir: Path, record: RunRecord, model: ServingModel | None) -> Path:
     """Write the record, copies of its artifact files and the model where the next run finds them."""
     folder = run_dir / PENDING / f"{time.strftime('%Y%m%d-%H%M%S')}-{record.run_name}"
     files = folder / "artifacts"
@@ -64,7 +64,7 @@ def defer_run(run_dir: Path, record: RunRecord, model: Any | None) -> Path:
     record = replace(record, artifacts=copied, tags={**record.tags, "tracking.deferred": "true"})
     (folder / "record.pkl").write_bytes(pickle.dumps(record))
     if model is not None:
-        torch.save(model, folder / "model.pt")
+        shutil.copytree(model.folder, folder / "model")
     (folder / "COMPLETE").touch()  # written last: a half-written folder is never uploaded
     return folder
 
@@ -76,8 +76,7 @@ def upload_pending(run_dir: Path, tracking_uri: str, artifact_location: str | No
     for folder in sorted((run_dir / PENDING).glob("*/COMPLETE")):
         folder = folder.parent
         record: RunRecord = pickle.loads((folder / "record.pkl").read_bytes())
-        model_file = folder / "model.pt"
-        model = torch.load(model_file, weights_only=False) if model_file.exists() else None
+        model = ServingModel.load(folder / "model") if (folder / "model").is_dir() else None
         tracked = log_pipeline_run(tracking_uri, artifact_location, experiment, record, model, registered_model)
         shutil.rmtree(folder)
         log.info("uploaded the deferred run %s as MLflow run %s", record.run_name, tracked.run_id)
@@ -86,7 +85,7 @@ def upload_pending(run_dir: Path, tracking_uri: str, artifact_location: str | No
 
 
 def track_or_defer(run_dir: Path, tracking_uri: str, artifact_location: str | None, experiment: str,
-                   registered_model: str | None, wait_s: float, record: RunRecord, model: Any | None,
+                   registered_model: str | None, wait_s: float, record: RunRecord, model: ServingModel | None,
                    log: Any | None = None) -> TrackedRun:  # fmt: skip
     """Log the run (after any deferred ones); on an outage, defer it. A deferred run has no
     model version, so it is not promoted; it is logged, and registered, when uploaded."""

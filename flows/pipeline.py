@@ -109,7 +109,7 @@ def run_stages(config: PipelineConfig, config_path: str, overrides: list[str]) -
     config = with_params(config, tuning.params)
     training = train_model(config, state, feature_files)
     report, scores = evaluate_model(config, state, feature_files, str(training.out_dir))
-    model = export_task(config, state, feature_files, training.summary.checkpoint)
+    model = export_task(config, state, feature_files, training.summary.checkpoint, str(training.out_dir))
     tracked = _track(config, state, ingest, report, scores, training, model, tuning.as_tags(), started_at_ms)
     decision = None
     if tracked.model_version is not None:

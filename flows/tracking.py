@@ -12,13 +12,25 @@ import matplotlib.pyplot as plt
 import mlflow
 import numpy as np
 from mlflow.entities import Metric
+from mlflow.models import ModelSignature
+from mlflow.models.model import ModelInfo
 from mlflow.tracking import MlflowClient
+from mlflow.types import ColSpec, Schema
+from mlflow.types.schema import AnyType
 
 from evaluation.plots import ne_curve, relative_ne_curve, reliability_curve
+from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS
+from training.export import CHAMPION_BUNDLED, CHAMPION_CODE, ServingModel
 from training.progress import metric_values, read_records
 
 log = logging.getLogger(__name__)
-MODEL_REQUIREMENTS = ["torch==2.13.0", "torchrec==1.8.0", "fbgemm-gpu-cpu==1.8.0"]
+# Either raw lines or the 39 named features, every column optional. The named ones take
+# numbers or hex text with missing cells (None/NaN), so their type is checked by the model.
+SERVING_SIGNATURE = ModelSignature(
+    inputs=Schema([ColSpec("string", "line", required=False)]
+                  + [ColSpec(AnyType(), name, required=False) for name in (*DENSE_COLUMNS, *SPARSE_COLUMNS)]),
+    outputs=Schema([ColSpec("double")]),
+)  # fmt: skip
 LOCAL_UI = "http://127.0.0.1:5000"  # `mlflow ui --port 5000` on a local store
 
 
@@ -79,7 +91,7 @@ def log_pipeline_run(
     artifact_location: str | None,
     experiment: str,
     record: RunRecord,
-    model: Any | None,
+    model: ServingModel | None,
     registered_model: str | None,
 ) -> TrackedRun:
     """Log everything of one pipeline run; register the model if one is given."""
@@ -102,17 +114,25 @@ def log_pipeline_run(
         _log_figures(record)
         version = None
         if model is not None:
-            info = mlflow.pytorch.log_model(
-                model,
-                name="model",
-                registered_model_name=registered_model,
-                pip_requirements=MODEL_REQUIREMENTS,
-                # TorchRec's KeyedJaggedTensor input cannot be traced into the pt2 format.
-                serialization_format="pickle",
-                metadata={"output": "logit; click probability = sigmoid(output)"},
-            )
+            info = log_serving_model(model, registered_model)
             version = str(info.registered_model_version) if info.registered_model_version else None
     return TrackedRun(run.info.run_id, experiment_id, version)
+
+
+def log_serving_model(model: ServingModel, registered_model: str | None) -> ModelInfo:
+    """The pyfunc of training/champion_pyfunc.py, from its code: raw Criteo rows → click
+    probabilities, loadable where only its requirements are installed."""
+    return mlflow.pyfunc.log_model(
+        name="model",
+        python_model=str(CHAMPION_CODE),
+        code_paths=[str(path) for path in CHAMPION_BUNDLED],
+        artifacts={"model": str(model.folder)},
+        pip_requirements=model.requirements,
+        signature=SERVING_SIGNATURE,
+        registered_model_name=registered_model,
+        metadata={"input": "column `line` (raw Criteo TSV) or I1..I13, C1..C26", "output": "click probability",
+                  "serving_device": model.device},
+    )
 
 
 def run_history(tracking_uri: str, run_id: str) -> list[dict[str, float]]:

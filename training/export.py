@@ -1,22 +1,88 @@
-"""Turn a sharded training checkpoint into a plain model for serving and the registry."""
+"""Turn a sharded training checkpoint into a plain model, and into the files the registered
+model serves from (training/champion_pyfunc.py)."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import torch
 from torchrec.models.dlrm import DLRM
 
+from ingestion.preprocess import PreprocessState, vocabulary_path
 from training.checkpoint import load_unsharded
 from training.job import TrainJob
-from training.model import build_train_model
+from training.model import build_train_model, dlrm_spec
+from training.stock_dlrm import SERVING_FORMAT
+
+# The pyfunc's code, and the file it imports (MLflow code_paths): loaded by MLflow, not here.
+CHAMPION_CODE = Path(__file__).with_name("champion_pyfunc.py")
+CHAMPION_BUNDLED = (Path(__file__).with_name("stock_dlrm.py"),)
+SERVING_DEVICES = ("cpu", "cuda")
+# fbgemm's CPU build serves on CPU hosts, its CUDA build on GPU hosts: one or the other.
+_FBGEMM = {"cpu": "fbgemm-gpu-cpu==1.8.0", "cuda": "fbgemm-gpu==1.8.0"}
+# torchrec's metadata asks for the CUDA fbgemm and an old torchmetrics: install it with
+# --no-deps beside these, its real needs (the README's "serving the champion").
+_TORCH_STACK = ["torch==2.13.0", "torchrec==1.8.0", "tensordict==0.15.3", "torchmetrics==1.9.0",
+                "pyre-extensions==0.0.32", "tqdm==4.70.1"]  # fmt: skip
 
 
 def export_model(job: TrainJob, checkpoint: Path) -> DLRM:
     """The trained DLRM, unsharded on CPU: forward(dense [B, 13], KJT) → logits [B, 1].
 
-    It is TorchRec's own module, so loading it needs torchrec and nothing of this project.
+    It is TorchRec's own module (training/stock_dlrm.py builds it), nothing of this project.
     """
     model = build_train_model(job.model, job.table_sizes, torch.device("cpu"))
     load_unsharded(model, checkpoint)
     return model.model.eval()
+
+
+@dataclass(frozen=True)
+class ServingModel:
+    """The registered model's artifact folder (its code: CHAMPION_CODE, CHAMPION_BUNDLED)."""
+
+    folder: Path
+    device: str  # the serving device its requirements are for: cpu | cuda
+
+    @property
+    def requirements(self) -> list[str]:
+        return [*_TORCH_STACK, _FBGEMM[self.device]]
+
+    @classmethod
+    def load(cls, folder: Path) -> ServingModel:
+        return cls(folder, json.loads((folder / "model.json").read_text())["device"])
+
+
+def write_serving_model(job: TrainJob, checkpoint: Path, state: PreprocessState, features_root: Path,
+                        folder: Path, device: str = "cpu") -> ServingModel:  # fmt: skip
+    """The weights, shape and preprocessing state the pyfunc scores raw rows with."""
+    if device not in SERVING_DEVICES:
+        raise ValueError(f"tracking.serving_device: {device!r} is not one of {list(SERVING_DEVICES)}")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    torch.save(export_model(job, checkpoint).state_dict(), folder / "dlrm.pt")
+    if state.mode == "vocab":
+        np.savez(folder / "vocabularies.npz", **vocabulary_arrays(state, features_root))
+    description = {
+        "format": SERVING_FORMAT,
+        "device": device,
+        "dlrm": dlrm_spec(job.model, job.table_sizes),
+        "preprocessing": {"state_id": state.state_id, "mode": state.mode, "buckets": state.buckets,
+                          "multi_hot": sorted(state.multi_hot)},
+    }
+    (folder / "model.json").write_text(json.dumps(description, indent=2))
+    return ServingModel(folder, device)
+
+
+def vocabulary_arrays(state: PreprocessState, features_root: Path) -> dict[str, np.ndarray]:
+    """Per feature, its vocabulary's values (sorted, for a binary search) and their rows."""
+    arrays = {}
+    for feature in state.buckets:
+        table = pq.read_table(vocabulary_path(features_root, state, feature)).sort_by("value")
+        arrays[f"{feature}.values"] = table["value"].to_numpy().astype(np.int64)
+        arrays[f"{feature}.rows"] = table["index"].to_numpy().astype(np.int64)
+    return arrays

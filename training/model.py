@@ -16,44 +16,32 @@ import shutil
 from collections.abc import Mapping
 
 import torch
-from torchrec.models.dlrm import DLRM, DLRM_DCN
+from torchrec.models.dlrm import DLRM
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from ingestion.schema import NUM_DENSE
 from training.config import ModelConfig
 from training.objective import RealRowsDLRMTrain
+from training.stock_dlrm import DLRMSpec, build_stock_dlrm, table_name
+from training.stock_dlrm import embedding_tables as stock_embedding_tables
 
-
-def table_name(feature: str) -> str:
-    return f"t_{feature}"
+__all__ = ["build_dlrm", "build_train_model", "dlrm_spec", "embedding_tables", "table_name"]
 
 
 def embedding_tables(config: ModelConfig, table_sizes: Mapping[str, int]) -> list[EmbeddingBagConfig]:
     """One table per categorical feature; rows from the preprocessing state."""
-    return [
-        EmbeddingBagConfig(
-            name=table_name(feature),
-            embedding_dim=config.embedding_dim,
-            num_embeddings=rows,
-            feature_names=[feature],
-        )
-        for feature, rows in table_sizes.items()
-    ]
+    return stock_embedding_tables(config.embedding_dim, table_sizes)
+
+
+def dlrm_spec(config: ModelConfig, table_sizes: Mapping[str, int]) -> DLRMSpec:
+    """The plain description of `config`'s DLRM over tables of `table_sizes` rows."""
+    return DLRMSpec(arch=config.arch, embedding_dim=config.embedding_dim, bottom_mlp=list(config.bottom_mlp),
+                    top_mlp=list(config.top_mlp), dcn_num_layers=config.dcn_num_layers,
+                    dcn_low_rank_dim=config.dcn_low_rank_dim, table_sizes=dict(table_sizes))  # fmt: skip
 
 
 def build_dlrm(config: ModelConfig, table_sizes: Mapping[str, int], device: torch.device) -> DLRM:
     """The DLRM (or DLRM-DCN) of `config`; its forward takes (dense [B, 13], KJT) → logits [B, 1]."""
-    parts = {
-        "embedding_bag_collection": EmbeddingBagCollection(tables=embedding_tables(config, table_sizes), device=device),
-        "dense_in_features": NUM_DENSE,
-        "dense_arch_layer_sizes": list(config.bottom_mlp),
-        "over_arch_layer_sizes": list(config.top_mlp),
-        "dense_device": device,
-    }
-    if config.arch == "dlrm_dcn":
-        return DLRM_DCN(dcn_num_layers=config.dcn_num_layers, dcn_low_rank_dim=config.dcn_low_rank_dim, **parts)
-    return DLRM(**parts)
+    return build_stock_dlrm(dlrm_spec(config, table_sizes), device)
 
 
 def build_train_model(config: ModelConfig, table_sizes: Mapping[str, int], device: torch.device) -> RealRowsDLRMTrain:

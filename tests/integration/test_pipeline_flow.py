@@ -1,11 +1,20 @@
 """The `pipeline` flow end to end on the tiny config, under a real (temporary) Prefect server."""
 
+import gzip
+import json
+import os
+import signal
+import socket
+import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import mlflow
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from foreign_python import make_foreign_python
 from mlflow.tracking import MlflowClient
 
 from flows.config import load_config
@@ -93,8 +102,92 @@ def test_model_is_registered_loads_and_becomes_champion(pipeline_run) -> None:
     champion = client.get_model_version_by_alias(config.tracking.registered_model, "champion")
     assert str(champion.version) == summary["model_version"]
     mlflow.set_tracking_uri(config.tracking_uri)
-    model = mlflow.pytorch.load_model(f"models:/{config.tracking.registered_model}/{summary['model_version']}")
-    assert sum(p.numel() for p in model.parameters()) > 0
+    uri = f"models:/{config.tracking.registered_model}@champion"
+    info = mlflow.models.get_model_info(uri)
+    assert set(info.flavors) == {"python_function"} and info.signature is not None
+    requirements = Path(mlflow.pyfunc.get_model_dependencies(uri)).read_text()
+    assert "fbgemm-gpu-cpu==1.8.0" in requirements.split() and "torchrec==1.8.0" in requirements.split()
+
+
+def _run_predictions(config, day: int) -> np.ndarray:
+    """The run's own predictions of the day, in row order (rank r scored the r-th share)."""
+    folder = next(config.path("train").glob(f"**/predictions/day={day}"))
+    return pq.read_table(sorted(folder.glob("*.parquet")), partitioning=None)["prediction"].to_numpy()
+
+
+def _raw_lines(config, day: int) -> list[str]:
+    with gzip.open(config.path(config.data.raw_dir) / f"day_{day}.tsv.gz", "rt") as lines:
+        return lines.read().splitlines()
+
+
+SCORE_LINES = """
+import json, sys
+import mlflow, numpy as np, pandas as pd
+model = mlflow.pyfunc.load_model(sys.argv[1])
+lines = json.load(open(sys.argv[2]))
+np.save(sys.argv[3], model.predict(pd.DataFrame({"line": lines})))
+"""
+
+
+def test_the_champion_loads_without_this_project_and_scores_raw_lines_as_the_run_did(
+    pipeline_run, tmp_path: Path
+) -> None:
+    config, summary = pipeline_run
+    python = make_foreign_python(tmp_path / "venv")
+    cannot = subprocess.run([python, "-c", "import training"], cwd=tmp_path, capture_output=True, text=True,
+                            check=False)  # fmt: skip
+    assert "No module named 'training'" in cannot.stderr, "the project is not importable there"
+    lines, expected = _raw_lines(config, 2), _run_predictions(config, 2)
+    assert summary["rows_quarantined"] == 0 and len(lines) == len(expected) == 6000
+    (tmp_path / "lines.json").write_text(json.dumps(lines))
+    (tmp_path / "score.py").write_text(SCORE_LINES)
+    environment = {**os.environ, "MLFLOW_TRACKING_URI": config.tracking_uri, "PYTHONPATH": ""}
+    subprocess.run([python, "score.py", f"models:/{config.tracking.registered_model}@champion", "lines.json",
+                    "scores.npy"], cwd=tmp_path, env=environment, check=True, timeout=300)  # fmt: skip
+    scores = np.load(tmp_path / "scores.npy")
+    assert scores.shape == expected.shape
+    assert np.abs(scores - expected).max() <= 1e-6
+    assert 0.05 < scores.std(), "real predictions, not a constant"
+
+
+def test_mlflow_models_serve_scores_the_champion_over_http(pipeline_run, tmp_path: Path) -> None:
+    config, _ = pipeline_run
+    python = make_foreign_python(tmp_path / "venv")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environment = {**os.environ, "MLFLOW_TRACKING_URI": config.tracking_uri, "PYTHONPATH": "",
+                   "PATH": f"{python.parent}:/usr/bin:/bin"}  # fmt: skip
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(
+        [python, "-m", "mlflow", "models", "serve", "-m", f"models:/{config.tracking.registered_model}@champion",
+         "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
+        cwd=tmp_path, env=environment, stdout=subprocess.DEVNULL, stderr=log,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+            try:
+                if httpx.get(f"{url}/ping", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        lines = _raw_lines(config, 2)[:50]
+        answer = httpx.post(f"{url}/invocations", json={"dataframe_split": {"columns": ["line"],
+                            "data": [[line] for line in lines]}}, timeout=60)  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        served = np.array(answer.json()["predictions"])
+        assert np.abs(served - _run_predictions(config, 2)[:50]).max() <= 1e-6
+        refused = httpx.post(f"{url}/invocations", json={"dataframe_split": {"columns": ["line"], "data": [["1\t2"]]}},
+                             timeout=60)  # fmt: skip
+        assert refused.status_code == 400 and "2 tab-separated fields" in refused.text
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+        log.close()
 
 
 def test_rerun_reuses_ingested_days(prefect_server, pipeline_run) -> None:

@@ -1,0 +1,128 @@
+"""The served model's preprocessing (numpy, in training/champion_pyfunc.py) against the
+run's own (DuckDB SQL, ingestion/preprocess.py): the same features from the same rows."""
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from ingestion.config import PreprocessConfig
+from ingestion.preprocess import PreprocessState, apply_state, fit_state
+from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS
+from training.champion_pyfunc import (
+    BadInput,
+    FeatureMap,
+    dense_features,
+    lines_to_columns,
+    serving_device,
+)
+from training.export import ServingModel, vocabulary_arrays
+
+
+def _feature_map(state: PreprocessState, features_root: Path | None = None) -> FeatureMap:
+    vocabularies = vocabulary_arrays(state, features_root) if state.mode == "vocab" else {}
+    preprocessing = {"mode": state.mode, "buckets": state.buckets, "multi_hot": sorted(state.multi_hot)}
+    return FeatureMap(preprocessing, vocabularies)
+
+
+def _raw_lines(tiny_raw: Path, day: int) -> list[str]:
+    with gzip.open(tiny_raw / f"day_{day}.tsv.gz", "rt") as lines:
+        return lines.read().splitlines()
+
+
+def _features_of(files: list[str]) -> pd.DataFrame:
+    return pq.read_table(files, partitioning=None).to_pandas()
+
+
+def _kjt_columns(kjt, stride: int) -> dict[str, np.ndarray]:
+    """One id per example and feature (one-hot features only)."""
+    return {name: kjt[name].values().numpy() for name in SPARSE_COLUMNS if len(kjt[name].values()) == stride}
+
+
+def test_raw_lines_give_the_runs_hashed_features(tiny_raw: Path, tiny_features) -> None:
+    state, files = tiny_features
+    expected = _features_of(files[2])
+    columns = lines_to_columns(pd.Series(_raw_lines(tiny_raw, 2)))
+    assert len(columns) == len(expected) == 6000
+    dense = dense_features(columns)
+    np.testing.assert_allclose(dense, expected[list(DENSE_COLUMNS)].to_numpy(), rtol=1e-7, atol=0)
+    kjt = _feature_map(state).kjt(columns)
+    assert kjt.keys() == list(SPARSE_COLUMNS) and kjt.stride() == 6000
+    ids = _kjt_columns(kjt, 6000)
+    assert len(ids) == 26
+    for name in SPARSE_COLUMNS:
+        np.testing.assert_array_equal(ids[name], expected[name].to_numpy(), err_msg=name)
+
+
+def test_vocabulary_state_maps_ids_as_the_run_did(tiny_raw: Path, tiny_warehouse: Path, tmp_path: Path) -> None:
+    config = PreprocessConfig(hash_size=300, categorical_mode="vocab", min_count=2, duckdb_threads=1,
+                              row_group_size=2048)  # fmt: skip
+    state = fit_state(config, tiny_warehouse, tmp_path, (0, 1))
+    expected = _features_of(sorted(str(p) for p in apply_state(config, state, tiny_warehouse, tmp_path, 2).glob("*.parquet")))
+    ids = _kjt_columns(_feature_map(state, tmp_path).kjt(lines_to_columns(pd.Series(_raw_lines(tiny_raw, 2)))), 6000)
+    out_of_vocabulary = 0
+    for name in SPARSE_COLUMNS:
+        np.testing.assert_array_equal(ids[name], expected[name].to_numpy(), err_msg=name)
+        out_of_vocabulary += int((ids[name] == 1).sum())
+    assert out_of_vocabulary > 0, "the day has values the training days did not (row 1)"
+
+
+def test_named_columns_with_bags_give_the_runs_multi_hot_features(multi_hot_warehouse: Path, multi_hot_features) -> None:
+    state, files = multi_hot_features
+    rows = pq.read_table(multi_hot_warehouse / "day=2", partitioning=None).to_pandas().drop(columns=["label"])
+    expected = _features_of(files[2])
+    kjt = _feature_map(state).kjt(rows)
+    for name in ("C3", "C12"):  # bags: every id mapped, an empty bag as [0]
+        lengths = kjt[name].lengths().numpy()
+        values = np.split(kjt[name].values().numpy(), np.cumsum(lengths)[:-1])
+        assert [list(v) for v in values] == [list(v) for v in expected[name]], name
+    np.testing.assert_array_equal(kjt["C1"].values().numpy(), expected["C1"].to_numpy())
+
+
+def test_lines_with_or_without_label_bom_and_crlf_split_alike() -> None:
+    fields = ["7", "-3", "", *[str(i) for i in range(10)], "0a1b2c3d", "", *["ffffffff"] * 24]
+    line = "\t".join(fields)
+    columns = lines_to_columns(pd.Series(["\ufeff1\t" + line, line + "\r\n", "0\t" + line + "\n"]))
+    assert list(columns.columns) == [*DENSE_COLUMNS, *SPARSE_COLUMNS]
+    assert (columns.iloc[0] == columns.iloc[1]).all() and (columns.iloc[1] == columns.iloc[2]).all()
+    dense = dense_features(columns)
+    assert dense[0, 0] == pytest.approx(np.log(8.0)) and dense[0, 1] == 0.0 and dense[0, 2] == 0.0
+    kjt = FeatureMap({"mode": "hash", "buckets": dict.fromkeys(SPARSE_COLUMNS, 10), "multi_hot": []}, {}).kjt(columns)
+    assert kjt["C1"].values().tolist() == [1 + 0x0A1B2C3D % 10] * 3 and kjt["C2"].values().tolist() == [0] * 3
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("1\t2\t3", "row 1: 3 tab-separated fields"),
+        ("\t".join(["x", *["1"] * 12, *["0a1b2c3d"] * 26]), "row 1: I1 = 'x' is not an integer"),
+        ("\t".join([*["1"] * 13, "0a1b2c3", *["0a1b2c3d"] * 25]), "row 1: C1 = '0a1b2c3' is not 8 hex characters"),
+    ],
+)
+def test_a_bad_row_is_named_with_its_reason(line: str, message: str) -> None:
+    good = "\t".join([*["1"] * 13, *["0a1b2c3d"] * 26])
+    feature_map = FeatureMap({"mode": "hash", "buckets": dict.fromkeys(SPARSE_COLUMNS, 10), "multi_hot": []}, {})
+    with pytest.raises(BadInput, match=message):
+        columns = lines_to_columns(pd.Series([good, line]))
+        dense_features(columns)
+        feature_map.kjt(columns)
+
+
+def test_the_fbgemm_requirement_follows_the_serving_device() -> None:
+    cpu, cuda = ServingModel(Path("m"), "cpu").requirements, ServingModel(Path("m"), "cuda").requirements
+    assert "fbgemm-gpu-cpu==1.8.0" in cpu and not any(r.startswith("fbgemm-gpu==") for r in cpu)
+    assert "fbgemm-gpu==1.8.0" in cuda and not any(r.startswith("fbgemm-gpu-cpu") for r in cuda)
+    assert {"torch==2.13.0", "torchrec==1.8.0"} <= set(cpu) & set(cuda)
+
+
+def test_a_cuda_export_serves_on_cpu_where_there_is_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DLRM_SERVING_DEVICE", raising=False)
+    assert serving_device("cpu") == torch.device("cpu")
+    expected = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    assert serving_device("cuda") == expected
+    monkeypatch.setenv("DLRM_SERVING_DEVICE", "cpu")
+    assert serving_device("cuda") == torch.device("cpu"), "the variable overrides the export's choice"

@@ -1,0 +1,197 @@
+"""The registered model as an MLflow pyfunc: raw Criteo rows in, click probabilities out.
+
+MLflow loads this file as the model's code ("models from code"), with `stock_dlrm.py`
+bundled beside it, so it imports nothing else of this project: numpy, pandas, torch,
+torchrec and mlflow only. Its artifact folder holds the DLRM's state dict (`dlrm.pt`), its
+shape and the run's preprocessing state (`model.json`), and in vocab mode the vocabularies
+(`vocabularies.npz`).
+
+Input, a DataFrame with either
+- a column `line`: raw Criteo TSV lines (label, I1..I13, C1..C26; the label may be left out), or
+- the 39 named columns I1..I13 (integers; missing as None/NaN) and C1..C26 (8 hex characters,
+  or the number they spell; missing as ""/None/NaN; a multi-hot feature as comma-separated
+  ids or a list).
+Output: each row's click probability, in input order.
+
+The features are those of the run's preprocessing (ingestion/preprocess.py), here in numpy:
+dense x → ln(1 + max(x, 0)) with missing → 0; a categorical id v → 1 + v mod buckets (hash
+mode) or its vocabulary row, 1 when unseen (vocab mode); missing → 0; each id of a
+multi-hot bag maps alike and an empty bag is [0].
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+import pandas as pd
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+try:  # the copy bundled with the model (MLflow puts code_paths on sys.path)
+    from stock_dlrm import SERVING_FORMAT, build_stock_dlrm
+except ModuleNotFoundError:  # this file imported from within the project
+    from training.stock_dlrm import SERVING_FORMAT, build_stock_dlrm
+
+log = logging.getLogger(__name__)
+DENSE = tuple(f"I{i}" for i in range(1, 14))
+SPARSE = tuple(f"C{i}" for i in range(1, 27))
+MISSING_ROW, OOV_ROW = 0, 1
+DEVICE_VARIABLE = "DLRM_SERVING_DEVICE"  # overrides the device chosen at export: cpu | cuda
+_HEX_ID = re.compile(r"[0-9a-fA-F]{8}")
+_CHUNK = 8192  # rows scored at once
+
+
+class BadInput(ValueError):
+    """A row that cannot be scored; says which and why (MLflow's server answers 400)."""
+
+
+def lines_to_columns(lines: pd.Series) -> pd.DataFrame:
+    """Raw Criteo lines → the 39 named feature columns as strings (a leading label dropped)."""
+    text = lines.astype(str).str.replace(r"^\ufeff|\r?\n?$", "", regex=True)
+    fields = text.str.count("\t") + 1
+    wrong = np.flatnonzero(~fields.isin([39, 40]).to_numpy())
+    if len(wrong):
+        row = int(wrong[0])
+        raise BadInput(f"row {row}: {int(fields.iloc[row])} tab-separated fields; a Criteo line has 40 "
+                       "(label, I1..I13, C1..C26) or 39 (without the label)")  # fmt: skip
+    text = text.where(fields == 39, text.str.split("\t", n=1).str[1])
+    columns = text.str.split("\t", expand=True)
+    columns.columns = [*DENSE, *SPARSE]
+    return columns
+
+
+def dense_features(frame: pd.DataFrame) -> np.ndarray:
+    """[rows, 13] float32: ln(1 + max(x, 0)), missing → 0."""
+    out = np.empty((len(frame), len(DENSE)), dtype=np.float32)
+    for j, name in enumerate(DENSE):
+        raw = frame[name] if pd.api.types.is_numeric_dtype(frame[name]) else frame[name].mask(frame[name] == "")
+        values = pd.to_numeric(raw, errors="coerce")
+        bad = values.isna() & raw.notna()
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise BadInput(f"row {row}: {name} = {raw.iloc[row]!r} is not an integer")
+        counts = values.fillna(0).to_numpy(dtype=np.float64)
+        out[:, j] = np.log(1.0 + np.maximum(counts, 0.0))
+    return out
+
+
+def categorical_ids(values: Sequence[Any], feature: str, multi_hot: bool) -> list[list[int]]:
+    """Each row's ids (hex text or numbers; an empty list when missing)."""
+    rows = []
+    for row, value in enumerate(values):
+        if isinstance(value, str):
+            items: Sequence[Any] = [v for v in value.split(",")] if multi_hot and value else [value] if value else []
+        elif value is None or (isinstance(value, float) and np.isnan(value)):
+            items = []
+        elif multi_hot and isinstance(value, (list, tuple, np.ndarray)):
+            items = list(value)
+        else:
+            items = [value]
+        rows.append([_id_of(item, feature, row) for item in items])
+    if not multi_hot and any(len(ids) > 1 for ids in rows):
+        raise BadInput(f"{feature}: one id a row (it is not a multi-hot feature)")
+    return rows
+
+
+def _id_of(item: Any, feature: str, row: int) -> int:
+    if isinstance(item, str):
+        if not _HEX_ID.fullmatch(item):
+            raise BadInput(f"row {row}: {feature} = {item!r} is not 8 hex characters")
+        return int(item, 16)
+    number = int(item)
+    if number != item or not 0 <= number < 2**32:
+        raise BadInput(f"row {row}: {feature} = {item!r} is not a 32-bit id")
+    return number
+
+
+class FeatureMap:
+    """A categorical id → its embedding row, as the run's preprocessing state maps it."""
+
+    def __init__(self, preprocessing: dict[str, Any], vocabularies: dict[str, np.ndarray]) -> None:
+        self.mode: str = preprocessing["mode"]
+        self.buckets: dict[str, int] = preprocessing["buckets"]
+        self.multi_hot: set[str] = set(preprocessing["multi_hot"])
+        self.vocabularies = vocabularies  # "<feature>.values" (sorted), "<feature>.rows"
+
+    def rows(self, feature: str, ids: np.ndarray) -> np.ndarray:
+        if self.mode == "hash":
+            return 1 + ids % self.buckets[feature]
+        values, rows = self.vocabularies[f"{feature}.values"], self.vocabularies[f"{feature}.rows"]
+        at = np.minimum(np.searchsorted(values, ids), max(len(values) - 1, 0))
+        found = (values[at] == ids) if len(values) else np.zeros(len(ids), dtype=bool)
+        return np.where(found, rows[at] if len(values) else OOV_ROW, OOV_ROW)
+
+    def kjt(self, frame: pd.DataFrame) -> KeyedJaggedTensor:
+        """The rows' KeyedJaggedTensor: keys C1..C26, every example at least one id (0: missing)."""
+        values, lengths = [], []
+        for feature in SPARSE:
+            bags = categorical_ids(frame[feature].tolist(), feature, feature in self.multi_hot)
+            ids = np.fromiter((i for bag in bags for i in bag), dtype=np.int64)
+            mapped = iter(self.rows(feature, ids).tolist())
+            for bag in bags:
+                values.extend([next(mapped) for _ in bag] or [MISSING_ROW])
+                lengths.append(max(len(bag), 1))
+        return KeyedJaggedTensor(keys=list(SPARSE), values=torch.tensor(values, dtype=torch.int64),
+                                 lengths=torch.tensor(lengths, dtype=torch.int32), stride=len(frame))  # fmt: skip
+
+
+def serving_device(chosen_at_export: str) -> torch.device:
+    """`DLRM_SERVING_DEVICE` if set, else the export's choice; CUDA only where there is one."""
+    wanted = os.environ.get(DEVICE_VARIABLE, chosen_at_export)
+    if wanted == "cuda" and not torch.cuda.is_available():
+        log.warning("the model was exported for CUDA but this host has no GPU: serving on the CPU")
+        return torch.device("cpu")
+    return torch.device(wanted)
+
+
+class ChampionModel(mlflow.pyfunc.PythonModel):
+    """Raw Criteo rows → click probabilities, with the run's own preprocessing and weights."""
+
+    def load_context(self, context: Any) -> None:
+        folder = Path(context.artifacts["model"])
+        description = json.loads((folder / "model.json").read_text())
+        if description.get("format") != SERVING_FORMAT:
+            raise ValueError(f"model.json format {description.get('format')} is not {SERVING_FORMAT}: "
+                             "load this model with the release that logged it")  # fmt: skip
+        vocab_file = folder / "vocabularies.npz"
+        vocabularies = dict(np.load(vocab_file)) if vocab_file.exists() else {}
+        self.features = FeatureMap(description["preprocessing"], vocabularies)
+        self.device = serving_device(description["device"])
+        dlrm = build_stock_dlrm(description["dlrm"], torch.device("cpu"))
+        dlrm.load_state_dict(torch.load(folder / "dlrm.pt", map_location="cpu", weights_only=True))
+        self.dlrm = dlrm.to(self.device).eval()
+
+    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> np.ndarray:
+        frame = _as_frame(model_input)
+        if "line" in frame.columns:
+            frame = lines_to_columns(frame["line"])
+        missing = [c for c in (*DENSE, *SPARSE) if c not in frame.columns]
+        if missing:
+            raise BadInput(f"the input needs a column 'line' (raw Criteo lines) or I1..I13 and C1..C26; missing {missing}")
+        chunks = [self._score(frame.iloc[start : start + _CHUNK]) for start in range(0, len(frame), _CHUNK)]
+        return np.concatenate(chunks) if chunks else np.empty(0)
+
+    @torch.inference_mode()
+    def _score(self, frame: pd.DataFrame) -> np.ndarray:
+        dense = torch.from_numpy(dense_features(frame)).to(self.device)
+        logits = self.dlrm(dense, self.features.kjt(frame).to(self.device))  # [B, 1]
+        return torch.sigmoid(logits.float()).reshape(-1).cpu().numpy().astype(np.float64)
+
+
+def _as_frame(model_input: Any) -> pd.DataFrame:
+    if isinstance(model_input, pd.DataFrame):
+        return model_input.reset_index(drop=True)
+    if isinstance(model_input, (list, pd.Series)):  # a list of raw lines
+        return pd.DataFrame({"line": list(model_input)})
+    raise BadInput(f"expected a DataFrame with a column 'line', got {type(model_input).__name__}")
+
+
+mlflow.models.set_model(ChampionModel())
