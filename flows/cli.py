@@ -99,7 +99,7 @@ def _is_user_facing(error: Exception) -> bool:
     """Errors the user can act on; matched by class name so no heavy module loads to check."""
     names = {cls.__name__ for cls in type(error).__mro__}
     return bool(names & {"ConfigError", "PreprocessError", "ShardingError", "MetricError", "FileNotFoundError",
-                         "ServerStartError", "EmptyDayError"})  # fmt: skip
+                         "ServerStartError", "EmptyDayError", "HostNetworkError"})  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,6 +110,24 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_arguments(run)
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     run.set_defaults(handler=_run)
+
+    train = commands.add_parser("train", help="only the training stage, on the features the run folder holds; "
+                                "one command per host for a multi-host job")  # fmt: skip
+    _add_config_arguments(train)
+    train.add_argument("--out", metavar="FOLDER", help="where the job writes (default: <run_dir>/train); "
+                       "on several hosts, the same shared folder on each")  # fmt: skip
+    train.add_argument("--nnodes", type=int, default=1, help="hosts in the job (default: %(default)s)")
+    train.add_argument("--node-rank", type=int, default=0, help="this host's rank, 0..nnodes-1; node 0 hosts the "
+                       "rendezvous and prints the summary (default: %(default)s)")  # fmt: skip
+    train.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="node 0's address and a free port (with --nnodes > 1)")
+    train.add_argument("--local-addr", default="", metavar="ADDRESS",
+                       help="the address this host advertises (default: the one that routes to the endpoint)")
+    train.add_argument("--socket-ifname", default="", metavar="INTERFACE",
+                       help="the interface gloo/NCCL use (default: the one holding that address)")
+    train.add_argument("--join-timeout", type=int, default=300, metavar="SECONDS",
+                       help="how long a host waits for the others (default: %(default)s)")
+    train.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    train.set_defaults(handler=_train)
 
     retune = commands.add_parser("retune", help="tune hyperparameters for the config's tuning key (Optuna)")
     _add_config_arguments(retune)
@@ -233,12 +251,41 @@ def _server(args: argparse.Namespace) -> int:
     raise UserError(f"the Prefect server on {url} stopped answering")
 
 
+def _train(args: argparse.Namespace) -> int:
+    from flows.config import load_config
+    from flows.host_training import train_on_this_host
+    from training.hosts import HostRole
+    from training.launcher import TrainingFailed
+
+    config = load_config(args.config, args.overrides)
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        raise UserError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's address and a free port)")
+    role = HostRole(args.nnodes, args.node_rank, args.rdzv_endpoint or "127.0.0.1:29400", args.local_addr,
+                    args.socket_ifname, args.join_timeout)  # fmt: skip
+    try:
+        report = train_on_this_host(config, role, Path(args.out) if args.out else None)
+    except TrainingFailed as failure:
+        print(f"dlrm: {failure}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report))
+    elif "eval_ne" in report:
+        print(f"trained {report['steps']} steps on {report['world_size']} processes (global batch "
+              f"{report['global_batch_size']:,}): {report['rows_trained']:,} rows, {report['samples_per_s']:,.0f} "
+              f"samples/s; NE on days {report['eval_days']}: {report['eval_ne']:.4f} → {report['out_dir']}")  # fmt: skip
+    else:
+        print(f"node {report['node_rank']} of {report['nnodes']} done; node 0 prints the job's summary")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from flows.config import load_config
     from flows.sources import raw_sources
+    from flows.tasks import refuse_hosts_in_torchrun_args
 
     config = load_config(args.config, args.overrides)  # fail fast, before Prefect starts
     raw_sources(config)
+    refuse_hosts_in_torchrun_args(config)
     from flows.local_server import prefect_api
     from flows.pipeline import run_pipeline
 

@@ -88,11 +88,12 @@ def _require_ingested(ingest: list[dict[str, Any]]) -> None:
         raise IngestError(f"day(s) {empty} have no ingested rows: {errors}")
 
 
-def with_run_length(config: PipelineConfig, state: PreprocessState) -> PipelineConfig:
+def with_run_length(config: PipelineConfig, state: PreprocessState, hosts: int | None = None) -> PipelineConfig:
     """The config at a batch size that gives the run `training.min_steps` steps on its
     training rows (training/run_length.py); the change, or a warning, goes to the log.
-    Applied before the tuning key is taken, so the key names the batch the run trains at."""
-    world = config.training.nproc * hosts_from(config.training)
+    Applied before the tuning key is taken, so the key names the batch the run trains at.
+    `hosts`: the job's hosts (default: torchrun's `--nnodes` in `training.torchrun_args`)."""
+    world = config.training.nproc * (hosts or hosts_from(config.training))
     fitted = fit_run_length(config.training, state.train_rows, world)
     if fitted.note:
         run_logger("flows.features").warning("%s", fitted.note)

@@ -58,6 +58,7 @@ class PipelineResult:
             "days_already_ingested": [r["day"] for r in self.ingest if r["skipped"]],
             **self.report.flat_metrics(),
             "train_samples_per_s": self.training.summary.samples_per_s,
+            "samples_per_s": self.training.summary.samples_per_s,  # the key `dlrm train --json` reports it by
             "rows_trained": self.training.summary.rows_trained,
             "resumed_from_step": self.training.summary.resumed_from_step,
             "steps": self.training.summary.steps,

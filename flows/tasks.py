@@ -27,7 +27,7 @@ from prefect.tasks import exponential_backoff
 from evaluation.metrics import BinaryState, binary_state, compute_ne
 from evaluation.promotion import PromotionDecision, QualityEvidence, QualityGate, quality_failure
 from evaluation.report import EvalReport, Scores, build_report
-from flows.config import PipelineConfig
+from flows.config import ConfigError, PipelineConfig
 from flows.registry import decision_tag, promote_if_better, promotion_lock
 from flows.trainer_slots import trainer_slot
 from ingestion.preprocess import PreprocessState, apply_state, fit_state
@@ -146,11 +146,25 @@ def _publish_plan(plan_file: Path) -> None:
     create_table_artifact(key="sharding-plan", table=rows, description="Where each embedding table lives")
 
 
+MULTI_HOST_ARGS = ("--nnodes", "--node-rank", "--node_rank", "--rdzv", "--master", "--standalone")
+
+
+def refuse_hosts_in_torchrun_args(config: PipelineConfig) -> None:
+    """Hosts are `dlrm train`'s options: torchrun arguments for them would start a job whose
+    hosts do not know each other's part (who writes the summary, who clears the folder)."""
+    given = [arg for arg in config.training.torchrun_args if arg.startswith(MULTI_HOST_ARGS)]
+    if given:
+        raise ConfigError(f"training.torchrun_args: {given} set the hosts of the job; run `dlrm train --nnodes N "
+                          "--node-rank R --rdzv-endpoint HOST:PORT` on each host instead (README: Running on "
+                          "several hosts)")  # fmt: skip
+
+
 def build_job(
     config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]], run_id: str | None = None
 ) -> TrainJob:
     """The job of the config's training stage. Its checkpoints go to `run_id`'s folder; by
     default, the job's fingerprint, so the same command resumes an interrupted run."""
+    refuse_hosts_in_torchrun_args(config)
     job = TrainJob(
         model=config.model,
         sharding=config.sharding,

@@ -164,7 +164,7 @@ class CpuConfig:
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """The torchrun job. `batch_size` is global: each of `nproc` ranks takes an equal share."""
+    """The torchrun job. `batch_size` is global: each rank of every host takes an equal share."""
 
     nproc: int = 2
     batch_size: int = 2048
@@ -249,6 +249,9 @@ class TrainingConfig:
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts: must be ≥ 0, got {self.max_restarts}")
 
-    @property
-    def batch_size_per_rank(self) -> int:
-        return self.batch_size // self.nproc
+    def batch_per_rank(self, world_size: int) -> int:
+        """Each rank's share of the global batch, over every process of every host."""
+        if self.batch_size % world_size:
+            raise ValueError(f"training.batch_size: {self.batch_size} is not a multiple of the world size "
+                             f"{world_size} (every process of every host); set a multiple of {world_size}")  # fmt: skip
+        return self.batch_size // world_size

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from training.checkpoint import latest_checkpoint
+from training.hosts import HostRole, clear_failure, peer_failure, record_failure
 from training.job import TrainJob
 from training.processes import forget_group, raise_if_stopped, start_group, stop_group
 from training.progress import MetricsFollower, MetricsRecord
@@ -36,19 +37,26 @@ class TrainingFailed(RuntimeError):
         self.rank, self.exit_code = rank, exit_code
 
 
-def torchrun_command(job: TrainJob, job_path: Path) -> list[str]:
+def torchrun_command(job: TrainJob, job_path: Path, role: HostRole | None = None) -> list[str]:
+    """torchrun for this host: alone (`--standalone`), or its part of a multi-host job."""
     config = job.training
-    multi_node = any(arg.startswith(("--nnodes", "--rdzv")) for arg in config.torchrun_args)
+    multi_node = role is not None or any(arg.startswith(("--nnodes", "--rdzv")) for arg in config.torchrun_args)
     return [
         sys.executable, "-m", "torch.distributed.run",
         *([] if multi_node else ["--standalone"]),
+        *(role.torchrun_args() if role is not None else []),
         f"--nproc-per-node={config.nproc}",
         "--max-restarts=0",  # restarts are fresh launches, see `launch`
-        f"--log-dir={job.out / 'logs'}",
+        f"--log-dir={log_dir(job, role)}",
         "--tee=3",
         *config.torchrun_args,
         "-m", "training.worker", str(job_path),
     ]  # fmt: skip
+
+
+def log_dir(job: TrainJob, role: HostRole | None = None) -> Path:
+    """torchrun's per-rank logs; each host its own folder of a shared run folder."""
+    return job.out / "logs" / f"node-{role.node_rank}" if role is not None else job.out / "logs"
 
 
 def launch(
@@ -56,8 +64,15 @@ def launch(
     on_line: Callable[[str], None] = print,
     on_progress: Callable[[MetricsRecord], None] | None = None,
     poll_s: float = 1.0,
+    role: HostRole | None = None,
 ) -> None:
     """Run the job to completion; raise `TrainingFailed` if it still fails after its restarts.
+
+    `role`: this host's part of a multi-host job. Every host writes into the same (shared)
+    `job.out`; node 0 alone prepares and clears what the hosts share (checkpoint folders,
+    predictions, the summary). A multi-host job is never relaunched on one host (a lone
+    torchrun would wait for peers that have stopped): it fails, and the same command on
+    every host resumes it.
 
     `on_line` gets the output worth showing a person (`ConsoleFilter`); `on_progress` gets
     each record of the job's metrics file (`training.progress`), checked as output arrives
@@ -71,8 +86,11 @@ def launch(
     torchrun's own in-place restart is not used: with gloo it can rejoin a dead peer's
     stale address and hang.
     """
-    attempts = job.training.max_restarts + 1
     poll = _progress_poller(MetricsFollower(job.out / "metrics.jsonl"), on_progress)
+    if role is not None and role.nnodes > 1:
+        _launch_on_hosts(job, on_line, poll, poll_s, role)
+        return
+    attempts = job.training.max_restarts + 1
     on_line(f"[train] {prepare_checkpoints(job)}")
     for attempt in range(1, attempts + 1):
         try:
@@ -85,6 +103,42 @@ def launch(
             on_line(f"[train] {failure}")
             on_line(f"[train] relaunching (restart {attempt} of {job.training.max_restarts}); "
                     "it resumes from the last checkpoint")  # fmt: skip
+
+
+class PeerFailed(TrainingFailed):
+    """Another host of the job failed or was stopped; this host stopped its part too."""
+
+
+def _launch_on_hosts(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[], None], poll_s: float,
+                     role: HostRole) -> None:  # fmt: skip
+    """One attempt of this host's part: a failure anywhere fails every host (see `hosts`)."""
+    marks = job.out / "logs"
+    clear_failure(marks, role)
+    if role.leads:
+        on_line(f"[train] {prepare_checkpoints(job)}")
+    started = log_dir(job, role)
+
+    def poll_and_watch_peers() -> None:
+        poll()
+        if any(started.glob("*/attempt_*")) and (failure := peer_failure(marks, role)) is not None:
+            raise PeerFailed(f"training failed on another host ({failure}); this host stopped its part", None, 1)
+
+    where = f"node {role.node_rank} of {role.nnodes}"
+    try:
+        _launch_once(job, on_line, poll_and_watch_peers, poll_s, role)
+    except PeerFailed as failure:
+        failure.args = (f"{failure} ({where}; run the same command on every host to resume)",)
+        raise
+    except TrainingFailed as failure:
+        record_failure(marks, role, str(failure).splitlines()[0])
+        resume = f"{where}; run the same command on every host to resume from the last checkpoint"
+        failure.args = (f"{failure} ({resume})",)
+        raise
+    except KeyboardInterrupt:  # stopped here (Ctrl-C, SIGTERM): the other hosts stop too
+        record_failure(marks, role, "stopped by a signal")
+        raise
+    if role.leads:
+        mark_finished(job)
 
 
 def _progress_poller(metrics: MetricsFollower, on_progress: Callable[[MetricsRecord], None] | None
@@ -100,23 +154,26 @@ def _progress_poller(metrics: MetricsFollower, on_progress: Callable[[MetricsRec
     return poll
 
 
-def _launch_once(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[], None], poll_s: float) -> None:
+def _launch_once(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[], None], poll_s: float,
+                 role: HostRole | None = None) -> None:  # fmt: skip
     job.out.mkdir(parents=True, exist_ok=True)
     # Checkpoints, and the metrics of the steps they hold, stay: a relaunch of the same run
     # resumes from them. Without a checkpoint the run starts at step 0, and any metrics
     # there are an earlier run's (the worker would drop them too; gone now, no reader sees them).
-    stale = ["logs", "predictions", "summary.json"]
-    if latest_checkpoint(job.checkpoint_root) is None:
-        stale.append("metrics.jsonl")
-    for name in stale:
-        path = job.out / name
+    stale = [log_dir(job, role)]
+    if role is None or role.leads:  # what the hosts share is node 0's to clear
+        stale += [job.out / "predictions", job.out / "summary.json"]
+        if latest_checkpoint(job.checkpoint_root) is None:
+            stale.append(job.out / "metrics.jsonl")
+    for path in stale:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-    job_path = job.out / "job.json"
+    job_path = job.out / ("job.json" if role is None else f"job-node-{role.node_rank}.json")
     job.save(job_path)
     env = {**os.environ, "OMP_NUM_THREADS": str(job.training.threads_per_proc), "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_project_root()), env.get("PYTHONPATH")]))
+    env.update(role.environment() if role is not None else {})
     # its own process group (a stop reaches every worker), ended with this process
-    process = start_group(torchrun_command(job, job_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    process = start_group(torchrun_command(job, job_path, role), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, env=env)  # fmt: skip
     try:
         output = follow(process, on_line, poll, poll_s)
@@ -128,7 +185,7 @@ def _launch_once(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[
     forget_group(process)
     raise_if_stopped()  # ended by a stop (SIGINT/SIGTERM to the program): not a failure to retry
     if code != 0:
-        raise _failure(job, "\n".join(output), code)
+        raise _failure(job, "\n".join(output), code, log_dir(job, role))
 
 
 def follow(process: subprocess.Popen, on_line: Callable[[str], None], poll: Callable[[], None],
@@ -172,6 +229,7 @@ def _project_root() -> Path:
 _PREFIX = r"^(?:\[default\d+\]:)?(?:\[rank\d+\]:)?"
 _NOISE = re.compile(_PREFIX + r"""(?:
     [WI]\d{4}\ [\d:.]+\ +\d+\            # torch's glog-style warnings and infos: "W1124 19:22:55.384000 12062 ..."
+  | \[[WI]\d{4}\ [\d:.]+\ [\w.]+:\d+\]  # c10d's: "[W1125 02:58:35.312868937 socket.cpp:207] ..."
   | (?:WARNING|INFO):(?!(?:training|ingestion|evaluation|flows)[.:])[\w.]+:  # library loggers: "WARNING:torchrec...:"
 )""", re.VERBOSE)  # fmt: skip
 # Python's warnings from installed packages: "/.../site-packages/pkg/mod.py:552: FutureWarning: ...",
@@ -235,7 +293,7 @@ def blame(exit_code: int) -> int:
     return 3 if exit_code == -signal.SIGTERM else 2
 
 
-def _failure(job: TrainJob, output: str, launcher_code: int) -> TrainingFailed:
+def _failure(job: TrainJob, output: str, launcher_code: int, logs: Path) -> TrainingFailed:
     cause = first_cause(output)
     if cause is None:
         tail = "\n".join(output.strip().splitlines()[-15:])
@@ -247,7 +305,7 @@ def _failure(job: TrainJob, output: str, launcher_code: int) -> TrainingFailed:
         message = f"training failed: rank {rank} was killed by {name} (no traceback: stopped from outside, "
         message += "e.g. by the out-of-memory killer or an operator)"
         return TrainingFailed(message, rank, code)
-    tail = _rank_log_tail(job.out / "logs", local_rank) or _traceback_from(output, rank)
+    tail = _rank_log_tail(logs, local_rank) or _traceback_from(output, rank)
     message = f"training failed: rank {rank} exited with code {code}"
     if tail:
         message += f"; the end of its log:\n{tail}"

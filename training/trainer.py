@@ -187,7 +187,8 @@ class TrainBatches:
         config = self.job.training
         # every row trained: the last batch of an epoch is padded, and padding weighs nothing
         # (training/objective.py)
-        return build_reader(self.job.train_files, config.batch_size_per_rank, dist.get_rank(), dist.get_world_size(),
+        world = dist.get_world_size()
+        return build_reader(self.job.train_files, config.batch_per_rank(world), dist.get_rank(), world,
                             shuffle_seed=config.seed, epoch=epoch, start_batch=first_batch, drop_remainder=False,
                             prefetch=self.prefetch)  # fmt: skip
 

@@ -54,7 +54,7 @@ def run(job: TrainJob, device: torch.device) -> None:
         logit_in_float32(model)
     attach_embedding_optimizer(model, config)
     pooling = {table_name(feature): factor for feature, factor in job.pooling_factors.items()}
-    sharded, plan = shard_model(model, job.sharding, device, config.batch_size_per_rank, pooling)
+    sharded, plan = shard_model(model, job.sharding, device, config.batch_per_rank(world), pooling)
     if config.compile:
         compile_dense_parts(sharded, device)
     if rank == 0:
@@ -69,6 +69,9 @@ def run(job: TrainJob, device: torch.device) -> None:
                                  config.keep_checkpoints)  # fmt: skip
     rows_trained, fingerprint = _all_reduce_ledger(stats.ledger, device)
     rows = predict(sharded, job, device, job.out / "predictions")
+    # Every rank's predictions are written before rank 0 reports: on several hosts, its
+    # host's launcher reads them all once its own workers end.
+    dist.barrier()
     if rank == 0:
         summary = TrainSummary(
             steps=stats.steps,

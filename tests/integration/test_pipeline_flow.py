@@ -51,6 +51,13 @@ def test_warehouse_and_features_hold_every_row(pipeline_run) -> None:
     assert pq.read_table(features, partitioning=None).num_rows == 6000
 
 
+def test_the_summary_reports_the_training_job_as_dlrm_train_does(pipeline_run) -> None:
+    config, summary = pipeline_run
+    assert summary["world_size"] == 2 and summary["global_batch_size"] == config.training.batch_size == 256
+    assert summary["rows_trained"] == 12_000 and summary["steps"] == 47, "every row once, 12,000 / 256 steps"
+    assert summary["samples_per_s"] == summary["train_samples_per_s"] > 0
+
+
 def test_mlflow_run_has_metrics_params_plan_and_plots(pipeline_run) -> None:
     config, summary = pipeline_run
     client = MlflowClient(tracking_uri=config.tracking_uri)

@@ -207,3 +207,17 @@ def test_a_prefect_server_that_cannot_start_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr, "the server's own traceback goes to its log"
     assert "Prefect server exited with code" in errors[0] and "PREFECT_API_URL" in errors[0]
     assert "Traceback" in (tmp_path / "prefect" / "temporary-server.log").read_text(), "named in the line"
+
+
+def test_train_without_prepared_features_or_endpoint_is_one_line(tmp_path: Path) -> None:
+    tiny = str(ROOT / "configs" / "tiny.toml")
+    missing = _one_line_error(dlrm("train", "--config", tiny, "--set", f"run_dir={tmp_path}"))
+    assert "run `dlrm preprocess --config …` (or `dlrm run`)" in missing
+    endpoint = _one_line_error(dlrm("train", "--config", tiny, "--set", f"run_dir={tmp_path}", "--nnodes", "2"))
+    assert "--nnodes > 1 needs --rdzv-endpoint" in endpoint
+    rank = _one_line_error(dlrm("train", "--config", tiny, "--nnodes", "2", "--node-rank", "2",
+                                "--rdzv-endpoint", "10.0.0.1:29400"))  # fmt: skip
+    assert "--node-rank: must be in 0..1" in rank
+    hosts = _one_line_error(dlrm("run", "--config", tiny, "--set", f"run_dir={tmp_path}",
+                                 "--set", 'training.torchrun_args=["--nnodes=2"]'))  # fmt: skip
+    assert "run `dlrm train --nnodes N" in hosts

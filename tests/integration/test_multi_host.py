@@ -1,0 +1,171 @@
+"""`dlrm train` across two hosts, simulated as two Linux network namespaces joined by a veth
+pair (10.201.0.1 and 10.201.0.2), sharing one run folder: the job trains as one host with
+all the processes would, and a host that fails fails the job, which the same commands resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flows.config import load_config
+from ingestion.preprocess import apply_state, fit_state
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+DLRM = str(Path(sys.executable).parent / "dlrm")
+HOSTS = {"dlrm-test-h0": "10.201.7.1", "dlrm-test-h1": "10.201.7.2"}
+ENDPOINT = "10.201.7.1:29631"
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def two_hosts() -> Iterator[list[str]]:
+    """Two network namespaces, each with one end of a veth pair; removed afterwards."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("simulating two hosts needs root and iproute2 (`ip netns`)")
+    names = list(HOSTS)
+    _remove(names)
+    try:
+        for name in names:
+            _ip("netns", "add", name)
+        _ip("link", "add", "dlrmt-h0", "type", "veth", "peer", "name", "dlrmt-h1")
+        for index, (name, address) in enumerate(HOSTS.items()):
+            _ip("link", "set", f"dlrmt-h{index}", "netns", name)
+            _ip("-n", name, "addr", "add", f"{address}/24", "dev", f"dlrmt-h{index}")
+            _ip("-n", name, "link", "set", f"dlrmt-h{index}", "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+    except subprocess.CalledProcessError as error:
+        _remove(names)
+        pytest.skip(f"this machine cannot create network namespaces: {error.stderr.strip()}")
+    yield names
+    _remove(names)
+
+
+def _remove(names: list[str]) -> None:
+    for name in names:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def prepared_run(tiny_warehouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run folder holding the tiny config's warehouse and features (as `dlrm preprocess`
+    leaves them): what every host reads."""
+    run_dir = tmp_path_factory.mktemp("shared-run")
+    shutil.copytree(tiny_warehouse, run_dir / "warehouse")
+    config = load_config(ROOT / "configs" / "tiny.toml", [f'run_dir="{run_dir}"'])
+    state = fit_state(config.preprocess, run_dir / "warehouse", run_dir / "features", config.data.train_days)
+    for day in config.data.all_days:
+        apply_state(config.preprocess, state, run_dir / "warehouse", run_dir / "features", day)
+    return run_dir
+
+
+def _train(run_dir: Path, out: str, nproc: int, *extra: str, host: str | None = None) -> subprocess.Popen:
+    command = [DLRM, "train", "--config", str(ROOT / "configs" / "tiny.toml"), "--set", f'run_dir="{run_dir}"',
+               "--set", f"training.nproc={nproc}", "--set", "training.checkpoint_every=10",
+               "--out", str(run_dir / out), "--json", *extra]  # fmt: skip
+    if host is not None:
+        command = ["ip", "netns", "exec", host, *command]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _on_two_hosts(run_dir: Path, out: str, nproc: int, names: list[str]) -> list[tuple[int, str, str]]:
+    """Both hosts' commands at once; each one's (exit code, stdout, stderr)."""
+    hosts = [
+        _train(run_dir, out, nproc, "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", ENDPOINT, host=name)
+        for rank, name in enumerate(names)
+    ]
+    results = []
+    for process in hosts:
+        stdout, stderr = process.communicate(timeout=300)
+        results.append((process.returncode, stdout, stderr))
+    return results
+
+
+def _report(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _alone(run_dir: Path, out: str, nproc: int) -> dict:
+    process = _train(run_dir, out, nproc)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    return _report(stdout)
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_two_hosts_train_as_one_host_with_every_process(two_hosts: list[str], prepared_run: Path, nproc: int) -> None:
+    one_host = _alone(prepared_run, f"one-host-{nproc}", 2 * nproc)
+    (leader, *_), (follower, *_) = results = _on_two_hosts(prepared_run, f"two-hosts-{nproc}", nproc, two_hosts)
+    assert leader == follower == 0, [stderr[-3000:] for *_, stderr in results]
+    report, other = _report(results[0][1]), _report(results[1][1])
+    assert other["node_rank"] == 1 and "eval_ne" not in other, "node 0 reports the job"
+    assert report["world_size"] == one_host["world_size"] == 2 * nproc
+    assert report["global_batch_size"] == one_host["global_batch_size"] == 256, "the batch is global, not per host"
+    assert report["steps"] == one_host["steps"] and report["rows_trained"] == one_host["rows_trained"] == 12_000
+    assert abs(report["eval_ne"] - one_host["eval_ne"]) <= 1e-6
+    logs = sorted(p.name for p in (prepared_run / f"two-hosts-{nproc}" / "logs").iterdir())
+    assert logs == ["node-0", "node-1"], "each host keeps its own logs in the shared folder"
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        return b"LOCAL_RANK=" in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def _kill_rank_after(out: Path, job_file: str, step: int) -> threading.Thread:
+    """SIGKILL the worker started with `job_file` once the job has logged `step`."""
+
+    def watch() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            metrics = out / "metrics.jsonl"
+            steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines(keepends=True)
+                     if line.endswith("\n")] if metrics.is_file() else []  # fmt: skip
+            if steps and max(steps) >= step:
+                found = subprocess.run(["pgrep", "-f", f"training.worker {out / job_file}"], capture_output=True,
+                                       text=True, check=False).stdout.split()  # fmt: skip
+                workers = [pid for pid in map(int, found) if _is_worker(pid)]  # not torchrun itself
+                if workers:
+                    os.kill(workers[0], signal.SIGKILL)
+                    return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_killed_worker_fails_the_job_on_both_hosts_and_the_same_commands_resume_it(
+    two_hosts: list[str], prepared_run: Path
+) -> None:
+    out = prepared_run / "killed"
+    watcher = _kill_rank_after(out, "job-node-1.json", step=25)
+    results = _on_two_hosts(prepared_run, "killed", 1, two_hosts)
+    watcher.join(timeout=10)
+    (leader, _, leader_err), (follower, _, follower_err) = results
+    assert leader != 0 and follower != 0, "a failed host fails the whole job, not a lone retry"
+    assert "rank 1 was killed by SIGKILL" in follower_err and "node 1 of 2" in follower_err
+    assert "node 0 of 2" in leader_err and "run the same command on every host" in leader_err
+
+    again = _on_two_hosts(prepared_run, "killed", 1, two_hosts)
+    assert [code for code, *_ in again] == [0, 0], [stderr[-3000:] for *_, stderr in again]
+    resumed = _report(again[0][1])
+    assert resumed["resumed_from_step"] >= 20
+    uninterrupted = _alone(prepared_run, "uninterrupted", 2)
+    assert resumed["steps"] == uninterrupted["steps"] and resumed["rows_trained"] == uninterrupted["rows_trained"]
+    assert abs(resumed["eval_ne"] - uninterrupted["eval_ne"]) <= 1e-6
