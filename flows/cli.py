@@ -384,15 +384,19 @@ def _preprocess(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     import time
+    from dataclasses import replace
 
-    from flows.config import ClusterConfig, load_cluster, load_config
+    from flows.config import load_cluster, load_config
     from flows.planning import plan_report
+    from training.device import runtime_device
+    from training.sharding import this_job_cluster
 
     config = load_config(args.config, args.overrides)
     if args.cluster:
         cluster = load_cluster(args.cluster)
     else:
-        cluster = ClusterConfig(name="this machine", hosts=1, devices_per_host=config.training.nproc, compute_device="cpu")
+        device = runtime_device(config.training.device, 0)  # as the workers will choose it
+        cluster = replace(this_job_cluster(device, config.training.nproc, config.training.nproc), name="this machine")
     started = time.perf_counter()
     report = plan_report(config, cluster)
     report["planner_seconds"] = round(time.perf_counter() - started, 2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -24,3 +26,15 @@ def runtime_device(preference: str, local_rank: int) -> torch.device:
 
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
+
+
+def host_memory_bytes() -> int:
+    """This host's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """A GPU's own memory (HBM); for the CPU, the host's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return host_memory_bytes()

@@ -31,6 +31,7 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ShardingPlan
 
 from training.config import ClusterConfig, ShardingConfig
+from training.device import device_memory_bytes, host_memory_bytes
 
 CUDA_ONLY_SHARDING = {"row_wise", "table_row_wise"}
 CUDA_ONLY_KERNELS = {"fused_uvm", "fused_uvm_caching"}
@@ -102,8 +103,20 @@ def constraints_for(
     return constraints
 
 
+def this_job_cluster(device: torch.device, world_size: int, local_world_size: int) -> ClusterConfig:
+    """The job's own hosts as a declared cluster, with the memory this host has: the GPU's
+    HBM, and the host's memory shared by its processes. TorchRec's `Topology` would
+    otherwise assume 32 GiB a GPU and 128 GiB of host memory a rank, whatever the hardware."""
+    gib = 2**30
+    return ClusterConfig(name="this job", hosts=max(1, world_size // local_world_size),
+                         devices_per_host=local_world_size, compute_device="cuda" if device.type == "cuda" else "cpu",
+                         device_memory_gb=device_memory_bytes(device) / gib,
+                         host_memory_gb=host_memory_bytes() / gib)  # fmt: skip
+
+
 def cluster_topology(cluster: ClusterConfig) -> Topology:
-    """A topology for a declared cluster; host memory is shared by the devices of a host."""
+    """A topology for a declared cluster (or this job's, `this_job_cluster`); host memory is
+    shared by the devices of a host."""
     return Topology(
         world_size=cluster.world_size,
         local_world_size=cluster.devices_per_host,
@@ -203,11 +216,7 @@ def shard_model(
 ) -> tuple[DistributedModelParallel, ShardingPlan]:
     """Plan over the live process group and apply the plan with DistributedModelParallel."""
     world_size = dist.get_world_size()
-    topology = Topology(
-        world_size=world_size,
-        compute_device=device.type,
-        local_world_size=_local_world_size(world_size),
-    )
+    topology = cluster_topology(this_job_cluster(device, world_size, _local_world_size(world_size)))
     plan, _ = plan_sharding(model, config, topology, batch_size_per_rank, dist.GroupMember.WORLD, pooling_factor)
     wrapper = DefaultDataParallelWrapper() if world_size > 1 else AloneDataParallelWrapper()
     return DistributedModelParallel(model, device=device, plan=plan, data_parallel_wrapper=wrapper), plan

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import torch
 
 from training.config import TrainingConfig
+from training.device import host_memory_bytes
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def tuning_key(config: TrainingConfig) -> TuningKey:
         device_type, model, memory = "cuda", properties.name, properties.total_memory
     else:
         device_type, model = "cpu", cpu_model_name()
-        memory = _host_memory_bytes() // max(1, config.nproc)  # each process's share
+        memory = host_memory_bytes() // max(1, config.nproc)  # each process's share
     return TuningKey(
         global_batch_size=config.batch_size,
         world_size=config.nproc * hosts,
@@ -93,6 +93,3 @@ def cpu_model_name() -> str:
                 return line.partition(":")[2].strip()
     return platform.processor() or platform.machine()
 
-
-def _host_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -160,3 +160,29 @@ def test_the_patient_search_finds_the_exhaustive_searchs_plan_with_fewer_proposa
 def test_a_negative_search_patience_is_refused() -> None:
     with pytest.raises(ValueError, match="search_patience: must be ≥ 0"):
         ShardingConfig(search_patience=-1)
+
+
+def test_the_training_topology_has_this_hosts_memory() -> None:
+    import os
+
+    from training.sharding import cluster_topology, this_job_cluster
+
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cluster = this_job_cluster(torch.device("cpu"), world_size=4, local_world_size=2)
+    assert (cluster.hosts, cluster.devices_per_host, cluster.compute_device) == (2, 2, "cpu")
+    topology = cluster_topology(cluster)
+    assert topology.world_size == 4 and topology.local_world_size == 2
+    # each process's share of the host's memory, not TorchRec's 128 GiB default
+    assert all(abs(device.storage.ddr - host / 2) <= 1024 for device in topology.devices)
+
+
+def test_tables_beyond_the_given_host_memory_do_not_plan_mocked_small_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    from training import sharding
+
+    monkeypatch.setattr(sharding, "host_memory_bytes", lambda: 2**20)  # a 1 MiB host: the plan must not fit
+    topology = sharding.cluster_topology(sharding.this_job_cluster(torch.device("cpu"), 2, 2))
+    with pytest.raises(ShardingError):
+        plan_sharding(_model(), ShardingConfig(), topology, 1024)
+    monkeypatch.undo()
+    fits = sharding.cluster_topology(sharding.this_job_cluster(torch.device("cpu"), 2, 2))
+    assert plan_sharding(_model(), ShardingConfig(), fits, 1024)[0].plan, "the real host holds these tables"
