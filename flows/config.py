@@ -53,7 +53,7 @@ class OrchestrationConfig:
 
     max_workers: int = 2
     # "threads" locally; "dask" sends the per-day tasks to the Dask cluster at
-    # `dask_address` (needs the prefect-dask package).
+    # `dask_address` (docs/cluster.md).
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str = ""
     nightly_cron: str = "0 2 * * *"
@@ -99,6 +99,15 @@ class PipelineConfig:
         if validation and validation >= set(self.data.train_days):
             raise ValueError("tuning.validation_days: leaves no training day for the trials; leave it empty to "
                              "validate on a slice of the training rows (tuning.validation_percent)")
+        written = {"run_dir": self.run_dir, "data.raw_dir": self.data.raw_dir,
+                   "data.warehouse_dir": self.data.warehouse_dir, "preprocess.features_dir": self.preprocess.features_dir}
+        for key, value in written.items():
+            if "://" in value:
+                # days and features are published by renaming a finished folder into place,
+                # which object stores cannot do atomically
+                raise ValueError(f"{key}: {value!r} is a URL, but the pipeline writes there with atomic renames "
+                                 "that object stores lack; mount a shared file system on every host and give its "
+                                 "path (raw files may be URLs: data.files)")  # fmt: skip
 
     def path(self, relative: str) -> Path:
         """A configured path, resolved against the run directory unless absolute or a URL."""

@@ -9,13 +9,17 @@ same days does no work. Days fan out over a thread pool of `orchestration.max_wo
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from prefect import flow, get_run_logger
 from prefect.exceptions import MissingContextError
+from prefect.settings import PREFECT_API_URL
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.config import ConfigError, PipelineConfig
@@ -56,8 +60,28 @@ def day_task_runner(config: PipelineConfig):
             raise ConfigError(
                 "orchestration.task_runner = 'dask' needs the prefect-dask package: pip install prefect-dask"
             ) from None
+        check_workers_reach_prefect(config.orchestration.dask_address)
         return DaskTaskRunner(address=config.orchestration.dask_address)
     return ThreadPoolTaskRunner(max_workers=config.orchestration.max_workers)
+
+
+def check_workers_reach_prefect(dask_address: str) -> None:
+    """Dask workers report their task runs to the flow's Prefect API (Prefect hands them its
+    address with each task); workers on other hosts cannot reach one on 127.0.0.1."""
+    api = str(PREFECT_API_URL.value() or "")
+    if not _is_loopback(urlparse(dask_address).hostname) and (not api or _is_loopback(urlparse(api).hostname)):
+        raise ConfigError(
+            f"orchestration.dask_address: the Dask workers at {dask_address} cannot reach this flow's Prefect API "
+            f"({api or 'a temporary server on 127.0.0.1'}): run a Prefect server they can reach (docker-compose's, "
+            "or `prefect server start --host 0.0.0.0`) and export PREFECT_API_URL=http://<its address>:4200/api"
+        )
+
+
+def _is_loopback(host: str | None) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host or "")).is_loopback
+    except (OSError, ValueError):
+        return False
 
 
 @flow(name="ingest", on_crashed=[cancel_when_stopped])
