@@ -79,6 +79,11 @@ class ShardingConfig:
     # 2 × 8 GPUs the full search rated 3,050 proposals in 28–41 s on 2 CPU cores; stopping
     # after 50 found a plan of the same estimated cost in 10.6 s (after 10, in 8.8 s).
     search_patience: int = 50
+    # Precision of the embeddings' all-to-alls (TorchRec's quantized communication codecs):
+    # forward (pooled embeddings) and backward (their gradients). fp16/bf16 halve the bytes
+    # between GPUs; TorchRec applies the codecs on CUDA only.
+    comm_forward_precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+    comm_backward_precision: Literal["fp32", "fp16", "bf16"] = "fp32"
 
     def __post_init__(self) -> None:
         _check_pair(self.sharding_type, self.compute_kernel)

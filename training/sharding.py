@@ -15,6 +15,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.fbgemm_qcomm_codec import (
+    CommType,
+    QCommsConfig,
+    get_qcomm_codecs_registry,
+)
 from torchrec.distributed.model_parallel import (
     DataParallelWrapper,
     DefaultDataParallelWrapper,
@@ -28,7 +34,7 @@ from torchrec.distributed.planner.proposers import (
 )
 from torchrec.distributed.planner.types import PlannerError, Proposer
 from torchrec.distributed.sharding_plan import get_default_sharders
-from torchrec.distributed.types import ShardingPlan
+from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from training.config import ClusterConfig, ShardingConfig
 from training.device import device_memory_bytes, host_memory_bytes
@@ -60,6 +66,13 @@ def check_supported(config: ShardingConfig, device_type: str, tables: list[str] 
     """Refuse, in one line, a choice that needs CUDA on a CPU topology."""
     if device_type == "cuda":
         return
+    if quantized_comms(config):
+        # measured: on CPU with gloo TorchRec runs the sharded modules without the codecs
+        # (outputs bit-identical to fp32), so the setting would silently do nothing
+        raise ShardingError(
+            f"sharding.comm_forward_precision = '{config.comm_forward_precision}', comm_backward_precision = "
+            f"'{config.comm_backward_precision}': quantized communication needs CUDA devices; set both to 'fp32' here"
+        )
     for table in [None, *(tables or [])]:
         rule = config.for_table(table) if table else config
         where = f"sharding.tables.{table}." if table and table in config.tables else "sharding."
@@ -152,12 +165,28 @@ def plan_sharding(
     )
     try:
         if group is not None:
-            plan = planner.collective_plan(model, get_default_sharders(), group)
+            plan = planner.collective_plan(model, sharders_for(config), group)
         else:
-            plan = planner.plan(model, get_default_sharders())
+            plan = planner.plan(model, sharders_for(config))
     except PlannerError:
         raise ShardingError(_no_fit_message(model, topology)) from None
     return plan, _rank_estimates(chosen, topology.world_size)
+
+
+def quantized_comms(config: ShardingConfig) -> bool:
+    return (config.comm_forward_precision, config.comm_backward_precision) != ("fp32", "fp32")
+
+
+def sharders_for(config: ShardingConfig) -> list[ModuleSharder[nn.Module]]:
+    """TorchRec's default sharders; the embedding-bag one with the configured communication
+    codecs (fp16/bf16 all-to-alls) when any is set."""
+    sharders = get_default_sharders()
+    if not quantized_comms(config):
+        return sharders
+    registry = get_qcomm_codecs_registry(QCommsConfig(forward_precision=CommType[config.comm_forward_precision.upper()],
+                                                      backward_precision=CommType[config.comm_backward_precision.upper()]))  # fmt: skip
+    return [EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry) if type(s) is EmbeddingBagCollectionSharder
+            else s for s in sharders]  # fmt: skip
 
 
 def proposers(patience: int) -> list[Proposer]:
@@ -219,7 +248,8 @@ def shard_model(
     topology = cluster_topology(this_job_cluster(device, world_size, _local_world_size(world_size)))
     plan, _ = plan_sharding(model, config, topology, batch_size_per_rank, dist.GroupMember.WORLD, pooling_factor)
     wrapper = DefaultDataParallelWrapper() if world_size > 1 else AloneDataParallelWrapper()
-    return DistributedModelParallel(model, device=device, plan=plan, data_parallel_wrapper=wrapper), plan
+    return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders_for(config),
+                                    data_parallel_wrapper=wrapper), plan  # fmt: skip
 
 
 class AloneDataParallelWrapper(DataParallelWrapper):

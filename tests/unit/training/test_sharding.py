@@ -186,3 +186,21 @@ def test_tables_beyond_the_given_host_memory_do_not_plan_mocked_small_host(monke
     monkeypatch.undo()
     fits = sharding.cluster_topology(sharding.this_job_cluster(torch.device("cpu"), 2, 2))
     assert plan_sharding(_model(), ShardingConfig(), fits, 1024)[0].plan, "the real host holds these tables"
+
+
+def test_quantized_communication_is_refused_on_cpu_and_configured_for_gpus() -> None:
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    from training.sharding import sharders_for
+
+    config = ShardingConfig(comm_forward_precision="fp16", comm_backward_precision="bf16")
+    # TorchRec runs the sharded modules on CPU without the codecs: refused, not ignored
+    with pytest.raises(ShardingError, match="quantized communication needs CUDA"):
+        plan_sharding(_model(), config, Topology(world_size=2, compute_device="cpu"), 1024)
+    (ebc,) = [s for s in sharders_for(config) if type(s) is EmbeddingBagCollectionSharder]
+    codecs = ebc.qcomm_codecs_registry["POOLED_EMBEDDINGS_ALL_TO_ALL"]
+    assert codecs.forward is not None and codecs.backward is not None
+    gpus = Topology(world_size=8, compute_device="cuda", local_world_size=8, hbm_cap=80 * 2**30)
+    assert plan_sharding(_model(), config, gpus, 4096)[0].plan, "planned for GPUs with the codecs"
+    plain = [s for s in sharders_for(ShardingConfig()) if type(s) is EmbeddingBagCollectionSharder]
+    assert plain[0].qcomm_codecs_registry is None
