@@ -169,3 +169,21 @@ def test_a_killed_worker_fails_the_job_on_both_hosts_and_the_same_commands_resum
     uninterrupted = _alone(prepared_run, "uninterrupted", 2)
     assert resumed["steps"] == uninterrupted["steps"] and resumed["rows_trained"] == uninterrupted["rows_trained"]
     assert abs(resumed["eval_ne"] - uninterrupted["eval_ne"]) <= 1e-6
+
+
+def test_ctrl_c_on_one_host_stops_every_host(two_hosts: list[str], prepared_run: Path) -> None:
+    out = prepared_run / "interrupted"
+    hosts = [
+        _train(prepared_run, "interrupted", 1, "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", ENDPOINT,
+               host=name)  # fmt: skip
+        for rank, name in enumerate(two_hosts)
+    ]
+    deadline = time.time() + 120
+    while not (out / "metrics.jsonl").is_file() and time.time() < deadline:
+        time.sleep(0.1)
+    hosts[1].send_signal(signal.SIGINT)  # `ip netns exec` passes it on to the dlrm process
+    results = [process.communicate(timeout=120) for process in hosts]
+    assert hosts[1].returncode == 130 and hosts[0].returncode != 0, [err[-2000:] for _, err in results]
+    assert "node 1: stopped by a signal" in results[0][1]
+    leftovers = subprocess.run(["pgrep", "-f", f"training.worker {out}"], capture_output=True, text=True, check=False)
+    assert leftovers.stdout.strip() == "", "no worker left on either host"
