@@ -175,7 +175,7 @@ def test_ctrl_c_on_one_host_stops_every_host(two_hosts: list[str], prepared_run:
     out = prepared_run / "interrupted"
     hosts = [
         _train(prepared_run, "interrupted", 1, "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", ENDPOINT,
-               host=name)  # fmt: skip
+               host=name)
         for rank, name in enumerate(two_hosts)
     ]
     deadline = time.time() + 120
