@@ -142,6 +142,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--with-server", action="store_true",
                        help="also start the Prefect server with its UI here (else PREFECT_API_URL names one)")
     serve.add_argument("--port", type=int, default=DASHBOARD_PORT, help="the UI's port with --with-server (default: %(default)s)")
+    serve.add_argument("--trainer-node", type=int, metavar="R", help="serve only node R's part of multi-host "
+                       "training (orchestration.trainer_hosts > 1), on that host")  # fmt: skip
     serve.set_defaults(handler=_serve)
 
     server = commands.add_parser("server", help="the Prefect server with its UI (the dashboard), until Ctrl-C")
@@ -229,7 +231,7 @@ def _serve(args: argparse.Namespace) -> int:
     from flows.serve import serve_deployments
 
     with prefect_api(persistent_server(args.port) if args.with_server else None):
-        serve_deployments(args.config, args.overrides, args.limit)
+        serve_deployments(args.config, args.overrides, args.limit, args.trainer_node)
     raise_if_stopped()  # Prefect's runner ends quietly on Ctrl-C: the exit code still says so
     return 0
 

@@ -62,8 +62,17 @@ class OrchestrationConfig:
     # trainers, through a Prefect concurrency limit: a scheduled retune waits for a
     # retrain's training instead of sharing its cores. 0: no limit.
     trainer_slots: int = 1
+    # The hosts the pipeline's training stage spans: each serves its part with
+    # `dlrm serve --trainer-node R` (docs/cluster.md); node 0 hosts the rendezvous at
+    # `rdzv_endpoint` (HOST:PORT). 1: training runs on the flow's host.
+    trainer_hosts: int = 1
+    rdzv_endpoint: str = ""
 
     def __post_init__(self) -> None:
+        if self.trainer_hosts < 1:
+            raise ValueError(f"trainer_hosts: must be at least 1, got {self.trainer_hosts}")
+        if self.trainer_hosts > 1 and not self.rdzv_endpoint:
+            raise ValueError("trainer_hosts: several hosts need rdzv_endpoint, node 0's HOST:PORT (e.g. 10.0.0.1:29400)")
         if self.trainer_slots < 0:
             raise ValueError(f"trainer_slots: must be ≥ 0 (0: no limit), got {self.trainer_slots}")
         if self.max_workers < 1:

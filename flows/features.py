@@ -28,7 +28,6 @@ from flows.stopped_runs import cancel_when_stopped
 from flows.tasks import fit_task, generate_task, ingest_task, preprocess_task
 from ingestion.preprocess import PreprocessState
 from training.run_length import fit_run_length
-from training.tuning.key import hosts_from
 
 
 class IngestError(RuntimeError):
@@ -54,12 +53,8 @@ def prepare_features(config: PipelineConfig) -> Features:
 def day_task_runner(config: PipelineConfig):
     """Where the per-day tasks run: a local thread pool, or a Dask cluster."""
     if config.orchestration.task_runner == "dask":
-        try:
-            from prefect_dask import DaskTaskRunner
-        except ImportError:
-            raise ConfigError(
-                "orchestration.task_runner = 'dask' needs the prefect-dask package: pip install prefect-dask"
-            ) from None
+        from prefect_dask import DaskTaskRunner
+
         check_workers_reach_prefect(config.orchestration.dask_address)
         return DaskTaskRunner(address=config.orchestration.dask_address)
     return ThreadPoolTaskRunner(max_workers=config.orchestration.max_workers)
@@ -116,8 +111,8 @@ def with_run_length(config: PipelineConfig, state: PreprocessState, hosts: int |
     """The config at a batch size that gives the run `training.min_steps` steps on its
     training rows (training/run_length.py); the change, or a warning, goes to the log.
     Applied before the tuning key is taken, so the key names the batch the run trains at.
-    `hosts`: the job's hosts (default: torchrun's `--nnodes` in `training.torchrun_args`)."""
-    world = config.training.nproc * (hosts or hosts_from(config.training))
+    `hosts`: the job's hosts (default: the pipeline's, `orchestration.trainer_hosts`)."""
+    world = config.training.nproc * (hosts or config.orchestration.trainer_hosts)
     fitted = fit_run_length(config.training, state.train_rows, world)
     if fitted.note:
         run_logger("flows.features").warning("%s", fitted.note)

@@ -97,7 +97,7 @@ def run_retune(config: PipelineConfig, features: Features) -> RetuneResult:
     log = run_logger("flows.retune")
     storage_url = config.optuna_storage
     storage = open_storage(storage_url, config.tuning.heartbeat_s)
-    key = tuning_key(config.training)
+    key = tuning_key(config.training, config.orchestration.trainer_hosts)
     study = open_study(storage, config.name, key, config.tuning)
     worker = join_as_worker(study, storage_url, config.tuning)
     others = [t for t in tuned_keys(storage, config.name) if t.key != key]

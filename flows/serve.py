@@ -31,6 +31,7 @@ from prefect.states import Cancelled
 from flows.config import load_config
 from flows.pipeline import pipeline, retrain
 from flows.retune import retune
+from flows.trainer_hosts import node_deployment, train_node
 
 log = logging.getLogger("flows.serve")
 
@@ -55,9 +56,21 @@ def build_deployments(config_path: str, overrides: list[str] | None = None) -> l
     ]  # fmt: skip
 
 
-def serve_deployments(config_path: str, overrides: list[str] | None = None, limit: int | None = None) -> None:
-    """Register the deployments and run their flow runs until stopped (Ctrl-C, SIGTERM)."""
-    deployments = build_deployments(config_path, overrides)
+def trainer_node_deployment(node_rank: int) -> RunnerDeployment:
+    """This host's part of the pipeline's multi-host training (flows/trainer_hosts.py)."""
+    return train_node.to_deployment(name=node_deployment(node_rank), tags=[f"node:{node_rank}"],
+                                    description=f"Node {node_rank}'s part of a multi-host training job")  # fmt: skip
+
+
+def serve_deployments(config_path: str, overrides: list[str] | None = None, limit: int | None = None,
+                      trainer_node: int | None = None) -> None:  # fmt: skip
+    """Register the deployments and run their flow runs until stopped (Ctrl-C, SIGTERM).
+    `trainer_node`: serve only that node's part of multi-host training jobs."""
+    if trainer_node is None:
+        deployments = build_deployments(config_path, overrides)
+    else:
+        load_config(config_path, overrides or [])
+        deployments = [trainer_node_deployment(trainer_node)]
     try:
         serve(*deployments, limit=limit)
     finally:

@@ -29,6 +29,7 @@ from evaluation.promotion import PromotionDecision, QualityEvidence, QualityGate
 from evaluation.report import EvalReport, Scores, build_report
 from flows.config import ConfigError, PipelineConfig
 from flows.registry import decision_tag, promote_if_better, promotion_lock
+from flows.trainer_hosts import train_on_hosts
 from flows.trainer_slots import trainer_slot
 from ingestion.preprocess import PreprocessState, apply_state, fit_state
 from ingestion.synthetic import GroundTruth, existing_day, generate_day, read_day_stats
@@ -126,8 +127,12 @@ def train_task(config: PipelineConfig, state: PreprocessState, files: dict[int, 
             shown[0] = done
             update_progress_artifact(progress, done)
 
+    hosts = config.orchestration
     with trainer_slot(config, logger):
-        launch(job, on_line=logger.info, on_progress=on_progress)
+        if hosts.trainer_hosts > 1:
+            train_on_hosts(job, hosts.trainer_hosts, hosts.rdzv_endpoint, logger.info)
+        else:
+            launch(job, on_line=logger.info, on_progress=on_progress)
     update_progress_artifact(progress, 100.0)
     _publish_plan(job.out / "plan.json")
     return TrainedModel(TrainSummary.load(job.out / "summary.json"), job.out)

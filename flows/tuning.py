@@ -31,7 +31,7 @@ def choose_hyperparameters(
     config: PipelineConfig, features: Features, config_path: str, overrides: list[str]
 ) -> TuningDecision:
     log = run_logger("flows.tuning")
-    key = tuning_key(config.training)
+    key = tuning_key(config.training, config.orchestration.trainer_hosts)
     storage = open_storage(config.optuna_storage, config.tuning.heartbeat_s)
     configured = params_of(config.training, config.model, config.tuning)
     decision = decide(config.tuning.policy, key, tuned_keys(storage, config.name), configured,

@@ -187,3 +187,58 @@ def test_ctrl_c_on_one_host_stops_every_host(two_hosts: list[str], prepared_run:
     assert "node 1: stopped by a signal" in results[0][1]
     leftovers = subprocess.run(["pgrep", "-f", f"training.worker {out}"], capture_output=True, text=True, check=False)
     assert leftovers.stdout.strip() == "", "no worker left on either host"
+
+
+def _in_host(host: str, command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(["ip", "netns", "exec", host, *command], env=env, stdout=subprocess.DEVNULL,
+                            stderr=log.open("w"), start_new_session=True)  # fmt: skip
+
+
+def _wait_until_answers(host: str, url: str, process: subprocess.Popen, log: Path) -> None:
+    probe = f"import httpx, sys; sys.exit(0 if httpx.get('{url}/health', timeout=2).status_code == 200 else 1)"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        assert process.poll() is None, log.read_text()[-3000:]
+        if subprocess.run(["ip", "netns", "exec", host, sys.executable, "-c", probe], capture_output=True,
+                          check=False).returncode == 0:  # fmt: skip
+            return
+        time.sleep(1)
+    raise AssertionError(f"the Prefect server at {url} did not answer: {log.read_text()[-3000:]}")
+
+
+def test_the_pipeline_trains_across_hosts_served_as_trainer_nodes(
+    two_hosts: list[str], prepared_run: Path, tmp_path: Path
+) -> None:
+    """A Prefect server on host 0, `dlrm serve --trainer-node R` on each host, and the pipeline
+    (on host 0) whose training stage runs on both: the same model as one host with both processes."""
+    api = "http://10.201.7.1:4277/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
+    (tmp_path / "prefect").mkdir()
+    server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
+    started = [_in_host(two_hosts[0], [sys.executable, "-m", "prefect", "server", "start", "--host", "10.201.7.1",
+                                       "--port", "4277"], server_env, tmp_path / "server.log")]  # fmt: skip
+    try:
+        _wait_until_answers(two_hosts[0], api, started[0], tmp_path / "server.log")
+        config = ["--config", str(ROOT / "configs" / "tiny.toml"), "--set", f'run_dir="{prepared_run}"']
+        for rank, host in enumerate(two_hosts):
+            started.append(_in_host(host, [DLRM, "serve", *config, "--trainer-node", str(rank)], env,
+                                    tmp_path / f"node-{rank}.log"))  # fmt: skip
+        time.sleep(8)  # both deployments registered
+        run = subprocess.run(["ip", "netns", "exec", two_hosts[0], DLRM, "run", *config, "--set", "training.nproc=1",
+                              "--set", "orchestration.trainer_hosts=2", "--set", f'orchestration.rdzv_endpoint="{ENDPOINT}"',
+                              "--json"], env=env, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-4000:] + (tmp_path / "node-1.log").read_text()[-2000:]
+        summary = _report(run.stdout)
+    finally:
+        for process in reversed(started):  # Ctrl-C, as a user stops them (tested in test_stopping.py)
+            os.killpg(process.pid, signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+    assert summary["world_size"] == 2 and summary["rows_trained"] == 12_000
+    one_host = _alone(prepared_run, "one-host-reference", 2)
+    assert summary["steps"] == one_host["steps"]
+    assert abs(summary["eval_ne"] - one_host["eval_ne"]) <= 1e-6
+    assert (prepared_run / "train" / "logs" / "node-1").is_dir(), "host 1 trained its part"

@@ -65,9 +65,10 @@ def hosts_from(config: TrainingConfig) -> int:
     return 1
 
 
-def tuning_key(config: TrainingConfig) -> TuningKey:
-    """The key of a run of `config` on this host's hardware (as the worker will choose it)."""
-    hosts = hosts_from(config)
+def tuning_key(config: TrainingConfig, hosts: int | None = None) -> TuningKey:
+    """The key of a run of `config` on `hosts` hosts like this one (as the worker will choose
+    its device); `hosts` defaults to torchrun's `--nnodes`, or 1."""
+    hosts = hosts or hosts_from(config)
     use_cuda = config.device != "cpu" and torch.cuda.is_available()
     if use_cuda:
         properties = torch.cuda.get_device_properties(0)

@@ -125,8 +125,10 @@ def test_the_day_task_runner_is_threads_or_a_named_dask_cluster() -> None:
         load_config(ROOT / "configs" / "tiny.toml", ['orchestration.task_runner="dask"'])
     dask = load_config(ROOT / "configs" / "tiny.toml", ['orchestration.task_runner="dask"',
                                                         'orchestration.dask_address="tcp://127.0.0.1:8786"'])  # fmt: skip
-    with pytest.raises(ConfigError, match="pip install prefect-dask"):
-        day_task_runner(dask)  # not installed here: the message says what to do
+    from prefect_dask import DaskTaskRunner
+
+    runner = day_task_runner(dask)  # prefect-dask is installed with the project
+    assert isinstance(runner, DaskTaskRunner) and runner.address == "tcp://127.0.0.1:8786"
 
 
 def test_flow_overrides_cannot_move_data_paths_out_of_the_run_folder(tmp_path, monkeypatch) -> None:
