@@ -134,13 +134,14 @@ class FeatureMap:
         values, lengths = [], []
         for feature in SPARSE:
             bags = categorical_ids(frame[feature].tolist(), feature, feature in self.multi_hot)
-            ids = np.fromiter((i for bag in bags for i in bag), dtype=np.int64)
-            mapped = iter(self.rows(feature, ids).tolist())
-            for bag in bags:
-                values.extend([next(mapped) for _ in bag] or [MISSING_ROW])
-                lengths.append(max(len(bag), 1))
-        return KeyedJaggedTensor(keys=list(SPARSE), values=torch.tensor(values, dtype=torch.int64),
-                                 lengths=torch.tensor(lengths, dtype=torch.int32), stride=len(frame))  # fmt: skip
+            sizes = np.fromiter(map(len, bags), dtype=np.int64, count=len(bags))
+            mapped = self.rows(feature, np.fromiter((i for bag in bags for i in bag), dtype=np.int64))
+            starts = np.cumsum(sizes) - sizes
+            values.append(np.insert(mapped, starts[sizes == 0], MISSING_ROW))  # an empty bag: [missing]
+            lengths.append(np.maximum(sizes, 1))
+        return KeyedJaggedTensor(keys=list(SPARSE), values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
+                                 lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int32)),
+                                 stride=len(frame))  # fmt: skip
 
 
 def serving_device(chosen_at_export: str) -> torch.device:
