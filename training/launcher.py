@@ -185,7 +185,7 @@ def _launch_once(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[
     forget_group(process)
     raise_if_stopped()  # ended by a stop (SIGINT/SIGTERM to the program): not a failure to retry
     if code != 0:
-        raise _failure(job, "\n".join(output), code, log_dir(job, role))
+        raise _failure("\n".join(output), code, log_dir(job, role))
 
 
 def follow(process: subprocess.Popen, on_line: Callable[[str], None], poll: Callable[[], None],
@@ -293,7 +293,7 @@ def blame(exit_code: int) -> int:
     return 3 if exit_code == -signal.SIGTERM else 2
 
 
-def _failure(job: TrainJob, output: str, launcher_code: int, logs: Path) -> TrainingFailed:
+def _failure(output: str, launcher_code: int, logs: Path) -> TrainingFailed:
     cause = first_cause(output)
     if cause is None:
         tail = "\n".join(output.strip().splitlines()[-15:])
