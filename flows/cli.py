@@ -108,8 +108,18 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run the whole pipeline as a Prefect flow")
     _add_config_arguments(run)
+    run.add_argument("--as-of", metavar="DAY", help="recurring run: today's data is DAY (or 'newest', the newest "
+                     "complete day): continue the champion on the days before it that it has not seen, "
+                     "judge on DAY")  # fmt: skip
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     run.set_defaults(handler=_run)
+
+    backfill = commands.add_parser("backfill", help="recurring runs as of each day from --from to --to, in order")
+    _add_config_arguments(backfill)
+    backfill.add_argument("--from", dest="first", type=int, required=True, metavar="DAY", help="the first night's day")
+    backfill.add_argument("--to", dest="last", type=int, required=True, metavar="DAY", help="the last night's day")
+    backfill.add_argument("--json", action="store_true", help="print the nights' summaries as one JSON object")
+    backfill.set_defaults(handler=_backfill)
 
     train = commands.add_parser("train", help="only the training stage, on the features the run folder holds; "
                                 "one command per host for a multi-host job")  # fmt: skip
@@ -282,17 +292,19 @@ def _train(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from flows.config import load_config
+    from flows.recurring import resolve_as_of
     from flows.sources import raw_sources
     from flows.tasks import refuse_hosts_in_torchrun_args
 
     config = load_config(args.config, args.overrides)  # fail fast, before Prefect starts
-    raw_sources(config)
+    if resolve_as_of(config, args.as_of) is None:
+        raw_sources(config)  # a recurring run's days are known once its champion is
     refuse_hosts_in_torchrun_args(config)
     from flows.local_server import prefect_api
     from flows.pipeline import run_pipeline
 
     with prefect_api():
-        summary = run_pipeline(args.config, args.overrides)
+        summary = run_pipeline(args.config, args.overrides, args.as_of)
     if args.json:
         print(json.dumps(summary))
     else:
@@ -300,7 +312,47 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _backfill(args: argparse.Namespace) -> int:
+    """`dlrm run --as-of N` for each day N in order; stops at the first night that fails."""
+    from flows.config import load_config
+    from flows.sources import complete_days
+    from flows.tasks import refuse_hosts_in_torchrun_args
+
+    config = load_config(args.config, args.overrides)
+    refuse_hosts_in_torchrun_args(config)
+    if args.last < args.first:
+        raise UserError(f"--to {args.last} is before --from {args.first}")
+    days = range(args.first, args.last + 1)
+    if config.data.source != "synthetic":  # nights only for the days that have data
+        days = [day for day in complete_days(config) if args.first <= day <= args.last]
+    from flows.local_server import prefect_api
+    from flows.pipeline import run_pipeline
+
+    nights = []
+    with prefect_api():
+        for day in days:
+            summary = run_pipeline(args.config, args.overrides, str(day))
+            nights.append(summary)
+            if not args.json:
+                print(night_line(summary), flush=True)
+    if args.json:
+        print(json.dumps({"nights": nights}))
+    return 0
+
+
+def night_line(summary: dict[str, Any]) -> str:
+    """One line per night of a backfill."""
+    if summary.get("skipped"):
+        return f"as of day {summary['as_of']}: skipped: {summary['skip_reason']}"
+    start = f"from version {summary['warm_start_version']}" if summary["warm_start_version"] else "from scratch"
+    return (f"as of day {summary['as_of']}: trained days {summary['days_trained']} {start} "
+            f"({summary['rows_trained']:,} rows), NE {summary['eval_ne']:.4f}, version {summary['model_version']} "
+            f"{'promoted' if summary['promoted'] else 'not promoted'}")  # fmt: skip
+
+
 def format_summary(summary: dict[str, Any], config) -> str:
+    if summary.get("skipped"):
+        return "\n" + night_line(summary) + f"\n  champion             version {summary['champion_version']}, lineage days {summary['lineage_days']}"
     run_dir = Path(config.run_dir).resolve()
     ne = summary["eval_ne"]
 
@@ -321,7 +373,11 @@ def format_summary(summary: dict[str, Any], config) -> str:
         "",
         f"DLRM pipeline '{config.name}' finished",
         f"  rows ingested        {summary['rows_ingested']:,}  (quarantined: {summary['rows_quarantined']:,})",
-        f"  held-out days        {list(config.data.eval_days)}  ({int(summary['eval_count']):,} examples)",
+        (f"  held-out days        {summary.get('eval_days') or list(config.data.eval_days)}  "
+         f"({int(summary['eval_count']):,} examples)"),
+        *([f"  lineage              trained days {summary['days_trained']} "
+           + (f"from version {summary['warm_start_version']}" if summary["warm_start_version"] else "from scratch")
+           + f"; the model has seen days {summary['lineage_days']}"] if summary.get("as_of") is not None else []),
         f"  NE                   {ne:.4f}",
         (bayes + reference("logistic_regression", "logistic regression")
          + reference("baseline_constant", "constant click rate")).rstrip("\n"),

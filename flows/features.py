@@ -41,12 +41,14 @@ class Features:
     ingest: list[dict[str, Any]]  # one ingest report per day
 
 
-def prepare_features(config: PipelineConfig) -> Features:
+def prepare_features(config: PipelineConfig, parent: PreprocessState | None = None) -> Features:
+    """Ingest and preprocess the config's days; `parent`: the preprocessing state of the
+    model this run continues, extended instead of fitting a new one."""
     Path(config.run_dir).mkdir(parents=True, exist_ok=True)
     days = list(config.data.all_days)
     runner = {"task_runner": day_task_runner(config)}
     ingest = ingest_days.with_options(**runner)(config, days)
-    state, files = preprocess_days.with_options(**runner)(config, days)
+    state, files = preprocess_days.with_options(**runner)(config, days, parent)
     return Features(state, files, ingest)
 
 
@@ -92,10 +94,13 @@ def ingest_days(config: PipelineConfig, days: list[int]) -> list[dict[str, Any]]
 
 
 @flow(name="preprocess", on_crashed=[cancel_when_stopped])
-def preprocess_days(config: PipelineConfig, days: list[int]) -> tuple[PreprocessState, dict[int, list[str]]]:
-    """Fit the preprocessing state on the train days (once per config and inputs), then
-    write each day's features; returns the state and each day's feature files."""
-    state = fit_task(config)
+def preprocess_days(
+    config: PipelineConfig, days: list[int], parent: PreprocessState | None = None
+) -> tuple[PreprocessState, dict[int, list[str]]]:
+    """Fit the preprocessing state on the train days (once per config and inputs), or extend
+    `parent` with them, then write each day's features; returns the state and each day's
+    feature files."""
+    state = fit_task(config, parent)
     files = dict(zip(days, preprocess_task.map(config, state, days).result(), strict=True))
     return state, files
 

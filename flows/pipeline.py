@@ -17,6 +17,17 @@ from evaluation.report import EvalReport, Scores, report_markdown
 from flows.config import PipelineConfig, config_as_dict, flatten, load_config, load_flow_config
 from flows.deferred import track_or_defer, wait_for_tracking
 from flows.features import prepare_features, with_run_length
+from flows.recurring import (
+    Night,
+    keep_checkpoint,
+    lineage_tags,
+    night_config,
+    plan_night,
+    prune_lineage,
+    resolve_as_of,
+    skipped_summary,
+    with_champion_shape,
+)
 from flows.registry import current_champion
 from flows.stopped_runs import cancel_when_stopped
 from flows.tasks import (
@@ -49,9 +60,16 @@ class PipelineResult:
     tracked: TrackedRun
     decision: PromotionDecision | None
     tuning: TuningDecision
+    night: Night
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "as_of": self.night.as_of,
+            "eval_days": list(self.config.data.eval_days),
+            "skipped": False,
+            "days_trained": list(self.config.data.train_days),
+            "lineage_days": list(self.night.lineage_days),
+            "warm_start_version": self.night.warm_start.version if self.night.warm_start else None,
             "rows_ingested": sum(r["rows_written"] for r in self.ingest),
             "rows_quarantined": sum(r["rows_quarantined"] for r in self.ingest),
             "files_failed": [e for r in self.ingest for e in r["files_failed"]],
@@ -78,10 +96,13 @@ class PipelineResult:
 
 
 @flow(name="pipeline", log_prints=True, on_crashed=[cancel_when_stopped])
-def pipeline(config_path: str = "configs/demo.toml", overrides: list[str] | None = None) -> dict[str, Any]:
-    """The whole slice on one config; returns the summary (also published as artifacts)."""
+def pipeline(config_path: str = "configs/demo.toml", overrides: list[str] | None = None,
+             as_of: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """The whole slice on one config; returns the summary (also published as artifacts).
+    `as_of`: a day, or "newest" (the newest complete one): continue the champion on the
+    days before it that it has not seen and judge on that day (flows/recurring.py)."""
     overrides = overrides or []
-    return run_stages(load_flow_config(config_path, overrides), config_path, overrides).as_dict()
+    return run_stages(load_flow_config(config_path, overrides), config_path, overrides, as_of).as_dict()
 
 
 @flow(name="retrain", log_prints=True, on_crashed=[cancel_when_stopped])
@@ -100,31 +121,68 @@ def retrain(
     return run_stages(load_flow_config(config_path, overrides), config_path, overrides).as_dict()
 
 
-def run_stages(config: PipelineConfig, config_path: str, overrides: list[str]) -> PipelineResult:
+def run_stages(config: PipelineConfig, config_path: str, overrides: list[str],
+               as_of: str | int | None = None) -> PipelineResult | SkippedNight:  # fmt: skip
     logger = get_run_logger()
     started, started_at_ms = time.perf_counter(), int(time.time() * 1000)
-    features = prepare_features(config)
+    night, config = _plan(config, as_of)
+    if night.skipped:
+        logger.info("as of day %s: %s", night.as_of, night.skipped)
+        return SkippedNight(skipped_summary(night, MlflowClient(tracking_uri=config.tracking_uri),
+                                            config.tracking.registered_model))  # fmt: skip
+    warm = night.warm_start
+    features = prepare_features(config, warm.state if warm else None)
     ingest, state, feature_files = features.ingest, features.state, features.files
     config = with_run_length(config, state)
     tuning = choose_hyperparameters(config, features, config_path, overrides)
     config = with_params(config, tuning.params)
-    training = train_model(config, state, feature_files)
+    if warm:
+        config, kept_shape = with_champion_shape(config, warm)
+        if kept_shape:
+            logger.warning("%s", kept_shape)
+    training = train_model(config, state, feature_files, warm.checkpoint if warm else "")
     report, scores = evaluate_model(config, state, feature_files, str(training.out_dir))
     model = export_task(config, state, feature_files, training.summary.checkpoint, str(training.out_dir))
-    tracked = _track(config, state, ingest, report, scores, training, model, tuning.as_tags(), started_at_ms)
+    lineage = lineage_tags(night, state, keep_checkpoint(config, training.summary.checkpoint))
+    tracked = _track(config, state, ingest, report, scores, training, model, {**tuning.as_tags(), **lineage},
+                     started_at_ms)  # fmt: skip
     decision = None
     if tracked.model_version is not None:
         decision = promote_task(config, tracked.run_id, tracked.model_version, report)
-    result = PipelineResult(config, ingest, report, training, tracked, decision, tuning)
+    prune_lineage(config, MlflowClient(tracking_uri=config.tracking_uri))
+    result = PipelineResult(config, ingest, report, training, tracked, decision, tuning, night)
     _publish_artifacts(result)
     logger.info("pipeline finished in %.0f s; MLflow run %s", time.perf_counter() - started, tracked.run_id)
     return result
 
 
+@dataclass(frozen=True)
+class SkippedNight:
+    """A run as of a day that is already covered: nothing trained (flows/recurring.py)."""
+
+    summary: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.summary)
+
+
+def _plan(config: PipelineConfig, as_of: str | int | None) -> tuple[Night, PipelineConfig]:
+    """The run's night (a plain run: the configured days) and its config."""
+    day = resolve_as_of(config, as_of)
+    if day is None:
+        return Night(None, config.data.train_days), config
+    night = plan_night(config, day, MlflowClient(tracking_uri=config.tracking_uri))
+    if night.note:
+        get_run_logger().info("as of day %d: %s", day, night.note)
+    return night, (config if night.skipped else night_config(config, night))
+
+
 @flow(name="train", on_crashed=[cancel_when_stopped])
-def train_model(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]]) -> TrainedModel:
-    """Sharded training with torchrun on the train days; the job's summary and outputs."""
-    return train_task(config, state, files)
+def train_model(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]],
+                warm_start: str = "") -> TrainedModel:  # fmt: skip
+    """Sharded training with torchrun on the train days (from `warm_start`'s checkpoint
+    when given); the job's summary and outputs."""
+    return train_task(config, state, files, warm_start)
 
 
 @flow(name="evaluate", on_crashed=[cancel_when_stopped])
@@ -225,8 +283,8 @@ def _run_link(result: PipelineResult) -> str:
     return f"[{tracked.run_id}]({run_url(ui_address(result.config.tracking_uri), tracked.experiment_id, tracked.run_id)})"
 
 
-def run_pipeline(config_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
+def run_pipeline(config_path: str, overrides: list[str] | None = None, as_of: str | None = None) -> dict[str, Any]:
     """Run the flow with as many parallel stage tasks as the config allows."""
     config = load_config(config_path, overrides or [])
     runner = ThreadPoolTaskRunner(max_workers=config.orchestration.max_workers)
-    return pipeline.with_options(task_runner=runner)(config_path=config_path, overrides=overrides or [])
+    return pipeline.with_options(task_runner=runner)(config_path=config_path, overrides=overrides or [], as_of=as_of)

@@ -1,6 +1,7 @@
 """`dlrm serve`: the deployments a scheduled, dashboard-driven installation runs.
 
-- `pipeline/nightly`: the whole pipeline on `orchestration.nightly_cron`;
+- `pipeline/nightly`: on `orchestration.nightly_cron`, a recurring run as of the newest
+  complete day (flows/recurring.py): the champion continues on the days it has not seen;
 - `retrain/retrain`: the pipeline on demand, with typed parameters (batch size, days), from
   the Prefect UI's Run button or the API;
 - `retune/retune`: a study for the config's tuning key (also what `scale_and_schedule`
@@ -30,6 +31,7 @@ from prefect.states import Cancelled
 
 from flows.config import load_config
 from flows.pipeline import pipeline, retrain
+from flows.recurring import NEWEST
 from flows.retune import retune
 from flows.trainer_hosts import node_deployment, train_node
 
@@ -43,7 +45,8 @@ def build_deployments(config_path: str, overrides: list[str] | None = None) -> l
     return [
         pipeline.to_deployment(
             name="nightly", schedule=Cron(config.orchestration.nightly_cron, timezone=config.orchestration.timezone),
-            parameters=parameters, tags=tags, description="The pipeline on the nightly schedule",
+            parameters={**parameters, "as_of": NEWEST}, tags=tags,
+            description="Each night: continue the champion on the new days, judged on the newest complete day",
         ),
         retrain.to_deployment(
             name="retrain", parameters=parameters, tags=tags,

@@ -31,7 +31,7 @@ from flows.config import ConfigError, PipelineConfig
 from flows.registry import decision_tag, promote_if_better, promotion_lock
 from flows.trainer_hosts import train_on_hosts
 from flows.trainer_slots import trainer_slot
-from ingestion.preprocess import PreprocessState, apply_state, fit_state
+from ingestion.preprocess import PreprocessState, apply_state, continue_state, fit_state
 from ingestion.synthetic import GroundTruth, existing_day, generate_day, read_day_stats
 from ingestion.warehouse import ingest_day
 from training.baselines import fit_logistic_regression
@@ -83,13 +83,13 @@ def ingest_task(config: PipelineConfig, day: int, sources: list[str]) -> dict[st
 
 
 @task(name="fit-preprocessing", **STAGE)
-def fit_task(config: PipelineConfig) -> PreprocessState:
-    return fit_state(
-        config.preprocess,
-        config.path(config.data.warehouse_dir),
-        config.path(config.preprocess.features_dir),
-        config.data.train_days,
-    )
+def fit_task(config: PipelineConfig, parent: PreprocessState | None = None) -> PreprocessState:
+    """Fit the state on the training days; for a run continuing a model, extend the
+    model's own state (`parent`) with them instead."""
+    warehouse, features_root = config.path(config.data.warehouse_dir), config.path(config.preprocess.features_dir)
+    if parent is not None:
+        return continue_state(config.preprocess, parent, warehouse, features_root, config.data.train_days)
+    return fit_state(config.preprocess, warehouse, features_root, config.data.train_days)
 
 
 @task(name="preprocess-day", **STAGE)
@@ -110,13 +110,15 @@ class TrainedModel:
 
 
 @task(name="train", retries=1, retry_delay_seconds=2, **STAGE)
-def train_task(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]]) -> TrainedModel:
+def train_task(config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]],
+               warm_start: str = "") -> TrainedModel:  # fmt: skip
     """Sharded training with torchrun; returns the job's summary and where its outputs are.
 
     A retry of this task, or the same command after an interruption, resumes from the
     job's last checkpoint; a job that ran to its end trains again (training/resume.py).
+    `warm_start`: a checkpoint to continue (weights and optimizer state).
     """
-    job = build_job(config, state, files)
+    job = build_job(config, state, files, warm_start=warm_start)
     logger = get_run_logger()
     progress = create_progress_artifact(0.0, key="training-progress", description="Training steps done (%)")
     shown = [0.0]
@@ -165,10 +167,12 @@ def refuse_hosts_in_torchrun_args(config: PipelineConfig) -> None:
 
 
 def build_job(
-    config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]], run_id: str | None = None
+    config: PipelineConfig, state: PreprocessState, files: dict[int, list[str]], run_id: str | None = None,
+    warm_start: str = "",
 ) -> TrainJob:
     """The job of the config's training stage. Its checkpoints go to `run_id`'s folder; by
-    default, the job's fingerprint, so the same command resumes an interrupted run."""
+    default, the job's fingerprint, so the same command resumes an interrupted run.
+    `warm_start`: start from that checkpoint's weights and optimizer state."""
     refuse_hosts_in_torchrun_args(config)
     job = TrainJob(
         model=config.model,
@@ -181,6 +185,8 @@ def build_job(
         out_dir=str(config.path("train")),
         run_id=run_id or "",
         pooling_factors=dict(state.multi_hot),
+        init_checkpoint=warm_start,
+        init_optimizer=bool(warm_start),
     )
     return job if run_id else dataclasses.replace(job, run_id=job_fingerprint(job))
 

@@ -86,6 +86,10 @@ def use_experiment(tracking_uri: str, experiment: str, artifact_location: str | 
     return experiment_id
 
 
+# Run tags that also go on the registered version
+VERSION_TAG_PREFIXES = ("lineage.", "preprocessing.")
+
+
 def log_pipeline_run(
     tracking_uri: str,
     artifact_location: str | None,
@@ -116,6 +120,12 @@ def log_pipeline_run(
         if model is not None:
             info = log_serving_model(model, registered_model)
             version = str(info.registered_model_version) if info.registered_model_version else None
+    if version is not None and registered_model:
+        # the registry shows each version's lineage (flows/recurring.py) without opening its run
+        client = MlflowClient(tracking_uri)
+        for key, value in record.tags.items():
+            if key.startswith(VERSION_TAG_PREFIXES):
+                client.set_model_version_tag(registered_model, version, key, value)
     return TrackedRun(run.info.run_id, experiment_id, version)
 
 

@@ -56,9 +56,19 @@ class DataConfig:
     # Categorical features with a variable number of ids per example: their raw field holds
     # comma-separated ids and their warehouse column is a list (e.g. ["C3", "C12"]).
     multi_hot: tuple[str, ...] = ()
+    # When a day of `files` is complete, for `dlrm run --as-of newest` (the nightly run):
+    # a marker file beside the day's files (`{file}` stands for each file's name, e.g.
+    # "{file}.done"; "_SUCCESS" for a folder per day) and/or the newest N days still held
+    # back as being written. Both empty/0: every day with a file is complete.
+    complete_marker: str = ""
+    complete_delay_days: int = 0
 
     def __post_init__(self) -> None:
         check_multi_hot(self.multi_hot)
+        if self.complete_delay_days < 0:
+            raise ValueError(f"complete_delay_days: must be ≥ 0, got {self.complete_delay_days}")
+        if "/" in self.complete_marker:
+            raise ValueError(f"complete_marker: a file name beside the day's files, got {self.complete_marker!r}")
         if not self.train_days:
             raise ValueError("train_days: needs at least one day")
         if not self.eval_days:
@@ -88,6 +98,10 @@ class PreprocessConfig:
     # them); every other value shares the out-of-vocabulary row 1.
     categorical_mode: Literal["hash", "vocab"] = "hash"
     min_count: int = 1
+    # Vocabulary mode: free table rows beyond the fitted vocabulary, as a fraction of it (up
+    # to hash_size rows in all). A recurring run (`--as-of`) gives new frequent ids these
+    # rows and keeps every existing id's row; with none left, new ids share row 1.
+    vocab_headroom: float = 0.5
     features_dir: str = "features"
     duckdb_memory_limit: str = "2GB"
     duckdb_threads: int = 2
@@ -98,6 +112,8 @@ class PreprocessConfig:
             raise ValueError(f"hash_size: must be at least 2, got {self.hash_size}")
         if self.categorical_mode == "vocab" and self.hash_size < 3:
             raise ValueError("hash_size: vocabulary mode needs at least 3 (missing, out-of-vocabulary, one value)")
+        if not 0.0 <= self.vocab_headroom <= 100.0:
+            raise ValueError(f"vocab_headroom: must be in [0, 100], got {self.vocab_headroom}")
         if self.min_count < 1:
             raise ValueError(f"min_count: must be at least 1, got {self.min_count}")
         if self.duckdb_threads < 1:

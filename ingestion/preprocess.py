@@ -20,9 +20,11 @@ train and eval days alike.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
+import math
 import shutil
 import uuid
 from collections.abc import Sequence
@@ -59,9 +61,16 @@ class PreprocessState:
     mode: str = "hash"
     # multi-hot feature → mean ids per example on the training days (an empty bag counts 1)
     multi_hot: dict[str, float] = field(default_factory=dict)
+    # vocab mode: each table's rows, free ones included (`preprocess.vocab_headroom`); empty
+    # for states fitted before headroom existed (then entries + 2)
+    table_rows: dict[str, int] = field(default_factory=dict)
+    # the state this one extends with later days' ids (recurring runs), "" for a fitted one
+    parent: str = ""
 
     @property
     def table_sizes(self) -> dict[str, int]:
+        if self.table_rows:
+            return dict(self.table_rows)
         reserved = 2 if self.mode == "vocab" else 1  # missing (+ out of vocabulary)
         return {name: buckets + reserved for name, buckets in self.buckets.items()}
 
@@ -118,6 +127,7 @@ def state_id_for(config: PreprocessConfig, warehouse: Path, train_days: Sequence
         "hash_size": config.hash_size,
         "mode": config.categorical_mode,
         "min_count": config.min_count if config.categorical_mode == "vocab" else None,
+        **({"headroom": config.vocab_headroom} if config.categorical_mode == "vocab" else {}),
         "days": sorted(train_days),
         "sources": [m and [f["sha256"] for f in m["files"]] for m in manifests],
     }
@@ -145,12 +155,15 @@ def fit_state(config: PreprocessConfig, warehouse: Path, features_root: Path, tr
         counts[c] = con.execute(f"SELECT approx_count_distinct(id) FROM (SELECT unnest({c}) AS id FROM read_parquet(?))",
                                 [globs]).fetchall()[0][0]  # fmt: skip
     state_path.parent.mkdir(parents=True, exist_ok=True)
+    table_rows = {}
     if config.categorical_mode == "vocab":
         buckets = _fit_vocabularies(con, config, globs, state_path.parent / "vocab", multi_hot)
+        table_rows = {name: min(config.hash_size, n + 2 + math.ceil(n * config.vocab_headroom))
+                      for name, n in buckets.items()}  # fmt: skip
     else:
         buckets = {name: max(1, min(config.hash_size - 1, 2 * int(counts[name]))) for name in SPARSE_COLUMNS}
     state = PreprocessState(state_id, buckets, tuple(sorted(train_days)), rows, click_rate, config.categorical_mode,
-                            mean_ids)  # fmt: skip
+                            mean_ids, table_rows)  # fmt: skip
     state.save(state_path)  # written last: a state without its vocabularies is never seen
     log.info("fitted preprocessing state %s on %s rows of days %s", state_id, f"{rows:,}", list(train_days))
     return state
@@ -179,6 +192,62 @@ def _fit_vocabularies(con: duckdb.DuckDBPyConnection, config: PreprocessConfig, 
         )
         sizes[column] = con.execute(f"SELECT count(*) FROM read_parquet('{path}')").fetchall()[0][0]
     return sizes
+
+
+def continue_state(config: PreprocessConfig, parent: PreprocessState, warehouse: Path, features_root: Path,
+                   new_days: Sequence[int]) -> PreprocessState:  # fmt: skip
+    """The state of a run that continues a model fitted with `parent` on `new_days`.
+
+    Every table keeps its size and every known id its row, so the parent's checkpoint loads
+    as it is. Hash mode needs nothing more. Vocabulary mode adds the new days' ids seen at
+    least `min_count` times into the table's free rows, most frequent first; once a table is
+    full, further new ids share the out-of-vocabulary row until a new lineage refits it.
+    The new days' row count and click rate replace the parent's (this run's training rows).
+    """
+    globs = [_day_glob(warehouse, day) for day in sorted(new_days)]
+    con = connect(config, features_root / "_spill")
+    rows, click_rate = con.execute("SELECT count(*), avg(label) FROM read_parquet(?)", [globs]).fetchall()[0]
+    days = tuple(sorted(new_days))
+    continued = dataclasses.replace(parent, train_days=days, train_rows=int(rows), train_click_rate=float(click_rate or 0.0))
+    if parent.mode != "vocab":
+        return continued
+    manifests = [read_manifest(warehouse, day) for day in days]
+    sources = [m and [f["sha256"] for f in m["files"]] for m in manifests]
+    parts = {"parent": parent.state_id, "days": list(days), "sources": sources, "min_count": config.min_count}
+    state_id = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+    state_path = features_root / state_id / "state.json"
+    if state_path.is_file():
+        return dataclasses.replace(PreprocessState.load(state_path), train_rows=int(rows),
+                                   train_click_rate=float(click_rate or 0.0))  # fmt: skip
+    folder = state_path.parent / "vocab"
+    folder.mkdir(parents=True, exist_ok=True)
+    sizes, added, left_out = {}, 0, 0
+    for column in SPARSE_COLUMNS:
+        known = vocabulary_path(features_root, parent, column)
+        if not known.is_file():
+            raise PreprocessError(f"{column}: the vocabulary {known} of the model's preprocessing state "
+                                  f"{parent.state_id} is gone; a recurring run needs the run folder it was fitted in")  # fmt: skip
+        entries = parent.buckets[column]
+        free = max(0, parent.table_sizes[column] - 2 - entries)
+        values = (f"(SELECT unnest({column}) AS v FROM read_parquet(?))" if column in parent.multi_hot
+                  else f"(SELECT {column} AS v FROM read_parquet(?))")  # fmt: skip
+        new_ids = (f"SELECT v, count(*) AS n FROM {values} WHERE v IS NOT NULL AND v NOT IN "
+                   f"(SELECT value FROM read_parquet('{known}')) GROUP BY v HAVING count(*) >= {int(config.min_count)}")  # fmt: skip
+        candidates = con.execute(f"SELECT count(*) FROM ({new_ids})", [globs]).fetchall()[0][0]
+        con.execute(
+            f"COPY (SELECT value, index FROM read_parquet('{known}') UNION ALL "
+            f"(SELECT v AS value, ({entries + 1} + row_number() OVER (ORDER BY n DESC, v))::INTEGER AS index "
+            f"FROM ({new_ids}) ORDER BY n DESC, v LIMIT {free})) TO '{folder / f'{column}.parquet'}' (FORMAT parquet)",
+            [globs],
+        )
+        sizes[column] = entries + min(free, candidates)
+        added, left_out = added + min(free, candidates), left_out + max(0, candidates - free)
+    state = dataclasses.replace(continued, state_id=state_id, buckets=sizes, parent=parent.state_id)
+    state.save(state_path)  # last: a state without its vocabularies is never seen
+    log.info("preprocessing state %s continues %s on days %s: %s new ids in free rows%s", state_id,
+             parent.state_id, list(days), f"{added:,}",
+             f", {left_out:,} more share the out-of-vocabulary row (tables full)" if left_out else "")  # fmt: skip
+    return state
 
 
 def vocabulary_path(features_root: Path, state: PreprocessState, feature: str) -> Path:

@@ -88,8 +88,9 @@ class DayReport:
 
 
 def day_of(source: str, position: int) -> int:
-    """The day a file holds: `day_N` in its name, else its position in the list."""
-    match = _DAY_IN_NAME.search(Path(source).name)
+    """The day a file holds: `day_N` in its name or its folder's, else its position in the list."""
+    path = Path(source)
+    match = _DAY_IN_NAME.search(path.name) or _DAY_IN_NAME.search(path.parent.name)
     return int(match.group(1)) if match else position
 
 

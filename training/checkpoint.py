@@ -72,9 +72,11 @@ def save_checkpoint(
     return target
 
 
-def load_checkpoint(model: nn.Module, optimizer: Optimizer | None, checkpoint: Path) -> tuple[TrainPosition, RowLedger]:
-    """Load into a sharded model (any world size). RNG and row ledger come back only when the
-    world size is unchanged; otherwise each rank starts a fresh ledger."""
+def load_checkpoint(model: nn.Module, optimizer: Optimizer | None, checkpoint: Path,
+                    same_run: bool = True) -> tuple[TrainPosition, RowLedger]:  # fmt: skip
+    """Load into a sharded model (any world size). RNG and row ledger come back only for the
+    same run (`same_run`: a resume, not a warm start) at an unchanged world size; otherwise
+    each rank starts a fresh ledger."""
     state: dict = {"model": model.state_dict()}
     if optimizer is not None:
         # Optimizer state (Adam's moments) is created lazily; DCP loads in place, so it must
@@ -89,7 +91,7 @@ def load_checkpoint(model: nn.Module, optimizer: Optimizer | None, checkpoint: P
     meta = json.loads((checkpoint / "meta.json").read_text())
     ledger = RowLedger()
     rank_file = checkpoint / f"rank-{dist.get_rank():05d}.pt"
-    if meta["world_size"] == dist.get_world_size() and rank_file.is_file():
+    if same_run and meta["world_size"] == dist.get_world_size() and rank_file.is_file():
         extras = torch.load(rank_file, weights_only=False)
         _set_rng_state(extras["rng"])
         ledger = RowLedger(**extras["ledger"])

@@ -190,6 +190,9 @@ class TrainingConfig:
     # Warm-up as a fraction of the run's steps (the longer of the two counts; never longer
     # than the run), so one setting fits a run of any length and batch size.
     warmup_fraction: float = 0.0
+    # A run that continues a champion (`dlrm run --as-of`) starts from its optimizer state,
+    # so it skips the warm-up unless this is set.
+    warmup_on_warm_start: bool = False
     lr_decay: Literal["none", "linear", "cosine"] = "none"
     min_lr_fraction: float = 0.0
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -27,6 +27,9 @@ class TrainJob:
     run_id: str = "default"
     # Start from this checkpoint's weights (any world size), e.g. to warm-start a new run.
     init_checkpoint: str = ""
+    # ... and its optimizer state (a recurring run continuing the champion): no fresh
+    # Adagrad accumulators, no second warm-up from zero.
+    init_optimizer: bool = False
     # Mean ids per example of the multi-hot features (the planner's pooling factors).
     pooling_factors: dict[str, float] = field(default_factory=dict)
 

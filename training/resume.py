@@ -42,6 +42,7 @@ def fingerprinted(job: TrainJob) -> dict[str, Any]:
         "table_sizes": dict(job.table_sizes),
         "pooling_factors": dict(job.pooling_factors),
         "init_checkpoint": job.init_checkpoint,
+        "init_optimizer": job.init_optimizer,
         "train_files": [_file_identity(path) for path in job.train_files],
     }
 

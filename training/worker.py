@@ -113,7 +113,7 @@ def _cpu_kernels(model: torch.nn.Module, job: TrainJob, device: torch.device) ->
 
 
 def _restore(model, optimizer, job: TrainJob) -> tuple[TrainPosition | None, RowLedger | None]:
-    """Resume this run from its newest checkpoint, or start from `init_checkpoint`'s weights."""
+    """Resume this run from its newest checkpoint, or start from `init_checkpoint` (a warm start)."""
     latest = latest_checkpoint(job.checkpoint_root)
     if latest is not None:
         position, ledger = load_checkpoint(model, optimizer, latest)
@@ -121,9 +121,10 @@ def _restore(model, optimizer, job: TrainJob) -> tuple[TrainPosition | None, Row
             print(f"[train] resuming from {latest} (step {position.step})", flush=True)
         return position, ledger
     if job.init_checkpoint:
-        load_checkpoint(model, None, Path(job.init_checkpoint))
+        load_checkpoint(model, optimizer if job.init_optimizer else None, Path(job.init_checkpoint), same_run=False)
         if dist.get_rank() == 0:
-            print(f"[train] starting from the weights of {job.init_checkpoint}", flush=True)
+            what = "weights and optimizer state" if job.init_optimizer else "weights"
+            print(f"[train] starting from the {what} of {job.init_checkpoint}", flush=True)
     return None, None
 
 

@@ -152,6 +152,7 @@ def test_the_server_schedules_the_nightly_deployments_runs(stack: Stack, served:
     for run in runs:
         start = datetime.fromisoformat(run["expected_start_time"]).astimezone(UTC)
         assert run["auto_scheduled"] and (start.hour, start.minute, start.second) == (2, 0, 0), run
+        assert run["parameters"]["as_of"] == "newest", "each night runs as of the newest complete day"
 
 
 def test_the_prefect_ui_run_button_starts_a_retrain_that_completes(stack: Stack, served: dict, tmp_path: Path) -> None:

@@ -21,7 +21,10 @@ def test_serve_builds_nightly_retrain_and_retune() -> None:
     assert [s.schedule.cron for s in nightly.schedules] == [load_config(DEMO).orchestration.nightly_cron]
     assert not deployments["retrain/retrain"].schedules, "retrain runs on demand only"
     for deployment in deployments.values():
-        assert deployment.parameters == {"config_path": DEMO, "overrides": ["training.batch_size=4096"]}
+        expected = {"config_path": DEMO, "overrides": ["training.batch_size=4096"]}
+        if deployment is nightly:  # each night continues the champion as of the newest complete day
+            expected["as_of"] = "newest"
+        assert deployment.parameters == expected
     from prefect.utilities.callables import parameter_schema
 
     from flows.pipeline import retrain
@@ -48,6 +51,7 @@ def test_prefect_yaml_offers_the_same_deployments() -> None:
         listed[f"{flow.name}/{entry['name']}"] = entry
     assert set(listed) == set(served)
     assert [s["cron"] for s in listed["pipeline/nightly"]["schedules"]] == [load_config(DEMO).orchestration.nightly_cron]
+    assert listed["pipeline/nightly"]["parameters"]["as_of"] == served["pipeline/nightly"].parameters["as_of"]
     import prefect
 
     assert spec["prefect-version"] == prefect.__version__, "the same Prefect as the client"

@@ -1,3 +1,4 @@
+import math
 from pathlib import Path
 
 import numpy as np
@@ -94,7 +95,8 @@ def test_vocabulary_mode_matches_a_numpy_oracle(tiny_warehouse: Path, tmp_path: 
     saw_oov = False
     for column in SPARSE_COLUMNS:
         vocabulary = _vocabulary_oracle(train, column, min_count, config.hash_size - 2)
-        assert state.table_sizes[column] == len(vocabulary) + 2 <= config.hash_size
+        free = math.ceil(len(vocabulary) * config.vocab_headroom)  # rows for later days' new ids
+        assert state.table_sizes[column] == min(config.hash_size, len(vocabulary) + 2 + free)
         stored = pq.read_table(tmp_path / state.state_id / "vocab" / f"{column}.parquet")
         assert dict(zip(stored["value"].to_pylist(), stored["index"].to_pylist(), strict=True)) == vocabulary
         raw = eval_day[column].to_pylist()
@@ -115,3 +117,43 @@ def test_vocabulary_keeps_the_most_frequent_values_when_capped(tiny_warehouse: P
     column = max(SPARSE_COLUMNS, key=lambda c: len(set(train[c].drop_null().to_pylist())))
     stored = pq.read_table(tmp_path / state.state_id / "vocab" / f"{column}.parquet")
     assert stored.num_rows == 10 and stored["value"].to_pylist() == list(_vocabulary_oracle(train, column, 1, 10))
+
+
+def _vocabulary(root: Path, state, column: str) -> dict[int, int]:
+    stored = pq.read_table(root / state.state_id / "vocab" / f"{column}.parquet")
+    return dict(zip(stored["value"].to_pylist(), stored["index"].to_pylist(), strict=True))
+
+
+@pytest.mark.parametrize("headroom", [0.5, 0.0])
+def test_a_continued_vocabulary_keeps_every_row_and_fills_free_ones(tiny_warehouse: Path, tmp_path: Path,
+                                                                    headroom: float) -> None:  # fmt: skip
+    """Day 0's vocabulary continued on day 1 (a recurring run): the same table sizes, every
+    known id on its row, and day 1's new ids (most frequent first) in the free rows only."""
+    from dataclasses import replace
+
+    from ingestion.preprocess import continue_state
+
+    config = replace(TINY_PREPROCESS, categorical_mode="vocab", hash_size=500, vocab_headroom=headroom)
+    parent = fit_state(config, tiny_warehouse, tmp_path, (0,))
+    child = continue_state(config, parent, tiny_warehouse, tmp_path, (1,))
+    assert child.parent == parent.state_id != child.state_id and child.train_days == (1,)
+    assert child.table_sizes == parent.table_sizes, "the parent's checkpoint loads as it is"
+    assert child.train_rows == pq.read_table(tiny_warehouse / "day=1").num_rows
+    day1 = pq.read_table(tiny_warehouse / "day=1")
+    grew = 0
+    for column in SPARSE_COLUMNS:
+        before, after = _vocabulary(tmp_path, parent, column), _vocabulary(tmp_path, child, column)
+        assert {v: after[v] for v in before} == before, f"{column}: a known id moved"
+        new = {v: i for v, i in after.items() if v not in before}
+        free = parent.table_sizes[column] - 2 - len(before)
+        assert len(new) <= free and sorted(new.values()) == list(range(len(before) + 2, len(before) + 2 + len(new)))
+        unseen = [v for v in day1[column].drop_null().to_pylist() if v not in before]
+        assert len(new) == min(free, len(set(unseen))), column
+        if new:  # the most frequent new ids got the rows
+            counts = {v: unseen.count(v) for v in set(unseen)}
+            assert min(counts[v] for v in new) >= max([counts[v] for v in counts if v not in new], default=0)
+        assert child.buckets[column] == len(after)
+        grew += len(new)
+    assert (grew > 0) == (headroom > 0)
+    features = pq.read_table(apply_state(config, child, tiny_warehouse, tmp_path, 2), partitioning=None)
+    assert all(int(features[c].to_numpy().max()) < child.table_sizes[c] for c in SPARSE_COLUMNS)

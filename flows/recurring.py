@@ -1,0 +1,253 @@
+"""Recurring training: a run "as of day N" continues the champion on the days it has not seen.
+
+Every registered version carries its lineage as MLflow model-version tags: the days it
+has trained on (`lineage.days`, the parent's and its own), the version it continued
+(`lineage.parent_version`), the day it was judged on (`lineage.as_of`), its preprocessing
+state and where its final checkpoint is kept (`lineage.checkpoint`). A run as of day N:
+
+- with a champion: trains the days before N (from the first configured training day on)
+  that the champion's lineage lacks, starting from the champion's checkpoint (weights and
+  optimizer state, resharded on load), its model shape and its preprocessing state;
+- without one (or with one registered before lineages existed): trains from scratch on
+  the configured training days before N;
+- in both cases evaluates on day N, which neither the candidate nor the champion has
+  trained on, and promotes as usual. A second run as of the same N trains nothing.
+
+Checkpoints are kept by hard links under `<run_dir>/lineage/`, outside the training
+folder's retention; only the champion's is kept once a run has been judged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from flows.config import ConfigError, PipelineConfig, build_dataclass
+from flows.registry import current_champion
+from flows.sources import complete_days
+from ingestion.preprocess import PreprocessState
+from training.config import ModelConfig
+
+TAG_AS_OF = "lineage.as_of"
+TAG_DAYS = "lineage.days"
+TAG_PARENT = "lineage.parent_version"
+TAG_CHECKPOINT = "lineage.checkpoint"
+TAG_STATE = "preprocessing.state_id"
+LINEAGE_TAGS = (TAG_AS_OF, TAG_DAYS, TAG_PARENT, TAG_CHECKPOINT, TAG_STATE)
+NEWEST = "newest"
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """The champion a run continues."""
+
+    version: str
+    run_id: str
+    checkpoint: str
+    lineage_days: tuple[int, ...]
+    model: ModelConfig  # its shape: the run keeps it whatever the config or the tuner says
+    state: PreprocessState
+
+
+@dataclass(frozen=True)
+class Night:
+    """What a run as of day `as_of` does; `as_of` None: a plain run of the configured days."""
+
+    as_of: int | None
+    train_days: tuple[int, ...]
+    warm_start: WarmStart | None = None
+    skipped: str = ""  # why nothing trains; "" when it trains
+    earlier_version: str | None = None  # a skipped night: the version that already covers it
+    note: str = ""
+
+    @property
+    def lineage_days(self) -> tuple[int, ...]:
+        before = self.warm_start.lineage_days if self.warm_start else ()
+        return tuple(sorted({*before, *self.train_days}))
+
+
+def resolve_as_of(config: PipelineConfig, as_of: str | int | None) -> int | None:
+    """`--as-of`: a day, "newest" (the newest complete day), or None for a plain run."""
+    if as_of is None or as_of == "":
+        return None
+    if str(as_of) == NEWEST:
+        days = complete_days(config)
+        if not days:
+            raise ConfigError("--as-of newest: no complete day yet (data.files, data.complete_marker)")
+        return days[-1]
+    try:
+        day = int(as_of)
+    except ValueError:
+        raise ConfigError(f"--as-of: {as_of!r} is not a day (an integer) or 'newest'") from None
+    if day < 0:
+        raise ConfigError(f"--as-of: days are non-negative integers, got {day}")
+    return day
+
+
+def plan_night(config: PipelineConfig, as_of: int, client: MlflowClient) -> Night:
+    """Which days a run as of `as_of` trains, and from which champion (see the module)."""
+    name = config.tracking.registered_model
+    champion = current_champion(client, name)
+    parent = champion.version if champion else ""
+    earlier = [v for v in _versions(client, name)
+               if v.tags.get(TAG_AS_OF) == str(as_of) and v.tags.get(TAG_PARENT, "") == str(parent)]  # fmt: skip
+    if earlier:
+        version = max(earlier, key=lambda v: int(v.version))
+        return Night(as_of, (), skipped=f"version {version.version} already trained as of day {as_of} from "
+                     f"{'champion version ' + str(parent) if parent else 'scratch'}; nothing new to train",
+                     earlier_version=str(version.version))  # fmt: skip
+    if champion is None or TAG_DAYS not in champion.tags:
+        why = ("no champion yet" if champion is None else
+               f"champion version {champion.version} has no lineage (registered before recurring runs)")
+        days = tuple(d for d in config.data.train_days if d < as_of)
+        if not days:
+            raise ConfigError(f"--as-of {as_of}: no configured training day (data.train_days "
+                              f"{list(config.data.train_days)}) is before day {as_of}")  # fmt: skip
+        return Night(as_of, days, note=f"{why}: training from scratch on days {list(days)}, evaluating on day {as_of}")
+    lineage = tuple(int(d) for d in champion.tags[TAG_DAYS].split(",") if d)
+    unseen = tuple(d for d in _days_before(config, as_of) if d not in lineage)
+    if not unseen:
+        return Night(as_of, (), skipped=f"champion version {champion.version} has trained on every day before "
+                     f"{as_of} (lineage {list(lineage)}); nothing new to train",
+                     earlier_version=str(champion.version))  # fmt: skip
+    warm = _warm_start(config, champion, lineage)
+    return Night(as_of, unseen, warm, note=f"continuing champion version {champion.version} (lineage "
+                 f"{list(lineage)}) on days {list(unseen)}, evaluating on day {as_of}")  # fmt: skip
+
+
+def _days_before(config: PipelineConfig, as_of: int) -> list[int]:
+    first = min(config.data.train_days)
+    if config.data.source == "synthetic":
+        return list(range(first, as_of))  # the generator writes whichever days are needed
+    return [day for day in complete_days(config) if first <= day < as_of]
+
+
+def _versions(client: MlflowClient, name: str) -> list[ModelVersion]:
+    try:
+        return list(client.search_model_versions(f"name='{name}'"))
+    except MlflowException:
+        return []
+
+
+def _warm_start(config: PipelineConfig, champion: ModelVersion, lineage: tuple[int, ...]) -> WarmStart:
+    checkpoint = champion.tags.get(TAG_CHECKPOINT, "")
+    if not checkpoint or not (Path(checkpoint) / "meta.json").is_file():
+        raise ConfigError(f"the champion (version {champion.version}) cannot be continued: its checkpoint "
+                          f"{checkpoint or '(none recorded)'} is gone; restore it, or start a new lineage with "
+                          "`dlrm run` (no --as-of) on the days it should know")  # fmt: skip
+    uri = config.tracking_uri
+    state_file = mlflow.artifacts.download_artifacts(run_id=champion.run_id, artifact_path="preprocessing/state.json",
+                                                     tracking_uri=uri)  # fmt: skip
+    resolved = mlflow.artifacts.download_artifacts(run_id=champion.run_id, artifact_path="config/resolved_config.json",
+                                                   tracking_uri=uri)  # fmt: skip
+    model = build_dataclass(ModelConfig, json.loads(Path(resolved).read_text())["model"], "model.")
+    return WarmStart(str(champion.version), champion.run_id, checkpoint, lineage, model,
+                     PreprocessState.load(Path(state_file)))  # fmt: skip
+
+
+def night_config(config: PipelineConfig, night: Night) -> PipelineConfig:
+    """The config of the run: the night's training days, day N as the evaluation day, no
+    second warm-up for a warm start (unless `training.warmup_on_warm_start`)."""
+    validation = tuple(d for d in config.tuning.validation_days if d in night.train_days)
+    if set(validation) >= set(night.train_days):
+        validation = ()  # one training day: the trials validate on a slice of its rows
+    training = config.training
+    if night.warm_start and not training.warmup_on_warm_start:
+        training = dataclasses.replace(training, warmup_steps=0, warmup_fraction=0.0)
+    return dataclasses.replace(
+        config,
+        data=dataclasses.replace(config.data, train_days=night.train_days, eval_days=(night.as_of,)),
+        tuning=dataclasses.replace(config.tuning, validation_days=validation),
+        training=training,
+    )
+
+
+def with_champion_shape(config: PipelineConfig, warm: WarmStart) -> tuple[PipelineConfig, str]:
+    """The config with the champion's model shape; and what that changed, for the log."""
+    if config.model == warm.model:
+        return config, ""
+    changed = [f"model.{f.name} {getattr(config.model, f.name)!r} → {getattr(warm.model, f.name)!r}"
+               for f in dataclasses.fields(ModelConfig) if getattr(config.model, f.name) != getattr(warm.model, f.name)]  # fmt: skip
+    return dataclasses.replace(config, model=warm.model), (
+        f"a warm start keeps the champion's model shape: {'; '.join(changed)} (start a new lineage with `dlrm run` "
+        "to train another shape)")  # fmt: skip
+
+
+def lineage_tags(night: Night, state: PreprocessState, kept_checkpoint: str) -> dict[str, str]:
+    return {
+        TAG_AS_OF: "" if night.as_of is None else str(night.as_of),
+        TAG_DAYS: ",".join(map(str, night.lineage_days)),
+        TAG_PARENT: night.warm_start.version if night.warm_start else "",
+        TAG_CHECKPOINT: kept_checkpoint,
+        TAG_STATE: state.state_id,
+    }
+
+
+def keep_checkpoint(config: PipelineConfig, checkpoint: str) -> str:
+    """Hard-link the run's final checkpoint under `<run_dir>/lineage/` (copied where links
+    cannot be made), out of reach of the training folder's retention; returns its path."""
+    source = Path(checkpoint)
+    target = config.path("lineage") / f"{source.parent.name}-{source.name}"
+    if (target / "meta.json").is_file():
+        return str(target)
+    staging = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging, copy_function=_link_or_copy)
+    staging.rename(target)
+    return str(target)
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def prune_lineage(config: PipelineConfig, client: MlflowClient) -> list[str]:
+    """Remove the kept checkpoints of this run folder but the champion's; returns them."""
+    folder = config.path("lineage")
+    if not folder.is_dir():
+        return []
+    champion = current_champion(client, config.tracking.registered_model)
+    keep = champion.tags.get(TAG_CHECKPOINT, "") if champion else ""
+    removed = []
+    for kept in folder.iterdir():
+        if kept.is_dir() and str(kept) != keep and not kept.name.startswith("."):
+            shutil.rmtree(kept, ignore_errors=True)
+            removed.append(str(kept))
+    return removed
+
+
+def skipped_summary(night: Night, client: MlflowClient, model_name: str) -> dict[str, Any]:
+    """The summary of a night that trains nothing: the version that covers it, and its NE
+    on this day when it was judged on it."""
+    version = client.get_model_version(model_name, night.earlier_version) if night.earlier_version else None
+    same_day = version is not None and version.tags.get(TAG_AS_OF) == str(night.as_of)
+    eval_ne = client.get_run(version.run_id).data.metrics.get("eval_ne") if same_day and version.run_id else None
+    champion = current_champion(client, model_name)
+    lineage = champion.tags.get(TAG_DAYS, "") if champion else ""
+    return {
+        "as_of": night.as_of,
+        "skipped": True,
+        "skip_reason": night.skipped,
+        "days_trained": [],
+        "lineage_days": [int(d) for d in lineage.split(",") if d],
+        "warm_start_version": None,
+        "rows_trained": 0,
+        "eval_ne": eval_ne,
+        "model_version": night.earlier_version,
+        "promoted": False,
+        "promotion_reason": f"nothing trained: {night.skipped}",
+        "champion_version": champion.version if champion else None,
+    }
