@@ -67,6 +67,9 @@ class OrchestrationConfig:
     # `rdzv_endpoint` (HOST:PORT). 1: training runs on the flow's host.
     trainer_hosts: int = 1
     rdzv_endpoint: str = ""
+    # The trainer hosts' hardware as a cluster file (configs/clusters/), for the tuning key
+    # when the flow runs on a host unlike them; "": the trainers are like the flow's host.
+    trainer_cluster: str = ""
 
     def __post_init__(self) -> None:
         if self.trainer_hosts < 1:
@@ -330,6 +333,20 @@ def _convert_scalar(hint: type, value: Any, key: str) -> Any:
     raise ConfigError(
         f"{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}"
     )
+
+
+def trainer_cluster(config: PipelineConfig) -> ClusterConfig | None:
+    """The declared hardware of the trainer hosts (`orchestration.trainer_cluster`), if any.
+    A relative path is taken from the project's folder."""
+    declared = config.orchestration.trainer_cluster
+    if not declared:
+        return None
+    path = Path(declared).expanduser()
+    cluster = load_cluster(path if path.is_absolute() else PROJECT_CONFIGS.parent / path)
+    if cluster.hosts != config.orchestration.trainer_hosts:
+        raise ConfigError(f"orchestration.trainer_cluster: {declared} declares {cluster.hosts} host(s), but "
+                          f"orchestration.trainer_hosts is {config.orchestration.trainer_hosts}; make them agree")  # fmt: skip
+    return cluster
 
 
 def load_cluster(path: str | Path) -> ClusterConfig:

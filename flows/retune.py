@@ -28,7 +28,7 @@ from prefect.exceptions import MissingContextError
 
 from evaluation.metrics import MetricError, binary_state, compute_ne
 from evaluation.report import Scores
-from flows.config import PipelineConfig, load_flow_config
+from flows.config import PipelineConfig, load_flow_config, trainer_cluster
 from flows.features import Features, prepare_features, run_logger, with_run_length
 from flows.stopped_runs import cancel_when_stopped
 from flows.tasks import build_job, read_predictions
@@ -97,7 +97,7 @@ def run_retune(config: PipelineConfig, features: Features) -> RetuneResult:
     log = run_logger("flows.retune")
     storage_url = config.optuna_storage
     storage = open_storage(storage_url, config.tuning.heartbeat_s)
-    key = tuning_key(config.training, config.orchestration.trainer_hosts)
+    key = tuning_key(config.training, config.orchestration.trainer_hosts, trainer_cluster(config))
     study = open_study(storage, config.name, key, config.tuning)
     worker = join_as_worker(study, storage_url, config.tuning)
     others = [t for t in tuned_keys(storage, config.name) if t.key != key]

@@ -14,7 +14,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 
-from flows.config import PipelineConfig
+from flows.config import PipelineConfig, trainer_cluster
 from flows.features import Features
 from flows.retune import run_logger, run_retune
 from flows.trainer_slots import waits_for
@@ -31,7 +31,7 @@ def choose_hyperparameters(
     config: PipelineConfig, features: Features, config_path: str, overrides: list[str]
 ) -> TuningDecision:
     log = run_logger("flows.tuning")
-    key = tuning_key(config.training, config.orchestration.trainer_hosts)
+    key = tuning_key(config.training, config.orchestration.trainer_hosts, trainer_cluster(config))
     storage = open_storage(config.optuna_storage, config.tuning.heartbeat_s)
     configured = params_of(config.training, config.model, config.tuning)
     decision = decide(config.tuning.policy, key, tuned_keys(storage, config.name), configured,

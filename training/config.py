@@ -133,6 +133,9 @@ class ClusterConfig:
     compute_device: Literal["cuda", "cpu"] = "cuda"
     device_memory_gb: float = 80.0
     host_memory_gb: float = 1024.0
+    # The device's name as CUDA reports it (e.g. "NVIDIA H100 80GB HBM3"), so a tuning key
+    # taken from this declaration equals one taken on the hardware; "" uses `name`.
+    device_model: str = ""
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.devices_per_host < 1:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from training.config import TrainingConfig
+from training.config import ClusterConfig, TrainingConfig
 from training.device import host_memory_bytes
 
 
@@ -65,12 +65,18 @@ def hosts_from(config: TrainingConfig) -> int:
     return 1
 
 
-def tuning_key(config: TrainingConfig, hosts: int | None = None) -> TuningKey:
+def tuning_key(config: TrainingConfig, hosts: int | None = None, cluster: ClusterConfig | None = None) -> TuningKey:
     """The key of a run of `config` on `hosts` hosts like this one (as the worker will choose
-    its device); `hosts` defaults to torchrun's `--nnodes`, or 1."""
+    its device); `hosts` defaults to torchrun's `--nnodes`, or 1. `cluster`: the trainer
+    hosts as declared, when they are not like this one (a CPU-only flow host driving GPU
+    trainers): the device type, model and memory come from it."""
     hosts = hosts or hosts_from(config)
     use_cuda = config.device != "cpu" and torch.cuda.is_available()
-    if use_cuda:
+    if cluster is not None:
+        device_type, model = cluster.compute_device, cluster.device_model or cluster.name
+        memory = (cluster.device_memory_gb if device_type == "cuda"
+                  else cluster.host_memory_gb / max(1, config.nproc)) * 2**30  # fmt: skip
+    elif use_cuda:
         properties = torch.cuda.get_device_properties(0)
         device_type, model, memory = "cuda", properties.name, properties.total_memory
     else:

@@ -1,6 +1,7 @@
 """The tuning key changes exactly when what invalidates hyperparameters changes."""
 
 import dataclasses
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -80,3 +81,38 @@ def test_key_tags_name_every_field() -> None:
     assert tags["tuning.key.global_batch_size"] == "2048" and tags["tuning.key.world_size"] == "2"
     assert {"tuning.key.device_type", "tuning.key.device_model", "tuning.key.memory_per_device_gb",
             "tuning.key.hosts"} <= set(tags)  # fmt: skip
+
+
+def test_a_declared_cluster_gives_the_key_its_hardware_takes_mocked_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU-only flow host with `orchestration.trainer_cluster` computes the key the GPU
+    trainers would (CUDA's answers on the trainer are stubbed: no GPU here)."""
+    import torch
+
+    from training.config import ClusterConfig
+
+    h100 = ClusterConfig(name="2 x 8 H100", hosts=2, devices_per_host=8, device_memory_gb=80,
+                         device_model="NVIDIA H100 80GB HBM3")  # fmt: skip
+    gpu_job = dataclasses.replace(BASE, device="auto")
+    declared = tuning_key(gpu_job, hosts=2, cluster=h100)
+    assert tuning_key(gpu_job, hosts=2).device_type == "cpu", "this host alone would key the job as CPU"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties",
+        lambda index: SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30),
+    )  # fmt: skip
+    assert declared == tuning_key(gpu_job, hosts=2), "the same key as on a trainer"
+    assert declared.hosts == 2 and declared.world_size == 2 * BASE.nproc
+
+
+def test_trainer_cluster_must_agree_with_the_hosts(tmp_path) -> None:
+    from flows.config import ConfigError, load_config, trainer_cluster
+
+    root = Path(__file__).resolve().parents[3]
+    demo = root / "configs" / "demo.toml"
+    assert trainer_cluster(load_config(demo)) is None
+    two = load_config(demo, ['orchestration.trainer_cluster="configs/clusters/h100-2x8.toml"',
+                             "orchestration.trainer_hosts=2", 'orchestration.rdzv_endpoint="10.0.0.1:29400"'])  # fmt: skip
+    assert trainer_cluster(two).hosts == 2
+    one = load_config(demo, ['orchestration.trainer_cluster="configs/clusters/h100-2x8.toml"'])
+    with pytest.raises(ConfigError, match="declares 2 host.*trainer_hosts is 1"):
+        trainer_cluster(one)
