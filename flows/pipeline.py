@@ -149,10 +149,11 @@ def run_stages(config: PipelineConfig, config_path: str, overrides: list[str],
     decision = None
     if tracked.model_version is not None:
         decision = promote_task(config, tracked.run_id, tracked.model_version, report)
-    try:
-        prune_lineage(config, MlflowClient(tracking_uri=config.tracking_uri))
-    except Exception as error:  # noqa: BLE001 - an unreachable registry: the next run prunes
-        logger.warning("kept checkpoints not pruned (%s); the next run prunes them", error)
+    if tracked.model_version is not None:  # a deferred run (MLflow unreachable) leaves pruning to the next
+        try:
+            prune_lineage(config, MlflowClient(tracking_uri=config.tracking_uri))
+        except Exception as error:  # noqa: BLE001 - the registry went away after promotion
+            logger.warning("kept checkpoints not pruned (%s); the next run prunes them", error)
     result = PipelineResult(config, ingest, report, training, tracked, decision, tuning, night)
     _publish_artifacts(result)
     logger.info("pipeline finished in %.0f s; MLflow run %s", time.perf_counter() - started, tracked.run_id)
