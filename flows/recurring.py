@@ -35,6 +35,7 @@ from mlflow.tracking import MlflowClient
 from flows.config import ConfigError, PipelineConfig, build_dataclass
 from flows.registry import current_champion
 from flows.sources import complete_days
+from flows.tracking import logged_state
 from ingestion.preprocess import PreprocessState
 from training.config import ModelConfig
 
@@ -145,14 +146,11 @@ def _warm_start(config: PipelineConfig, champion: ModelVersion, lineage: tuple[i
         raise ConfigError(f"the champion (version {champion.version}) cannot be continued: its checkpoint "
                           f"{checkpoint or '(none recorded)'} is gone; restore it, or start a new lineage with "
                           "`dlrm run` (no --as-of) on the days it should know")  # fmt: skip
-    uri = config.tracking_uri
-    state_file = mlflow.artifacts.download_artifacts(run_id=champion.run_id, artifact_path="preprocessing/state.json",
-                                                     tracking_uri=uri)  # fmt: skip
     resolved = mlflow.artifacts.download_artifacts(run_id=champion.run_id, artifact_path="config/resolved_config.json",
-                                                   tracking_uri=uri)  # fmt: skip
+                                                   tracking_uri=config.tracking_uri)  # fmt: skip
     model = build_dataclass(ModelConfig, json.loads(Path(resolved).read_text())["model"], "model.")
     return WarmStart(str(champion.version), champion.run_id, checkpoint, lineage, model,
-                     PreprocessState.load(Path(state_file)))  # fmt: skip
+                     logged_state(config.tracking_uri, champion.run_id))  # fmt: skip
 
 
 def night_config(config: PipelineConfig, night: Night) -> PipelineConfig:

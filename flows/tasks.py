@@ -29,6 +29,7 @@ from evaluation.promotion import PromotionDecision, QualityEvidence, QualityGate
 from evaluation.report import EvalReport, Scores, build_report
 from flows.config import ConfigError, PipelineConfig
 from flows.registry import decision_tag, promote_if_better, promotion_lock
+from flows.tracking import logged_state
 from flows.trainer_hosts import train_on_hosts
 from flows.trainer_slots import trainer_slot
 from ingestion.preprocess import PreprocessState, apply_state, continue_state, fit_state
@@ -301,12 +302,9 @@ def registered_dlrm(model_uri: str) -> torch.nn.Module:
 def champion_ne(config: PipelineConfig, champion: ModelVersion) -> float | None:
     """The champion's NE on this run's eval days, with its own preprocessing state."""
     try:
-        state_file = mlflow.artifacts.download_artifacts(
-            run_id=champion.run_id, artifact_path="preprocessing/state.json", tracking_uri=config.tracking_uri
-        )
+        state = logged_state(config.tracking_uri, champion.run_id)
     except MlflowException:
         return None  # a champion without its preprocessing state cannot score new days
-    state = PreprocessState.load(Path(state_file))
     mlflow.set_tracking_uri(config.tracking_uri)
     try:
         model = registered_dlrm(f"models:/{config.tracking.registered_model}/{champion.version}")

@@ -19,6 +19,7 @@ from mlflow.types import ColSpec, Schema
 from mlflow.types.schema import AnyType
 
 from evaluation.plots import ne_curve, relative_ne_curve, reliability_curve
+from ingestion.preprocess import PreprocessState
 from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS
 from training.export import CHAMPION_BUNDLED, CHAMPION_CODE, ServingModel
 from training.progress import metric_values, read_records
@@ -143,6 +144,14 @@ def log_serving_model(model: ServingModel, registered_model: str | None) -> Mode
         metadata={"input": "column `line` (raw Criteo TSV) or I1..I13, C1..C26", "output": "click probability",
                   "serving_device": model.device},
     )
+
+
+def logged_state(tracking_uri: str, run_id: str) -> PreprocessState:
+    """The preprocessing state a pipeline run logged (`preprocessing/state.json`): what its
+    model needs to score, or to be continued on, new days."""
+    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="preprocessing/state.json",
+                                               tracking_uri=tracking_uri)  # fmt: skip
+    return PreprocessState.load(Path(path))
 
 
 def run_history(tracking_uri: str, run_id: str) -> list[dict[str, float]]:
