@@ -86,7 +86,7 @@ def _trust_override_paths(overrides: list[str]) -> None:
     folders = []
     for override in overrides:
         key, _, value = override.partition("=")
-        if key.strip() in {"run_dir", "data.raw_dir", "data.warehouse_dir", "preprocess.features_dir"}:
+        if key.strip() in {"run_dir", "data.raw_dir", "data.warehouse_dir", "preprocess.features_dir", "data.path"}:
             folders.append(str(Path(value.strip().strip("'\"")).expanduser().resolve()))
         elif key.strip() == "data.files":
             folders.append("/")  # files named on the command line: the user's own
@@ -99,7 +99,8 @@ def _is_user_facing(error: Exception) -> bool:
     """Errors the user can act on; matched by class name so no heavy module loads to check."""
     names = {cls.__name__ for cls in type(error).__mro__}
     return bool(names & {"ConfigError", "PreprocessError", "ShardingError", "MetricError", "FileNotFoundError",
-                         "ServerStartError", "EmptyDayError", "HostNetworkError"})  # fmt: skip
+                         "ServerStartError", "EmptyDayError", "HostNetworkError",
+                         "SchemaChangeError", "SourceReadError"})  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -116,8 +117,9 @@ def _parser() -> argparse.ArgumentParser:
 
     backfill = commands.add_parser("backfill", help="recurring runs as of each day from --from to --to, in order")
     _add_config_arguments(backfill)
-    backfill.add_argument("--from", dest="first", type=int, required=True, metavar="DAY", help="the first night's day")
-    backfill.add_argument("--to", dest="last", type=int, required=True, metavar="DAY", help="the last night's day")
+    backfill.add_argument("--from", dest="first", required=True, metavar="DAY",
+                          help="the first night's day (an integer, or an ISO date for a dated warehouse)")
+    backfill.add_argument("--to", dest="last", required=True, metavar="DAY", help="the last night's day")
     backfill.add_argument("--json", action="store_true", help="print the nights' summaries as one JSON object")
     backfill.set_defaults(handler=_backfill)
 
@@ -182,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
 
     preprocess = commands.add_parser("preprocess", help="warehouse days → features (DuckDB), fitted on the train days")
     _add_config_arguments(preprocess)
-    preprocess.add_argument("--days", type=int, nargs="*", help="days to write (default: the config's)")
+    preprocess.add_argument("--days", nargs="*", help="days to write (default: the config's): integers, or dates")
     preprocess.add_argument("--json", action="store_true", help="print the state and the written days as JSON")
     preprocess.set_defaults(handler=_preprocess)
 
@@ -317,21 +319,26 @@ def _backfill(args: argparse.Namespace) -> int:
     from flows.config import load_config
     from flows.sources import complete_days
     from flows.tasks import refuse_hosts_in_torchrun_args
+    from ingestion.days import DayError, parse_day
 
     config = load_config(args.config, args.overrides)
     refuse_hosts_in_torchrun_args(config)
-    if args.last < args.first:
+    try:
+        first, last = parse_day(args.first), parse_day(args.last)
+    except DayError as error:
+        raise UserError(f"--from/--to: {error}") from None
+    if last < first:
         raise UserError(f"--to {args.last} is before --from {args.first}")
-    days = range(args.first, args.last + 1)
+    days = range(first, last + 1)
     if config.data.source != "synthetic":  # nights only for the days that have data
-        days = [day for day in complete_days(config) if args.first <= day <= args.last]
+        days = [day for day in complete_days(config) if first <= day <= last]
     from flows.local_server import prefect_api
     from flows.pipeline import run_pipeline
 
     nights = []
     with prefect_api():
         for day in days:
-            summary = run_pipeline(args.config, args.overrides, str(day))
+            summary = run_pipeline(args.config, args.overrides, str(config.data.shown(day)))
             nights.append(summary)
             if not args.json:
                 print(night_line(summary), flush=True)
@@ -422,18 +429,24 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _preprocess(args: argparse.Namespace) -> int:
     from flows.config import load_config
+    from ingestion.days import DayError, parse_day
     from ingestion.preprocess import apply_state, fit_state
 
     config = load_config(args.config, args.overrides)
     warehouse, features = config.path(config.data.warehouse_dir), config.path(config.preprocess.features_dir)
+    try:
+        days = [parse_day(day) for day in args.days] if args.days is not None else list(config.data.all_days)
+    except DayError as error:
+        raise UserError(f"--days: {error}") from None
     state = fit_state(config.preprocess, warehouse, features, config.data.train_days)
-    days = args.days if args.days is not None else list(config.data.all_days)
-    written = {day: str(apply_state(config.preprocess, state, warehouse, features, day)) for day in days}
+    written = {config.data.shown(day): str(apply_state(config.preprocess, state, warehouse, features, day))
+               for day in days}  # fmt: skip
     if args.json:
         print(json.dumps({"state_id": state.state_id, "table_sizes": state.table_sizes,
                           "train_rows": state.train_rows, "days": written}))  # fmt: skip
     else:
-        print(f"preprocessing state {state.state_id}: fitted on days {list(state.train_days)} "
+        print(f"preprocessing state {state.state_id}: fitted on days "
+              f"{config.data.shown_days(state.train_days)} "
               f"({state.train_rows:,} rows, click rate {state.train_click_rate:.4f})")
         for day, folder in written.items():
             print(f"day {day} → {folder}")

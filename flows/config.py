@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from evaluation.config import EvaluationConfig
+from evaluation.config import CRITEO_SLICE_FEATURE, EvaluationConfig
 from ingestion.config import DataConfig, PreprocessConfig
+from ingestion.schema import SPARSE_COLUMNS
 from training.config import ClusterConfig, ModelConfig, ShardingConfig, TrainingConfig
 from training.tuning.config import TuningConfig
 
@@ -102,6 +103,7 @@ class PipelineConfig:
     tuning: TuningConfig = field(default_factory=TuningConfig)
 
     def __post_init__(self) -> None:
+        self._check_slice_feature()
         validation = set(self.tuning.validation_days)
         if validation - set(self.data.train_days):
             raise ValueError(
@@ -120,6 +122,17 @@ class PipelineConfig:
                 raise ValueError(f"{key}: {value!r} is a URL, but the pipeline writes there with atomic renames "
                                  "that object stores lack; mount a shared file system on every host and give its "
                                  "path (raw files may be URLs: data.files)")  # fmt: skip
+
+    def _check_slice_feature(self) -> None:
+        categorical = self.data.sparse if self.data.source == "parquet" else SPARSE_COLUMNS
+        feature = self.evaluation.slice_feature
+        if feature in categorical:
+            return
+        if self.data.source == "parquet" and feature == CRITEO_SLICE_FEATURE:  # the default: the first id column
+            object.__setattr__(self, "evaluation", dataclasses.replace(self.evaluation, slice_feature=categorical[0]))
+            return
+        raise ValueError(f"evaluation.slice_feature: {feature!r} is not a categorical feature of the data "
+                         f"({', '.join(categorical[:6])}{', …' if len(categorical) > 6 else ''})")  # fmt: skip
 
     def path(self, relative: str) -> Path:
         """A configured path, resolved against the run directory unless absolute or a URL."""
@@ -185,6 +198,7 @@ def _data_paths(config: PipelineConfig) -> dict[str, list[str]]:
         "data.warehouse_dir": [local(config.data.warehouse_dir)],
         "preprocess.features_dir": [local(config.preprocess.features_dir)],
         "data.files": [f if "://" in f else local(f) for f in config.data.files],
+        "data.path": [config.data.path if "://" in config.data.path else local(config.data.path)] if config.data.path else [],
     }
 
 

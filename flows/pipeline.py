@@ -63,12 +63,13 @@ class PipelineResult:
     night: Night
 
     def as_dict(self) -> dict[str, Any]:
+        data = self.config.data  # days as the config writes them (dates, or integers)
         return {
-            "as_of": self.night.as_of,
-            "eval_days": list(self.config.data.eval_days),
+            "as_of": None if self.night.as_of is None else data.shown(self.night.as_of),
+            "eval_days": data.shown_days(data.eval_days),
             "skipped": False,
-            "days_trained": list(self.config.data.train_days),
-            "lineage_days": list(self.night.lineage_days),
+            "days_trained": data.shown_days(data.train_days),
+            "lineage_days": data.shown_days(self.night.lineage_days),
             "warm_start_version": self.night.warm_start.version if self.night.warm_start else None,
             "rows_ingested": sum(r["rows_written"] for r in self.ingest),
             "rows_quarantined": sum(r["rows_quarantined"] for r in self.ingest),
@@ -127,9 +128,8 @@ def run_stages(config: PipelineConfig, config_path: str, overrides: list[str],
     started, started_at_ms = time.perf_counter(), int(time.time() * 1000)
     night, config = _plan(config, as_of)
     if night.skipped:
-        logger.info("as of day %s: %s", night.as_of, night.skipped)
-        return SkippedNight(skipped_summary(night, MlflowClient(tracking_uri=config.tracking_uri),
-                                            config.tracking.registered_model))  # fmt: skip
+        logger.info("as of day %s: %s", config.data.shown(night.as_of), night.skipped)
+        return SkippedNight(skipped_summary(night, MlflowClient(tracking_uri=config.tracking_uri), config))
     warm = night.warm_start
     features = prepare_features(config, warm.state if warm else None)
     ingest, state, feature_files = features.ingest, features.state, features.files
@@ -177,7 +177,7 @@ def _plan(config: PipelineConfig, as_of: str | int | None) -> tuple[Night, Pipel
         return Night(None, config.data.train_days), config
     night = plan_night(config, day, MlflowClient(tracking_uri=config.tracking_uri))
     if night.note:
-        get_run_logger().info("as of day %d: %s", day, night.note)
+        get_run_logger().info("as of day %s: %s", config.data.shown(day), night.note)
     return night, (config if night.skipped else night_config(config, night))
 
 

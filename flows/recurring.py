@@ -36,6 +36,7 @@ from flows.config import ConfigError, PipelineConfig, build_dataclass
 from flows.registry import current_champion
 from flows.sources import complete_days
 from flows.tracking import logged_state
+from ingestion.days import DayError, parse_day
 from ingestion.preprocess import PreprocessState
 from training.config import ModelConfig
 
@@ -87,16 +88,14 @@ def resolve_as_of(config: PipelineConfig, as_of: str | int | None) -> int | None
             raise ConfigError("--as-of newest: no complete day yet (data.files, data.complete_marker)")
         return days[-1]
     try:
-        day = int(as_of)
-    except ValueError:
-        raise ConfigError(f"--as-of: {as_of!r} is not a day (an integer) or 'newest'") from None
-    if day < 0:
-        raise ConfigError(f"--as-of: days are non-negative integers, got {day}")
-    return day
+        return parse_day(as_of)
+    except DayError as error:
+        raise ConfigError(f"--as-of: {error}, or 'newest'") from None
 
 
 def plan_night(config: PipelineConfig, as_of: int, client: MlflowClient) -> Night:
     """Which days a run as of `as_of` trains, and from which champion (see the module)."""
+    day, days_of = config.data.shown, config.data.shown_days
     name = config.tracking.registered_model
     champion = current_champion(client, name)
     parent = champion.version if champion else ""
@@ -104,7 +103,7 @@ def plan_night(config: PipelineConfig, as_of: int, client: MlflowClient) -> Nigh
                if v.tags.get(TAG_AS_OF) == str(as_of) and v.tags.get(TAG_PARENT, "") == str(parent)]  # fmt: skip
     if earlier:
         version = max(earlier, key=lambda v: int(v.version))
-        return Night(as_of, (), skipped=f"version {version.version} already trained as of day {as_of} from "
+        return Night(as_of, (), skipped=f"version {version.version} already trained as of day {day(as_of)} from "
                      f"{'champion version ' + str(parent) if parent else 'scratch'}; nothing new to train",
                      earlier_version=str(version.version))  # fmt: skip
     if champion is None or TAG_DAYS not in champion.tags:
@@ -112,18 +111,19 @@ def plan_night(config: PipelineConfig, as_of: int, client: MlflowClient) -> Nigh
                f"champion version {champion.version} has no lineage (registered before recurring runs)")
         days = tuple(d for d in config.data.train_days if d < as_of)
         if not days:
-            raise ConfigError(f"--as-of {as_of}: no configured training day (data.train_days "
-                              f"{list(config.data.train_days)}) is before day {as_of}")  # fmt: skip
-        return Night(as_of, days, note=f"{why}: training from scratch on days {list(days)}, evaluating on day {as_of}")
+            raise ConfigError(f"--as-of {day(as_of)}: no configured training day (data.train_days "
+                              f"{days_of(config.data.train_days)}) is before day {day(as_of)}")  # fmt: skip
+        return Night(as_of, days, note=f"{why}: training from scratch on days {days_of(days)}, evaluating on day "
+                     f"{day(as_of)}")  # fmt: skip
     lineage = tuple(int(d) for d in champion.tags[TAG_DAYS].split(",") if d)
     unseen = tuple(d for d in _days_before(config, as_of) if d not in lineage)
     if not unseen:
         return Night(as_of, (), skipped=f"champion version {champion.version} has trained on every day before "
-                     f"{as_of} (lineage {list(lineage)}); nothing new to train",
+                     f"{day(as_of)} (lineage {days_of(lineage)}); nothing new to train",
                      earlier_version=str(champion.version))  # fmt: skip
     warm = _warm_start(config, champion, lineage)
     return Night(as_of, unseen, warm, note=f"continuing champion version {champion.version} (lineage "
-                 f"{list(lineage)}) on days {list(unseen)}, evaluating on day {as_of}")  # fmt: skip
+                 f"{days_of(lineage)}) on days {days_of(unseen)}, evaluating on day {day(as_of)}")  # fmt: skip
 
 
 def _days_before(config: PipelineConfig, as_of: int) -> list[int]:
@@ -227,20 +227,21 @@ def prune_lineage(config: PipelineConfig, client: MlflowClient) -> list[str]:
     return removed
 
 
-def skipped_summary(night: Night, client: MlflowClient, model_name: str) -> dict[str, Any]:
+def skipped_summary(night: Night, client: MlflowClient, config: PipelineConfig) -> dict[str, Any]:
     """The summary of a night that trains nothing: the version that covers it, and its NE
     on this day when it was judged on it."""
+    model_name = config.tracking.registered_model
     version = client.get_model_version(model_name, night.earlier_version) if night.earlier_version else None
     same_day = version is not None and version.tags.get(TAG_AS_OF) == str(night.as_of)
     eval_ne = client.get_run(version.run_id).data.metrics.get("eval_ne") if same_day and version.run_id else None
     champion = current_champion(client, model_name)
     lineage = champion.tags.get(TAG_DAYS, "") if champion else ""
     return {
-        "as_of": night.as_of,
+        "as_of": config.data.shown(night.as_of),
         "skipped": True,
         "skip_reason": night.skipped,
         "days_trained": [],
-        "lineage_days": [int(d) for d in lineage.split(",") if d],
+        "lineage_days": config.data.shown_days([int(d) for d in lineage.split(",") if d]),
         "warm_start_version": None,
         "rows_trained": 0,
         "eval_ne": eval_ne,

@@ -32,6 +32,7 @@ from flows.registry import decision_tag, promote_if_better, promotion_lock
 from flows.tracking import logged_state
 from flows.trainer_hosts import train_on_hosts
 from flows.trainer_slots import trainer_slot
+from ingestion.parquet_source import SchemaChangeError, ingest_parquet_day
 from ingestion.preprocess import PreprocessState, apply_state, continue_state, fit_state
 from ingestion.synthetic import GroundTruth, existing_day, generate_day, read_day_stats
 from ingestion.warehouse import ingest_day
@@ -62,16 +63,32 @@ def generate_task(config: PipelineConfig, day: int) -> dict[str, Any]:
     return asdict(stats)
 
 
-@task(name="ingest-day", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5), **STAGE)
+def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
+    """A changed schema stays changed: only other failures (a flaky mount, a store) retry."""
+    try:
+        state.result()
+    except SchemaChangeError:
+        return False
+    except Exception:  # noqa: BLE001 (any other failure is worth another try)
+        return True
+    return True
+
+
+@task(name="ingest-day", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5),
+      retry_condition_fn=_worth_retrying, **STAGE)  # fmt: skip
 def ingest_task(config: PipelineConfig, day: int, sources: list[str]) -> dict[str, Any]:
-    report = ingest_day(sources, day, config.path(config.data.warehouse_dir), multi_hot=config.data.multi_hot)
+    warehouse = config.path(config.data.warehouse_dir)
+    if config.data.source == "parquet":
+        report = ingest_parquet_day(sources, day, warehouse, config.data)
+    else:
+        report = ingest_day(sources, day, warehouse, multi_hot=config.data.multi_hot)
     logger = get_run_logger()
     for failed in report.files_failed:
         logger.error("%s", failed.error)
     logger.info(
-        "day %d: %s rows read, %s written, %s quarantined%s",
-        day, f"{report.rows_read:,}", f"{report.rows_written:,}", f"{report.rows_quarantined:,}",
-        " (already ingested, skipped)" if report.skipped else "",
+        "day %s: %s rows read, %s written, %s quarantined%s",
+        config.data.shown(day), f"{report.rows_read:,}", f"{report.rows_written:,}",
+        f"{report.rows_quarantined:,}", " (already ingested, skipped)" if report.skipped else "",
     )  # fmt: skip
     return {
         "day": day,
@@ -80,6 +97,9 @@ def ingest_task(config: PipelineConfig, day: int, sources: list[str]) -> dict[st
         "rows_quarantined": report.rows_quarantined,
         "files_failed": [f.error for f in report.files_failed],
         "skipped": report.skipped,
+        # per file: read = written + quarantined
+        "files": [{"source": f.source, "rows_read": f.rows_read, "rows_written": f.rows_written,
+                   "rows_quarantined": f.rows_quarantined} for f in report.files if f.error is None],
     }
 
 
@@ -186,6 +206,8 @@ def build_job(
         out_dir=str(config.path("train")),
         run_id=run_id or "",
         pooling_factors=dict(state.multi_hot),
+        dense_features=len(state.dense),
+        initial_click_rate=state.train_click_rate if config.training.start_at_click_rate else 0.0,
         init_checkpoint=warm_start,
         init_optimizer=bool(warm_start),
     )
@@ -230,7 +252,7 @@ def evaluate_task(
     )
     get_run_logger().info(
         "eval days %s: NE %.4f  AUC %.4f  calibration %.3f | logistic regression NE %.4f | Bayes-optimal NE %s",
-        list(config.data.eval_days), report.overall["ne"], report.overall["auc"], report.overall["calibration"],
+        config.data.shown_days(config.data.eval_days), report.overall["ne"], report.overall["auc"], report.overall["calibration"],
         report.references["logistic_regression_ne"],
         f"{report.references['bayes_ne']:.4f}" if bayes else "n/a",
     )  # fmt: skip

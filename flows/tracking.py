@@ -20,18 +20,21 @@ from mlflow.types.schema import AnyType
 
 from evaluation.plots import ne_curve, relative_ne_curve, reliability_curve
 from ingestion.preprocess import PreprocessState
-from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS
 from training.export import CHAMPION_BUNDLED, CHAMPION_CODE, ServingModel
 from training.progress import metric_values, read_records
 
 log = logging.getLogger(__name__)
-# Either raw lines or the 39 named features, every column optional. The named ones take
-# numbers or hex text with missing cells (None/NaN), so their type is checked by the model.
-SERVING_SIGNATURE = ModelSignature(
-    inputs=Schema([ColSpec("string", "line", required=False)]
-                  + [ColSpec(AnyType(), name, required=False) for name in (*DENSE_COLUMNS, *SPARSE_COLUMNS)]),
-    outputs=Schema([ColSpec("double")]),
-)  # fmt: skip
+
+
+def serving_signature(model: ServingModel) -> ModelSignature:
+    """The model's named features, every column optional, and for Criteo data raw lines too.
+    The named ones take numbers or text with missing cells (None/NaN), so their type is
+    checked by the model."""
+    preprocessing = json.loads((model.folder / "model.json").read_text())["preprocessing"]
+    names = [*preprocessing.get("dense", [f"I{i}" for i in range(1, 14)]), *preprocessing["buckets"]]
+    lines = [] if preprocessing.get("id_types") else [ColSpec("string", "line", required=False)]
+    return ModelSignature(inputs=Schema(lines + [ColSpec(AnyType(), name, required=False) for name in names]),
+                          outputs=Schema([ColSpec("double")]))  # fmt: skip
 LOCAL_UI = "http://127.0.0.1:5000"  # `mlflow ui --port 5000` on a local store
 
 
@@ -139,9 +142,9 @@ def log_serving_model(model: ServingModel, registered_model: str | None) -> Mode
         code_paths=[str(path) for path in CHAMPION_BUNDLED],
         artifacts={"model": str(model.folder)},
         pip_requirements=model.requirements,
-        signature=SERVING_SIGNATURE,
+        signature=serving_signature(model),
         registered_model_name=registered_model,
-        metadata={"input": "column `line` (raw Criteo TSV) or I1..I13, C1..C26", "output": "click probability",
+        metadata={"input": "the features by name (Criteo data: or a column `line` of raw TSV)", "output": "click probability",
                   "serving_device": model.device},
     )
 

@@ -5,10 +5,15 @@ Validation errors are `ValueError("key: problem")`; the loader prefixes the sect
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ingestion.schema import check_multi_hot
+from ingestion.days import DayError, day_value, is_date, parse_day
+from ingestion.schema import RESERVED_COLUMNS, check_multi_hot
+
+_COLUMN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -44,14 +49,18 @@ class SyntheticConfig:
 class DataConfig:
     """Raw logs and the Parquet warehouse. Relative paths are taken from the run directory."""
 
-    source: Literal["synthetic", "files"] = "synthetic"
+    # "synthetic": generated Criteo days; "files": Criteo TSV files (`files`); "parquet":
+    # the user's own hive-partitioned Parquet dataset (`path`, `partition`, `label`,
+    # `dense`, `sparse`).
+    source: Literal["synthetic", "files", "parquet"] = "synthetic"
     # Real Criteo files (plain or gzip, local paths or fsspec URLs). A file's day comes from
     # a `day_N` in its name, otherwise from its position in this list.
     files: tuple[str, ...] = ()
     raw_dir: str = "raw"
     warehouse_dir: str = "warehouse"
-    train_days: tuple[int, ...] = (0, 1)
-    eval_days: tuple[int, ...] = (2,)
+    # Days: integers, or ISO dates ("2026-11-24") naming a dated warehouse's partitions.
+    train_days: tuple[int | str, ...] = (0, 1)
+    eval_days: tuple[int | str, ...] = (2,)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     # Categorical features with a variable number of ids per example: their raw field holds
     # comma-separated ids and their warehouse column is a list (e.g. ["C3", "C12"]).
@@ -62,9 +71,25 @@ class DataConfig:
     # back as being written. Both empty/0: every day with a file is complete.
     complete_marker: str = ""
     complete_delay_days: int = 0
+    # source = "parquet": a folder or fsspec URL holding `{partition}=VALUE/*.parquet`; the
+    # 0/1 label column (bool or integer); numeric columns; id columns (integer or string
+    # ids, or lists of them: multi-hot). Each column's name is its feature's name.
+    path: str = ""
+    partition: str = "ds"
+    label: str = "label"
+    dense: tuple[str, ...] = ()
+    sparse: tuple[str, ...] = ()
+    # How days are written: "auto" takes dates when the configured days are ISO dates.
+    day_format: Literal["auto", "integer", "date"] = "auto"
 
     def __post_init__(self) -> None:
-        check_multi_hot(self.multi_hot)
+        self._normalise_days()
+        if self.source == "parquet":
+            self._check_parquet_columns()
+        elif self.day_format == "date":
+            raise ValueError("train_days: ISO dates name the partitions of source = 'parquet'; Criteo days are integers")
+        if self.source != "parquet" or self.multi_hot:
+            check_multi_hot(self.multi_hot)
         if self.complete_delay_days < 0:
             raise ValueError(f"complete_delay_days: must be ≥ 0, got {self.complete_delay_days}")
         if "/" in self.complete_marker:
@@ -73,8 +98,6 @@ class DataConfig:
             raise ValueError("train_days: needs at least one day")
         if not self.eval_days:
             raise ValueError("eval_days: needs at least one day")
-        if any(day < 0 for day in (*self.train_days, *self.eval_days)):
-            raise ValueError("train_days: days are non-negative integers")
         overlap = sorted(set(self.train_days) & set(self.eval_days))
         if overlap:
             raise ValueError(f"eval_days: {overlap} also in train_days; held-out days must differ")
@@ -83,7 +106,57 @@ class DataConfig:
 
     @property
     def all_days(self) -> tuple[int, ...]:
-        return tuple(sorted({*self.train_days, *self.eval_days}))
+        return tuple(sorted({*self.train_days, *self.eval_days}))  # type: ignore[arg-type]  # ints after __post_init__
+
+    @property
+    def dated(self) -> bool:
+        return self.day_format == "date"
+
+    def shown(self, day: int) -> int | str:
+        """A day as configs, the command line and summaries write it (a date, or the integer)."""
+        return day_value(day, self.dated)
+
+    def shown_days(self, days: Sequence[int]) -> list[int | str]:
+        return [self.shown(day) for day in days]
+
+    def _normalise_days(self) -> None:
+        """Days become integers (dates: days since 1970-01-01); the format is kept."""
+        given = (*self.train_days, *self.eval_days)
+        if self.day_format == "auto":
+            kinds = {is_date(day) for day in given}
+            if len(kinds) > 1:
+                raise ValueError("train_days: mixes integers and dates; write every day the same way")
+            object.__setattr__(self, "day_format", "date" if kinds == {True} else "integer")
+        try:
+            object.__setattr__(self, "train_days", tuple(parse_day(day) for day in self.train_days))
+            object.__setattr__(self, "eval_days", tuple(parse_day(day) for day in self.eval_days))
+        except DayError as error:
+            raise ValueError(f"train_days: {error}") from None
+
+    def _check_parquet_columns(self) -> None:
+        if not self.path:
+            raise ValueError("path: source = 'parquet' needs the dataset's folder or URL")
+        if self.multi_hot:
+            raise ValueError("multi_hot: a Parquet source finds its multi-hot features by their list columns; remove it")
+        if not self.sparse:
+            raise ValueError("sparse: source = 'parquet' needs at least one id column")
+        if not self.dense:
+            raise ValueError("dense: source = 'parquet' needs at least one numeric column (the DLRM's bottom MLP "
+                             "takes them); a constant column will do")  # fmt: skip
+        named = {"partition": [self.partition], "label": [self.label], "dense": list(self.dense),
+                 "sparse": list(self.sparse)}  # fmt: skip
+        for key, names in named.items():
+            for name in names:
+                if not _COLUMN_NAME.fullmatch(name):
+                    raise ValueError(f"{key}: {name!r} is not a plain column name (letters, digits, _)")
+        features = [*self.dense, *self.sparse]
+        repeated = sorted({name for name in features if features.count(name) > 1} | ({self.label} & set(features))
+                          | ({self.partition} & {self.label, *features}))  # fmt: skip
+        if repeated:
+            raise ValueError(f"sparse: {repeated} named twice (label, partition, dense and sparse columns differ)")
+        reserved = sorted(set(features) & set(RESERVED_COLUMNS))
+        if reserved:
+            raise ValueError(f"dense: {reserved} are names the pipeline uses itself; rename those columns in a view")
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
-
-from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS
+import pyarrow.parquet as pq
 
 # Rows whose hash falls in the first `percent` of 1,000 buckets are validation rows.
 BUCKETS = 1000
@@ -51,7 +50,8 @@ def split_holdout(train_files: Sequence[str], out_dir: Path, percent: float, row
         con = duckdb.connect(config={"threads": threads})
         source = "read_parquet([" + ", ".join(f"'{f}'" for f in train_files) + "], hive_partitioning = false)"
         # The hash covers every feature value and the label: a row's side is its own.
-        key = "hash(" + ", ".join(["label", *DENSE_COLUMNS, *SPARSE_COLUMNS]) + f") % {BUCKETS}"
+        columns = pq.read_schema(train_files[0]).names
+        key = "hash(" + ", ".join('"' + name + '"' for name in columns) + f") % {BUCKETS}"
         cut = round(percent * BUCKETS / 100)
         rows = {}
         for part, condition in (("fit", f">= {cut}"), ("validation", f"< {cut}")):

@@ -9,9 +9,12 @@ table is "missing". Then, by `categorical_mode`:
   most frequent first, at most hash_size - 2); any other value maps to row 1, out of
   vocabulary. Each feature's vocabulary is a Parquet file (value, index) beside the state.
 
-Multi-hot features (list columns in the warehouse) map every id of a bag the same way; an
-empty bag becomes [0], missing. The state records their mean ids per example, which the
-sharding planner takes as the tables' pooling factors.
+The features are the warehouse's (its days' manifests say which columns are dense and which
+categorical: the Criteo layout, or a Parquet source's own columns, ingestion/schema.py).
+Integer ids that may be negative (a Parquet source's) hash as 1 + (v mod buckets) with a
+non-negative remainder. Multi-hot features (list columns in the warehouse) map every id of a
+bag the same way; an empty bag becomes [0], missing. The state records their mean ids per
+example, which the sharding planner takes as the tables' pooling factors.
 
 Fitting happens once; its result, the `PreprocessState`, is versioned by a hash of the
 preprocessing config and the training days' manifests, and the same state is applied to
@@ -35,7 +38,7 @@ import duckdb
 import pyarrow.parquet as pq
 
 from ingestion.config import PreprocessConfig
-from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS, multi_hot_of
+from ingestion.schema import DENSE_COLUMNS, FeatureLayout, multi_hot_of
 from ingestion.warehouse import partition_dir, read_manifest
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,10 @@ class PreprocessState:
     table_rows: dict[str, int] = field(default_factory=dict)
     # the state this one extends with later days' ids (recurring runs), "" for a fitted one
     parent: str = ""
+    # the dense features, in order (the categorical ones are `buckets`' keys, in order), and
+    # how each categorical feature's ids were given (empty: the Criteo layout)
+    dense: tuple[str, ...] = DENSE_COLUMNS
+    id_types: dict[str, str] = field(default_factory=dict)
 
     @property
     def table_sizes(self) -> dict[str, int]:
@@ -80,7 +87,7 @@ class PreprocessState:
     @classmethod
     def load(cls, path: Path) -> PreprocessState:
         data = json.loads(path.read_text())  # states saved before `mode` existed are hash states
-        return cls(**{**data, "train_days": tuple(data["train_days"])})
+        return cls(**{**data, "train_days": tuple(data["train_days"]), "dense": tuple(data.get("dense", DENSE_COLUMNS))})
 
 
 def connect(config: PreprocessConfig, spill_dir: Path, keep_order: bool = False) -> duckdb.DuckDBPyConnection:
@@ -103,14 +110,33 @@ def _day_glob(warehouse: Path, day: int) -> str:
     return str(folder / "*.parquet")
 
 
-def warehouse_multi_hot(warehouse: Path, days: Sequence[int]) -> tuple[str, ...]:
-    """The multi-hot features of the days' partitions (they must agree)."""
-    layouts = {day: multi_hot_of(pq.read_schema(_first_file(warehouse, day))) for day in days}
-    if len(set(layouts.values())) > 1:
-        described = "; ".join(f"day {day}: {list(names) or 'none'}" for day, names in layouts.items())
-        raise PreprocessError(f"days were ingested with different multi-hot features ({described}); "
-                              "re-ingest them with the same data.multi_hot")  # fmt: skip
-    return next(iter(layouts.values()), ())
+def warehouse_layout(warehouse: Path, days: Sequence[int]) -> FeatureLayout:
+    """The features of the days' partitions (they must agree): a manifest's layout, or the
+    Criteo layout with the multi-hot features its schema shows."""
+    layouts = {day: _day_layout(warehouse, day) for day in days}
+    if len(set(map(_described, layouts.values()))) > 1:
+        described = "; ".join(f"day {day}: {_described(layout)}" for day, layout in layouts.items())
+        raise PreprocessError(f"days were ingested with different features ({described}); "
+                              "re-ingest them with the same data settings")  # fmt: skip
+    return next(iter(layouts.values()))
+
+
+def _day_layout(warehouse: Path, day: int) -> FeatureLayout:
+    manifest = read_manifest(warehouse, day) or {}
+    if "layout" in manifest:
+        return FeatureLayout.from_dict(manifest["layout"])
+    return FeatureLayout.criteo(multi_hot_of(pq.read_schema(_first_file(warehouse, day))))
+
+
+def _described(layout: FeatureLayout) -> str:
+    if layout.is_criteo:
+        return f"Criteo, multi-hot {list(layout.multi_hot) or 'none'}"
+    return json.dumps(layout.as_dict(), sort_keys=True)
+
+
+def quoted(column: str) -> str:
+    """A column name in SQL: a warehouse's own names may be keywords (`order`, `group`)."""
+    return '"' + column.replace('"', '""') + '"'
 
 
 def _first_file(warehouse: Path, day: int) -> Path:
@@ -121,7 +147,9 @@ def _first_file(warehouse: Path, day: int) -> Path:
 def state_id_for(config: PreprocessConfig, warehouse: Path, train_days: Sequence[int]) -> str:
     """Hash of what the fitted state depends on: the config and the training days' manifests."""
     manifests = [read_manifest(warehouse, day) for day in sorted(train_days)]
+    layouts = [m["layout"] for m in manifests if m and "layout" in m]
     parts = {
+        **({"layouts": layouts} if layouts else {}),  # Criteo states keep their ids
         "multi_hot": [m and m.get("multi_hot", []) for m in manifests],
         "version": STATE_VERSION,
         "hash_size": config.hash_size,
@@ -142,35 +170,36 @@ def fit_state(config: PreprocessConfig, warehouse: Path, features_root: Path, tr
         log.info("preprocessing state %s is current, reusing it", state_id)
         return PreprocessState.load(state_path)
     globs = [_day_glob(warehouse, day) for day in sorted(train_days)]
-    multi_hot = warehouse_multi_hot(warehouse, sorted(train_days))
+    layout = warehouse_layout(warehouse, sorted(train_days))
+    multi_hot = layout.multi_hot
     con = connect(config, features_root / "_spill")
-    single = [c for c in SPARSE_COLUMNS if c not in multi_hot]
-    aggregates = [f"approx_count_distinct({c})" for c in single]
-    aggregates += [f"avg(greatest(coalesce(len({c}), 0), 1))" for c in multi_hot]
+    single = [c for c in layout.sparse if c not in multi_hot]
+    aggregates = [f"approx_count_distinct({quoted(c)})" for c in single]
+    aggregates += [f"avg(greatest(coalesce(len({quoted(c)}), 0), 1))" for c in multi_hot]
     row = con.execute(f"SELECT count(*), avg(label), {', '.join(aggregates)} FROM read_parquet(?)", [globs]).fetchall()[0]
     rows, click_rate = int(row[0]), float(row[1] or 0.0)
     counts = dict(zip(single, row[2 : 2 + len(single)]))
     mean_ids = {c: round(float(n or 1.0), 4) for c, n in zip(multi_hot, row[2 + len(single) :])}
     for c in multi_hot:  # distinct ids over every bag
-        counts[c] = con.execute(f"SELECT approx_count_distinct(id) FROM (SELECT unnest({c}) AS id FROM read_parquet(?))",
+        counts[c] = con.execute(f"SELECT approx_count_distinct(id) FROM (SELECT unnest({quoted(c)}) AS id FROM read_parquet(?))",
                                 [globs]).fetchall()[0][0]  # fmt: skip
     state_path.parent.mkdir(parents=True, exist_ok=True)
     table_rows = {}
     if config.categorical_mode == "vocab":
-        buckets = _fit_vocabularies(con, config, globs, state_path.parent / "vocab", multi_hot)
+        buckets = _fit_vocabularies(con, config, globs, state_path.parent / "vocab", layout)
         table_rows = {name: min(config.hash_size, n + 2 + math.ceil(n * config.vocab_headroom))
                       for name, n in buckets.items()}  # fmt: skip
     else:
-        buckets = {name: max(1, min(config.hash_size - 1, 2 * int(counts[name]))) for name in SPARSE_COLUMNS}
+        buckets = {name: max(1, min(config.hash_size - 1, 2 * int(counts[name]))) for name in layout.sparse}
     state = PreprocessState(state_id, buckets, tuple(sorted(train_days)), rows, click_rate, config.categorical_mode,
-                            mean_ids, table_rows)  # fmt: skip
+                            mean_ids, table_rows, dense=layout.dense, id_types=dict(layout.id_types))  # fmt: skip
     state.save(state_path)  # written last: a state without its vocabularies is never seen
     log.info("fitted preprocessing state %s on %s rows of days %s", state_id, f"{rows:,}", list(train_days))
     return state
 
 
 def _fit_vocabularies(con: duckdb.DuckDBPyConnection, config: PreprocessConfig, globs: list[str],
-                      folder: Path, multi_hot: Sequence[str]) -> dict[str, int]:  # fmt: skip
+                      folder: Path, layout: FeatureLayout) -> dict[str, int]:  # fmt: skip
     """One Parquet (value, index) per feature; returns each vocabulary's size.
 
     A multi-hot feature counts every id of every bag.
@@ -178,10 +207,10 @@ def _fit_vocabularies(con: duckdb.DuckDBPyConnection, config: PreprocessConfig, 
     folder.mkdir(parents=True, exist_ok=True)
     limit = config.hash_size - 2
     sizes = {}
-    for column in SPARSE_COLUMNS:
+    for column in layout.sparse:
         path = folder / f"{column}.parquet"
-        values = (f"(SELECT unnest({column}) AS v FROM read_parquet(?))" if column in multi_hot
-                  else f"(SELECT {column} AS v FROM read_parquet(?))")  # fmt: skip
+        values = (f"(SELECT unnest({quoted(column)}) AS v FROM read_parquet(?))" if column in layout.multi_hot
+                  else f"(SELECT {quoted(column)} AS v FROM read_parquet(?))")  # fmt: skip
         # Most frequent first; ties by value, so the same data always gives the same indices.
         con.execute(
             "COPY (SELECT v AS value, (1 + row_number() OVER (ORDER BY n DESC, v))::INTEGER AS index "
@@ -222,15 +251,15 @@ def continue_state(config: PreprocessConfig, parent: PreprocessState, warehouse:
     folder = state_path.parent / "vocab"
     folder.mkdir(parents=True, exist_ok=True)
     sizes, added, left_out = {}, 0, 0
-    for column in SPARSE_COLUMNS:
+    for column in parent.buckets:
         known = vocabulary_path(features_root, parent, column)
         if not known.is_file():
             raise PreprocessError(f"{column}: the vocabulary {known} of the model's preprocessing state "
                                   f"{parent.state_id} is gone; a recurring run needs the run folder it was fitted in")  # fmt: skip
         entries = parent.buckets[column]
         free = max(0, parent.table_sizes[column] - 2 - entries)
-        values = (f"(SELECT unnest({column}) AS v FROM read_parquet(?))" if column in parent.multi_hot
-                  else f"(SELECT {column} AS v FROM read_parquet(?))")  # fmt: skip
+        values = (f"(SELECT unnest({quoted(column)}) AS v FROM read_parquet(?))" if column in parent.multi_hot
+                  else f"(SELECT {quoted(column)} AS v FROM read_parquet(?))")  # fmt: skip
         new_ids = (f"SELECT v, count(*) AS n FROM {values} WHERE v IS NOT NULL AND v NOT IN "
                    f"(SELECT value FROM read_parquet('{known}')) GROUP BY v HAVING count(*) >= {int(config.min_count)}")  # fmt: skip
         candidates = con.execute(f"SELECT count(*) FROM ({new_ids})", [globs]).fetchall()[0][0]
@@ -256,23 +285,24 @@ def vocabulary_path(features_root: Path, state: PreprocessState, feature: str) -
 
 def feature_sql(state: PreprocessState, features_root: Path | None = None) -> str:
     """The SELECT that turns warehouse rows into features (`{source}` is the input)."""
-    dense = [f"ln(1 + greatest(coalesce(s.{c}, 0), 0))::FLOAT AS {c}" for c in DENSE_COLUMNS]
+    dense = [f"ln(1 + greatest(coalesce(s.{quoted(c)}, 0), 0))::FLOAT AS {quoted(c)}" for c in state.dense]
     if state.mode != "vocab":
         sparse = [
-            f"CASE WHEN coalesce(len(s.{c}), 0) = 0 THEN [{MISSING_ROW}] "
-            f"ELSE list_transform(s.{c}, lambda id: (1 + id % {state.buckets[c]})::INTEGER) END AS {c}"
+            f"CASE WHEN coalesce(len(s.{quoted(c)}), 0) = 0 THEN [{MISSING_ROW}] "
+            f"ELSE list_transform(s.{quoted(c)}, lambda id: ({_bucket_of('id', c, state)})::INTEGER) END AS {quoted(c)}"
             if c in state.multi_hot else
-            f"CASE WHEN s.{c} IS NULL THEN {MISSING_ROW} ELSE 1 + (s.{c} % {state.buckets[c]}) END::INTEGER AS {c}"
-            for c in SPARSE_COLUMNS
+            f"CASE WHEN s.{quoted(c)} IS NULL THEN {MISSING_ROW} ELSE {_bucket_of(f's.{quoted(c)}', c, state)} END::INTEGER "
+            f"AS {quoted(c)}"
+            for c in state.buckets
         ]  # fmt: skip
         return "SELECT s.label::TINYINT AS label, " + ", ".join(dense + sparse) + " FROM {source} s"
     # Joins do not keep the input order: the rows are numbered as read and put back in order.
     if features_root is None:
         raise PreprocessError("a vocabulary state needs its features folder to find the vocabularies")
     sparse, joins = [], []
-    for i, c in enumerate(SPARSE_COLUMNS):
-        vocab = vocabulary_path(features_root, state, c)
-        if c in state.multi_hot:
+    for i, name in enumerate(state.buckets):
+        vocab, c = vocabulary_path(features_root, state, name), quoted(name)
+        if name in state.multi_hot:
             # Each id of the bag looked up in order (a correlated subquery DuckDB decorrelates).
             sparse.append(
                 f"(SELECT CASE WHEN count(*) = 0 THEN [{MISSING_ROW}] "
@@ -288,6 +318,15 @@ def feature_sql(state: PreprocessState, features_root: Path | None = None) -> st
             + " ORDER BY s.source_row")  # fmt: skip
 
 
+def _bucket_of(value: str, feature: str, state: PreprocessState) -> str:
+    """SQL: the table row of a present id `value` in hash mode. Criteo ids are unsigned;
+    other integer ids may be negative, and DuckDB's % keeps the dividend's sign."""
+    buckets = state.buckets[feature]
+    if feature in state.id_types:
+        return f"1 + ((({value}) % {buckets}) + {buckets}) % {buckets}"
+    return f"1 + ({value} % {buckets})"
+
+
 def features_dir(features_root: Path, state: PreprocessState, day: int) -> Path:
     return features_root / state.state_id / f"day={day}"
 
@@ -297,10 +336,13 @@ def apply_state(config: PreprocessConfig, state: PreprocessState, warehouse: Pat
     target = features_dir(features_root, state, day)
     if (target / "_done.json").is_file():
         return target
-    layout = warehouse_multi_hot(warehouse, [day])
-    if set(layout) != set(state.multi_hot):
-        raise PreprocessError(f"day {day}: multi-hot features {list(layout) or 'none'} differ from the state's "
+    layout = warehouse_layout(warehouse, [day])
+    if set(layout.multi_hot) != set(state.multi_hot):
+        raise PreprocessError(f"day {day}: multi-hot features {list(layout.multi_hot) or 'none'} differ from the state's "
                               f"{list(state.multi_hot) or 'none'}; re-ingest the day with the same data.multi_hot")  # fmt: skip
+    if (layout.dense, layout.sparse, dict(layout.id_types)) != (state.dense, tuple(state.buckets), state.id_types):
+        raise PreprocessError(f"day {day}: its features ({_described(layout)}) are not those the preprocessing "
+                              f"state {state.state_id} was fitted on; re-ingest it with the same data settings")  # fmt: skip
     staging = features_root / "_tmp" / f"day={day}-{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     try:

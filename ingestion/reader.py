@@ -34,7 +34,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ingestion.prefetch import prefetched
-from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS, multi_hot_of
+from ingestion.schema import FeatureLayout, feature_layout
 
 PAD_LABEL = -1.0
 
@@ -62,18 +62,23 @@ def list_row_groups(paths: Sequence[Path | str]) -> list[tuple[str, int, int]]:
     return groups
 
 
-def files_multi_hot(paths: Sequence[Path | str]) -> tuple[str, ...]:
-    """The multi-hot features of feature files, which must all have the same layout."""
-    layouts = {multi_hot_of(pq.read_schema(path)) for path in paths}
+def files_layout(paths: Sequence[Path | str]) -> FeatureLayout:
+    """The features of feature files (dense, categorical, multi-hot), which must agree."""
+    layouts = {}
+    for path in paths:
+        layout = feature_layout(pq.read_schema(path))
+        layouts[(layout.dense, layout.sparse, layout.multi_hot)] = layout
     if len(layouts) > 1:
-        raise ValueError(f"feature files disagree on the multi-hot features: {sorted(layouts)}; "
-                         "preprocess every day with the same state")  # fmt: skip
-    return next(iter(layouts), ())
+        described = sorted(f"{list(sparse)} (multi-hot {list(multi_hot)})" for _, sparse, multi_hot in layouts)
+        raise ValueError(f"feature files disagree on their features: {described}; preprocess every day with the same state")
+    if not layouts:
+        raise ValueError("no feature files to read")
+    return next(iter(layouts.values()))
 
 
 @dataclass(frozen=True)
 class Rows:
-    """Decoded rows: dense [n, 13], one id column [n] per one-hot feature, one (lengths [n],
+    """Decoded rows: dense [n, dense features], one id column [n] per one-hot feature, one (lengths [n],
     ids) bag per multi-hot feature, labels [n].
 
     Id columns stay as decoded (views of the Arrow buffers): a batch copies each of its ids
@@ -110,9 +115,9 @@ class Rows:
         return Rows(np.concatenate([p.dense for p in parts]), ids, bags, np.concatenate([p.labels for p in parts]))
 
     @staticmethod
-    def empty(one_hot: int, multi_hot: int) -> Rows:
+    def empty(dense: int, one_hot: int, multi_hot: int) -> Rows:
         bag = (np.zeros(0, np.int64), np.zeros(0, np.int64))
-        return Rows(np.zeros((0, len(DENSE_COLUMNS)), np.float32), (np.zeros(0, np.int64),) * one_hot,
+        return Rows(np.zeros((0, dense), np.float32), (np.zeros(0, np.int64),) * one_hot,
                     (bag,) * multi_hot, np.zeros(0, np.float32))  # fmt: skip
 
 
@@ -168,8 +173,9 @@ class BatchReader:
         total = sum(rows for _, _, rows in groups)
         order_seed = None if shuffle_seed is None else [shuffle_seed, epoch]
         self.segments = rank_segments(groups, rank, world_size, order_seed)
-        self.multi_hot = files_multi_hot(paths)
-        self.one_hot = tuple(name for name in SPARSE_COLUMNS if name not in self.multi_hot)
+        layout = files_layout(paths)
+        self.dense, self.sparse, self.multi_hot = layout.dense, layout.sparse, layout.multi_hot
+        self.one_hot = tuple(name for name in self.sparse if name not in self.multi_hot)
         self.rank_rows = sum(s.rows for s in self.segments)
         if drop_remainder:
             self.num_batches = (total // world_size) // batch_size
@@ -185,7 +191,7 @@ class BatchReader:
 
     def _batches(self) -> Iterator[Batch]:
         emitted = self.start_batch
-        rows = _RowBuffer(Rows.empty(len(self.one_hot), len(self.multi_hot)))
+        rows = _RowBuffer(Rows.empty(len(self.dense), len(self.one_hot), len(self.multi_hot)))
         for part in self._rows_from(self.start_batch * self.batch_size):
             rows.append(part)
             while len(rows) >= self.batch_size and emitted < self.num_batches:
@@ -204,7 +210,7 @@ class BatchReader:
                 continue
             if segment.path not in handles:
                 handles[segment.path] = pq.ParquetFile(segment.path)
-            rows = _read_segment(handles[segment.path], segment, self.one_hot, self.multi_hot)
+            rows = _read_segment(handles[segment.path], segment, self.dense, self.one_hot, self.multi_hot)
             if self.shuffle_seed is not None:
                 # in-memory shuffle of one row group; seeded so a resumed run replays it
                 rng = np.random.default_rng([self.shuffle_seed, self.epoch, index])
@@ -213,7 +219,7 @@ class BatchReader:
             skip = 0
 
     def _to_batch(self, rows: Rows) -> Batch:
-        return _to_batch(rows, self.one_hot, self.multi_hot)
+        return _to_batch(rows, self.sparse, self.one_hot, self.multi_hot)
 
 
 def build_reader(
@@ -223,10 +229,12 @@ def build_reader(
     return BatchReader(paths, batch_size, rank, world_size, **options)
 
 
-def _read_segment(handle: pq.ParquetFile, segment: Segment, one_hot: Sequence[str], multi_hot: Sequence[str]) -> Rows:
+def _read_segment(handle: pq.ParquetFile, segment: Segment, dense_columns: Sequence[str], one_hot: Sequence[str],
+                  multi_hot: Sequence[str]) -> Rows:  # fmt: skip
     table = handle.read_row_group(segment.row_group)
     table = table.slice(segment.start, segment.rows)
-    dense = np.column_stack([table[c].to_numpy() for c in DENSE_COLUMNS]).astype(np.float32, copy=False)
+    dense = (np.column_stack([table[c].to_numpy() for c in dense_columns]).astype(np.float32, copy=False)
+             if dense_columns else np.zeros((table.num_rows, 0), np.float32))  # fmt: skip
     ids = tuple(table[c].combine_chunks().to_numpy() for c in one_hot)  # zero-copy views
     labels = table["label"].to_numpy().astype(np.float32)
     return Rows(dense, ids, tuple(_bag(table[c].combine_chunks()) for c in multi_hot), labels)
@@ -280,18 +288,18 @@ def _pad(rows: Rows, size: int) -> Rows:
     return Rows.concat([rows, padding])
 
 
-def _to_batch(rows: Rows, one_hot: Sequence[str], multi_hot: Sequence[str]) -> Batch:
+def _to_batch(rows: Rows, sparse: Sequence[str], one_hot: Sequence[str], multi_hot: Sequence[str]) -> Batch:
     """Rows → a TorchRec Batch; the KJT's keys are the features in column order."""
     dense, labels = rows.dense, rows.labels
     batch_size = len(labels)
     if not multi_hot:
         values = torch.from_numpy(np.concatenate(rows.ids, dtype=np.int64))  # feature-major, one copy
-        lengths = _ones(len(SPARSE_COLUMNS) * batch_size)
+        lengths = _ones(len(sparse) * batch_size)
     else:
         column_of = {name: i for i, name in enumerate(one_hot)}
         bag_of = {name: i for i, name in enumerate(multi_hot)}
         value_parts, length_parts = [], []
-        for name in SPARSE_COLUMNS:
+        for name in sparse:
             if name in bag_of:
                 bag_lengths, bag_values = rows.bags[bag_of[name]]
                 value_parts.append(bag_values)
@@ -301,7 +309,7 @@ def _to_batch(rows: Rows, one_hot: Sequence[str], multi_hot: Sequence[str]) -> B
                 length_parts.append(np.ones(batch_size, np.int32))
         values = torch.from_numpy(np.concatenate(value_parts, dtype=np.int64))
         lengths = torch.from_numpy(np.concatenate(length_parts))
-    kjt = KeyedJaggedTensor(keys=list(SPARSE_COLUMNS), values=values, lengths=lengths, stride=batch_size)
+    kjt = KeyedJaggedTensor(keys=list(sparse), values=values, lengths=lengths, stride=batch_size)
     return Batch(
         dense_features=torch.from_numpy(np.ascontiguousarray(dense)),
         sparse_features=kjt,

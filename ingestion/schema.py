@@ -10,7 +10,9 @@ of the warehouse's declared layout (`data.multi_hot`), and their columns are lis
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
@@ -21,6 +23,8 @@ DENSE_COLUMNS: tuple[str, ...] = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
 SPARSE_COLUMNS: tuple[str, ...] = tuple(f"C{i}" for i in range(1, NUM_SPARSE + 1))
 RAW_COLUMNS: tuple[str, ...] = ("label", *DENSE_COLUMNS, *SPARSE_COLUMNS)
 SCHEMA_VERSION = 2  # 2: multi-hot features as list columns
+# Column names the pipeline's own tables and queries use: no feature may take them.
+RESERVED_COLUMNS = ("label", "source_row")
 MULTI_HOT_SEPARATOR = ","
 
 # Warehouse rows: categoricals are stored as the 32-bit numbers their hex spells, not strings.
@@ -70,3 +74,44 @@ def _with_lists(schema: pa.Schema, multi_hot: Sequence[str], item: pa.DataType) 
         index = schema.get_field_index(name)
         schema = schema.set(index, pa.field(name, pa.list_(item), nullable=schema.field(index).nullable))
     return schema
+
+
+@dataclass(frozen=True)
+class FeatureLayout:
+    """Which warehouse columns are dense and which categorical, in column order.
+
+    `id_types`: per categorical feature, how its ids were given: "int" (integers) or
+    "string" (text, stored as a 64-bit hash of its UTF-8 bytes: ingestion/id_hash.py).
+    Empty for the Criteo layout, whose ids are the 32-bit numbers their hex spells.
+    """
+
+    dense: tuple[str, ...]
+    sparse: tuple[str, ...]
+    multi_hot: tuple[str, ...] = ()
+    id_types: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def criteo(cls, multi_hot: Sequence[str] = ()) -> FeatureLayout:
+        return cls(DENSE_COLUMNS, SPARSE_COLUMNS, check_multi_hot(multi_hot))
+
+    @property
+    def is_criteo(self) -> bool:
+        return self.dense == DENSE_COLUMNS and self.sparse == SPARSE_COLUMNS and not self.id_types
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"dense": list(self.dense), "sparse": list(self.sparse), "multi_hot": list(self.multi_hot),
+                "id_types": dict(self.id_types)}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FeatureLayout:
+        return cls(tuple(data["dense"]), tuple(data["sparse"]), tuple(data.get("multi_hot", ())),
+                   dict(data.get("id_types", {})))  # fmt: skip
+
+
+def feature_layout(schema: pa.Schema) -> FeatureLayout:
+    """The layout of a feature file: float columns are dense, integer and list columns
+    categorical (their table rows), in column order."""
+    dense = tuple(f.name for f in schema if pa.types.is_floating(f.type))
+    sparse = tuple(f.name for f in schema if f.name != "label" and (pa.types.is_integer(f.type) or pa.types.is_list(f.type)))
+    multi_hot = tuple(f.name for f in schema if pa.types.is_list(f.type))
+    return FeatureLayout(dense, sparse, multi_hot)

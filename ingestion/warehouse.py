@@ -133,9 +133,9 @@ def ingest_day(
         if not allow_empty and not report.files_failed and report.rows_read == 0:
             raise EmptyDayError(f"day {day}: no lines in {', '.join(sources)}; nothing was published. Check the "
                                 "source files, or pass --allow-empty to publish an empty day")  # fmt: skip
-        _write_manifest(staging / "data", report)
-        _publish(staging / "data", partition_dir(warehouse, day), staging)
-        _publish(staging / "quarantine", warehouse / "_quarantine" / f"day={day}", staging)
+        write_manifest(staging / "data", report)
+        publish(staging / "data", partition_dir(warehouse, day), staging)
+        publish(staging / "quarantine", warehouse / "_quarantine" / f"day={day}", staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         with contextlib.suppress(OSError):  # the staging root, unless another ingest is using it
@@ -156,7 +156,7 @@ def _ingest_file(source: str, day: int, staging: Path, index: int, multi_hot: tu
     quarantine_path = quarantine_dir / f"part-{index:05d}.parquet"
     digest = hashlib.sha256()
     try:
-        with _ParquetSink(data_path, warehouse_schema(multi_hot)) as rows_out, _ParquetSink(
+        with ParquetSink(data_path, warehouse_schema(multi_hot)) as rows_out, ParquetSink(
             quarantine_path, QUARANTINE_SCHEMA
         ) as bad_out:
             next_line = 1
@@ -258,7 +258,7 @@ def _decompress(
         ) from None
 
 
-class _ParquetSink:
+class ParquetSink:
     """A Parquet writer that buffers small tables into streaming-sized row groups and
     writes each one in a background thread (one at a time, in order)."""
 
@@ -302,7 +302,8 @@ class _ParquetSink:
             self.writer.close()
 
 
-def _write_manifest(data_dir: Path, report: DayReport) -> None:
+def write_manifest(data_dir: Path, report: DayReport, extra: dict | None = None) -> None:
+    """The day's `_manifest.json`; `extra`: what a source adds (a Parquet source: its layout)."""
     manifest = {
         "day": report.day,
         "schema_version": SCHEMA_VERSION,
@@ -311,12 +312,13 @@ def _write_manifest(data_dir: Path, report: DayReport) -> None:
         "rows_written": report.rows_written,
         "rows_quarantined": report.rows_quarantined,
         "files": [asdict(f) for f in report.files],
-        "source_fingerprints": [_fingerprint(f.source) for f in report.files],
+        "source_fingerprints": [fingerprint(f.source) for f in report.files],
+        **(extra or {}),
     }
     (data_dir / "_manifest.json").write_text(json.dumps(manifest, indent=2))
 
 
-def _fingerprint(source: str) -> list:
+def fingerprint(source: str) -> list:
     """What must be unchanged for an ingested day to count as done: path, size, mtime."""
     try:
         info = os.stat(source)
@@ -333,10 +335,10 @@ def _already_ingested(sources: Sequence[str], day: int, warehouse: Path, multi_h
         return False  # the same logs read with another layout
     if any(f.get("error") for f in manifest["files"]):
         return False
-    return manifest["source_fingerprints"] == [_fingerprint(s) for s in sources]
+    return manifest["source_fingerprints"] == [fingerprint(s) for s in sources]
 
 
-def _publish(staged: Path, target: Path, scratch: Path) -> None:
+def publish(staged: Path, target: Path, scratch: Path) -> None:
     """Swap `staged` in as `target` with renames: readers never see a half-written folder.
 
     The old partition moves into `scratch` (same filesystem), which the caller removes.

@@ -32,7 +32,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from evaluation.metrics import binary_state, compute_ne
 from ingestion.reader import PAD_LABEL, build_reader, example_of_values
-from ingestion.schema import NUM_DENSE, SPARSE_COLUMNS
+from training.stock_dlrm import DENSE_FEATURES
 
 # Candidate inverse L2 strengths (scikit-learn's C: C·Σ loss + ½‖w‖²), half a decade apart.
 # Salts the row sample of `max_rows`, so it is not the validation slice (salted by the seed).
@@ -44,23 +44,24 @@ _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 class HashedLogisticRegression(nn.Module):
-    def __init__(self, table_sizes: Mapping[str, int]) -> None:
+    def __init__(self, table_sizes: Mapping[str, int], dense_features: int = DENSE_FEATURES) -> None:
         super().__init__()
-        sizes = [table_sizes[name] for name in SPARSE_COLUMNS]
+        self.features = list(table_sizes)  # the KJT keys, in this order
+        sizes = [table_sizes[name] for name in self.features]
         self.register_buffer("offsets", torch.tensor(np.concatenate(([0], np.cumsum(sizes[:-1]))), dtype=torch.int64))
         self.weights = nn.EmbeddingBag(int(sum(sizes)), 1, mode="sum", sparse=True)
         nn.init.zeros_(self.weights.weight)
-        self.dense = nn.Linear(NUM_DENSE, 1)
+        self.dense = nn.Linear(dense_features, 1)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
-        """dense [B, 13], the sparse features (multi-hot bags summed) → logits [B]."""
+        """dense [B, D], the sparse features (multi-hot bags summed) → logits [B]."""
         batch = dense.shape[0]
-        if sparse.keys() != list(SPARSE_COLUMNS):
-            sparse = sparse.permute([sparse.keys().index(name) for name in SPARSE_COLUMNS])
+        if sparse.keys() != self.features:
+            sparse = sparse.permute([sparse.keys().index(name) for name in self.features])
         # every id moved into its feature's block of the one weight table
         ids = sparse.values() + torch.repeat_interleave(self.offsets, torch.tensor(sparse.length_per_key()))
-        per_bag = self.weights(ids, sparse.offsets()[:-1].to(torch.int64))  # [26·B, 1], feature-major
-        return per_bag.view(len(SPARSE_COLUMNS), batch).sum(0) + self.dense(dense).squeeze(-1)
+        per_bag = self.weights(ids, sparse.offsets()[:-1].to(torch.int64))  # [F·B, 1], feature-major
+        return per_bag.view(len(self.features), batch).sum(0) + self.dense(dense).squeeze(-1)
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class LogisticFit:
 class _Rows:
     """Rows as a sparse one-hot design over the (feature, id) columns seen in training."""
 
-    dense: torch.Tensor  # [n, 13] float64
+    dense: torch.Tensor  # [n, D] float64
     ids: torch.Tensor  # [n, m] CSR float64: 1 per id (a repeated id of a bag counts twice)
     ids_t: torch.Tensor  # [m, n] CSR: the transpose, so X^T r is a row-parallel product too
     labels: torch.Tensor  # [n] float64
@@ -120,10 +121,11 @@ def fit_logistic_regression(
     """
     if not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"validation_fraction: must be in (0, 1), got {validation_fraction}")
-    sizes = [table_sizes[name] for name in SPARSE_COLUMNS]
+    features = list(table_sizes)
+    sizes = [table_sizes[name] for name in features]
     total = sum(pq.ParquetFile(f).metadata.num_rows for f in train_files)
     sample = min(1.0, max_rows / total) if max_rows and total else 1.0
-    dense, ids, rows_of_ids, labels, row_hash = _read_training_rows(train_files, sizes, batch_size, sample)
+    dense, ids, rows_of_ids, labels, row_hash = _read_training_rows(train_files, features, sizes, batch_size, sample)
     held_out = validation_rows(row_hash, validation_fraction, seed)
     seen = np.bincount(ids, minlength=int(sum(sizes))) > 0  # only the ids seen get a column
     columns, column_of = np.flatnonzero(seen), (np.cumsum(seen, dtype=np.int64) - 1)[ids].astype(np.int32)
@@ -147,7 +149,7 @@ def fit_logistic_regression(
 def _choose_c(fit_rows: _Rows, check_rows: _Rows, fit, c_grid: Sequence[float], columns: int):
     """(validation NE by C tried, the chosen C, its fit on `fit_rows` to start the refit from)."""
     ctr = float(fit_rows.labels.mean()) if len(fit_rows.labels) else 0.5
-    start = torch.zeros(1 + NUM_DENSE + columns, dtype=torch.float64)
+    start = torch.zeros(1 + fit_rows.dense.shape[1] + columns, dtype=torch.float64)
     start[0] = math.log(max(ctr, 1e-6) / max(1.0 - ctr, 1e-6))  # the constant predictor
     if not (_both_classes(check_rows.labels) and _both_classes(fit_rows.labels)):
         return {}, _nearest(sorted(c_grid), START_C), start  # too few rows to choose: unvalidated
@@ -185,7 +187,7 @@ def validation_rows(row_hash: np.ndarray, fraction: float, seed: int = 0) -> np.
 
 
 def row_id_hash(first_ids: Sequence[np.ndarray]) -> np.ndarray:
-    """[n] uint64: a hash of each row's ids (one array per feature, in SPARSE_COLUMNS order;
+    """[n] uint64: a hash of each row's ids (one array per feature, in the tables' order;
     a multi-hot feature's first id), independent of where the row is in the files."""
     h = np.zeros(len(first_ids[0]), dtype=np.uint64)
     for ids in first_ids:
@@ -200,18 +202,19 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _read_training_rows(files: Sequence[str], sizes: Sequence[int], batch_size: int, sample: float = 1.0):
+def _read_training_rows(files: Sequence[str], features: Sequence[str], sizes: Sequence[int], batch_size: int,
+                        sample: float = 1.0):  # fmt: skip
     """The rows of `files` in file order (with `sample` < 1, the rows in that fraction of a
-    salted id hash's range): dense [n, 13], the ids (offset into one index space) with the
+    salted id hash's range): dense [n, D], the ids (offset into one index space) with the
     row of each, labels [n], and each row's id hash."""
     offsets = np.concatenate(([0], np.cumsum(sizes[:-1]))).astype(np.int64)
     dense, ids, rows_of_ids, labels, hashes, seen = [], [], [], [], [], 0
     for batch in build_reader(files, batch_size, drop_remainder=False, prefetch=1):
         kjt = batch.sparse_features
-        if kjt.keys() != list(SPARSE_COLUMNS):
-            kjt = kjt.permute([kjt.keys().index(name) for name in SPARSE_COLUMNS])
+        if kjt.keys() != list(features):
+            kjt = kjt.permute([kjt.keys().index(name) for name in features])
         values = kjt.values().numpy()
-        starts = np.concatenate(([0], np.cumsum(kjt.lengths().numpy())[:-1])).reshape(len(SPARSE_COLUMNS), -1)
+        starts = np.concatenate(([0], np.cumsum(kjt.lengths().numpy())[:-1])).reshape(len(features), -1)
         row_hash = row_id_hash(list(values[starts]))
         keep = (batch.labels != PAD_LABEL).numpy()
         if sample < 1.0:
@@ -263,7 +266,8 @@ def _lbfgs(rows: _Rows, l2: float, start: torch.Tensor, max_iter: int, tolerance
     """
     n = len(rows.labels)
     mean = rows.dense.mean(0)
-    dense = rows.dense - mean  # [n, 13]
+    dense = rows.dense - mean  # [n, D]
+    d = dense.shape[1]
     ctr = float(rows.labels.mean())
     penalised = torch.ones_like(start)
     penalised[0] = 0.0  # the bias
@@ -271,12 +275,12 @@ def _lbfgs(rows: _Rows, l2: float, start: torch.Tensor, max_iter: int, tolerance
     curvature = torch.cat([torch.ones(1, dtype=torch.float64), (dense * dense).mean(0), column_counts / n])
     scale = (max(ctr * (1 - ctr), 0.01) * curvature + l2 * penalised).clamp_min(1e-12).rsqrt()
     centred = start.clone()
-    centred[0] += mean @ start[1 : 1 + NUM_DENSE]
+    centred[0] += mean @ start[1 : 1 + d]
     u = centred / scale
 
     def closure() -> torch.Tensor:
         theta = scale * u
-        z = theta[0] + dense @ theta[1 : 1 + NUM_DENSE] + rows.ids @ theta[1 + NUM_DENSE :]  # [n]
+        z = theta[0] + dense @ theta[1 : 1 + d] + rows.ids @ theta[1 + d :]  # [n]
         residual = (torch.sigmoid(z) - rows.labels) / n  # [n]
         grad = torch.cat([residual.sum().reshape(1), dense.T @ residual, rows.ids_t @ residual])
         u.grad = scale * (grad + l2 * penalised * theta)
@@ -293,12 +297,13 @@ def _lbfgs(rows: _Rows, l2: float, start: torch.Tensor, max_iter: int, tolerance
         converged = before - after <= tolerance * abs(after)
         before = after
     theta = scale * u.detach()
-    theta[0] -= mean @ theta[1 : 1 + NUM_DENSE]
+    theta[0] -= mean @ theta[1 : 1 + d]
     return theta, int(optimizer.state[u].get("n_iter", 0)), converged
 
 
 def _ne(rows: _Rows, theta: torch.Tensor) -> float:
-    z = theta[0] + rows.dense @ theta[1 : 1 + NUM_DENSE] + rows.ids @ theta[1 + NUM_DENSE :]
+    d = rows.dense.shape[1]
+    z = theta[0] + rows.dense @ theta[1 : 1 + d] + rows.ids @ theta[1 + d :]
     return compute_ne(binary_state(rows.labels.numpy(), torch.sigmoid(z).numpy()))
 
 
@@ -307,9 +312,10 @@ def _both_classes(labels: torch.Tensor) -> bool:
 
 
 def _to_model(table_sizes: Mapping[str, int], theta: torch.Tensor, columns: np.ndarray) -> HashedLogisticRegression:
-    model = HashedLogisticRegression(table_sizes)
+    d = len(theta) - 1 - len(columns)
+    model = HashedLogisticRegression(table_sizes, d)
     with torch.no_grad():
         model.dense.bias.fill_(float(theta[0]))
-        model.dense.weight.copy_(theta[1 : 1 + NUM_DENSE].reshape(1, -1))
-        model.weights.weight[torch.from_numpy(columns), 0] = theta[1 + NUM_DENSE :].float()
+        model.dense.weight.copy_(theta[1 : 1 + d].reshape(1, -1))
+        model.weights.weight[torch.from_numpy(columns), 0] = theta[1 + d :].float()
     return model.eval()

@@ -1,16 +1,19 @@
-"""The registered model as an MLflow pyfunc: raw Criteo rows in, click probabilities out.
+"""The registered model as an MLflow pyfunc: raw rows in, click probabilities out.
 
-MLflow loads this file as the model's code ("models from code"), with `stock_dlrm.py`
-bundled beside it, so it imports nothing else of this project: numpy, pandas, torch,
-torchrec and mlflow only. Its artifact folder holds the DLRM's state dict (`dlrm.pt`), its
+MLflow loads this file as the model's code ("models from code"), with `stock_dlrm.py` and
+`id_hash.py` bundled beside it, so it imports nothing else of this project: numpy, pandas,
+pyarrow, torch, torchrec and mlflow only. Its artifact folder holds the DLRM's state dict (`dlrm.pt`), its
 shape and the run's preprocessing state (`model.json`), and in vocab mode the vocabularies
 (`vocabularies.npz`).
 
-Input, a DataFrame with either
+Input, for a model of Criteo data, a DataFrame with either
 - a column `line`: raw Criteo TSV lines (label, I1..I13, C1..C26; the label may be left out), or
 - the 39 named columns I1..I13 (integers; missing as None/NaN) and C1..C26 (8 hex characters,
   or the number they spell; missing as ""/None/NaN; a multi-hot feature as comma-separated
   ids or a list).
+For a model of a Parquet source (`data.source = "parquet"`): its dense and id columns by
+their warehouse names; ids as the warehouse holds them (integers, or text), a multi-hot
+feature's as a list; missing as None/NaN.
 Output: each row's click probability, in input order.
 
 The features are those of the run's preprocessing (ingestion/preprocess.py), here in numpy:
@@ -35,9 +38,11 @@ import pandas as pd
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-try:  # the copy bundled with the model (MLflow puts code_paths on sys.path)
+try:  # the copies bundled with the model (MLflow puts code_paths on sys.path)
+    from id_hash import hash_texts
     from stock_dlrm import SERVING_FORMAT, build_stock_dlrm
 except ModuleNotFoundError:  # this file imported from within the project
+    from ingestion.id_hash import hash_texts
     from training.stock_dlrm import SERVING_FORMAT, build_stock_dlrm
 
 log = logging.getLogger(__name__)
@@ -68,23 +73,26 @@ def lines_to_columns(lines: pd.Series) -> pd.DataFrame:
     return columns
 
 
-def dense_features(frame: pd.DataFrame) -> np.ndarray:
-    """[rows, 13] float32: ln(1 + max(x, 0)), missing → 0."""
-    out = np.empty((len(frame), len(DENSE)), dtype=np.float32)
-    for j, name in enumerate(DENSE):
+def dense_features(frame: pd.DataFrame, names: Sequence[str] = DENSE) -> np.ndarray:
+    """[rows, D] float32: ln(1 + max(x, 0)), missing → 0."""
+    out = np.empty((len(frame), len(names)), dtype=np.float32)
+    for j, name in enumerate(names):
         raw = frame[name] if pd.api.types.is_numeric_dtype(frame[name]) else frame[name].mask(frame[name] == "")
         values = pd.to_numeric(raw, errors="coerce")
         bad = values.isna() & raw.notna()
         if bad.any():
             row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise BadInput(f"row {row}: {name} = {raw.iloc[row]!r} is not an integer")
+            raise BadInput(f"row {row}: {name} = {raw.iloc[row]!r} is not a number")
         counts = values.fillna(0).to_numpy(dtype=np.float64)
         out[:, j] = np.log(1.0 + np.maximum(counts, 0.0))
     return out
 
 
-def categorical_ids(values: Sequence[Any], feature: str, multi_hot: bool) -> list[list[int]]:
-    """Each row's ids (hex text or numbers; an empty list when missing)."""
+def categorical_ids(values: Sequence[Any], feature: str, multi_hot: bool, id_type: str = "") -> list[list[int]]:
+    """Each row's ids (an empty list when missing): Criteo hex text or numbers (`id_type`
+    ""), integers ("int"), or text hashed as at ingestion ("string")."""
+    if id_type:
+        return _typed_ids(values, feature, multi_hot, id_type)
     rows = []
     for row, value in enumerate(values):
         if isinstance(value, str):
@@ -99,6 +107,36 @@ def categorical_ids(values: Sequence[Any], feature: str, multi_hot: bool) -> lis
     if not multi_hot and any(len(ids) > 1 for ids in rows):
         raise BadInput(f"{feature}: one id a row (it is not a multi-hot feature)")
     return rows
+
+
+def _typed_ids(values: Sequence[Any], feature: str, multi_hot: bool, id_type: str) -> list[list[int]]:
+    bags: list[list[Any]] = []
+    for row, value in enumerate(values):
+        if value is None or (isinstance(value, float) and np.isnan(value)):
+            bags.append([])
+        elif isinstance(value, (list, tuple, np.ndarray)):
+            if not multi_hot:
+                raise BadInput(f"row {row}: {feature} holds a list, but it is not a multi-hot feature")
+            bags.append([item for item in value if item is not None])
+        else:
+            bags.append([value])
+    flat = [item for bag in bags for item in bag]
+    if id_type == "string":
+        wrong = next((item for item in flat if not isinstance(item, str)), None)
+        if wrong is not None:
+            raise BadInput(f"{feature} = {wrong!r}: this feature's ids are text")
+        ids = hash_texts(flat).tolist()
+    else:
+        ids = []
+        for item in flat:
+            if isinstance(item, (str, bytes, bool)) or int(item) != item:
+                raise BadInput(f"{feature} = {item!r}: this feature's ids are integers")
+            ids.append(int(item))
+    out, at = [], 0
+    for bag in bags:
+        out.append(ids[at : at + len(bag)])
+        at += len(bag)
+    return out
 
 
 def _id_of(item: Any, feature: str, row: int) -> int:
@@ -119,27 +157,31 @@ class FeatureMap:
         self.mode: str = preprocessing["mode"]
         self.buckets: dict[str, int] = preprocessing["buckets"]
         self.multi_hot: set[str] = set(preprocessing["multi_hot"])
+        self.dense: tuple[str, ...] = tuple(preprocessing.get("dense", DENSE))
+        self.sparse: tuple[str, ...] = tuple(self.buckets)
+        self.id_types: dict[str, str] = preprocessing.get("id_types", {})
         self.vocabularies = vocabularies  # "<feature>.values" (sorted), "<feature>.rows"
 
     def rows(self, feature: str, ids: np.ndarray) -> np.ndarray:
-        if self.mode == "hash":
-            return 1 + ids % self.buckets[feature]
+        if self.mode == "hash":  # numpy's mod is non-negative, as the SQL's for signed ids
+            return 1 + np.mod(ids, self.buckets[feature])
         values, rows = self.vocabularies[f"{feature}.values"], self.vocabularies[f"{feature}.rows"]
         at = np.minimum(np.searchsorted(values, ids), max(len(values) - 1, 0))
         found = (values[at] == ids) if len(values) else np.zeros(len(ids), dtype=bool)
         return np.where(found, rows[at] if len(values) else OOV_ROW, OOV_ROW)
 
     def kjt(self, frame: pd.DataFrame) -> KeyedJaggedTensor:
-        """The rows' KeyedJaggedTensor: keys C1..C26, every example at least one id (0: missing)."""
+        """The rows' KeyedJaggedTensor: keys the categorical features, every example at least
+        one id (0: missing)."""
         values, lengths = [], []
-        for feature in SPARSE:
-            bags = categorical_ids(frame[feature].tolist(), feature, feature in self.multi_hot)
+        for feature in self.sparse:
+            bags = categorical_ids(frame[feature].tolist(), feature, feature in self.multi_hot, self.id_types.get(feature, ""))
             sizes = np.fromiter(map(len, bags), dtype=np.int64, count=len(bags))
             mapped = self.rows(feature, np.fromiter((i for bag in bags for i in bag), dtype=np.int64))
             starts = np.cumsum(sizes) - sizes
             values.append(np.insert(mapped, starts[sizes == 0], MISSING_ROW))  # an empty bag: [missing]
             lengths.append(np.maximum(sizes, 1))
-        return KeyedJaggedTensor(keys=list(SPARSE), values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
+        return KeyedJaggedTensor(keys=list(self.sparse), values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
                                  lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int32)),
                                  stride=len(frame))  # fmt: skip
 
@@ -172,17 +214,21 @@ class ChampionModel(mlflow.pyfunc.PythonModel):
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> np.ndarray:
         frame = _as_frame(model_input)
-        if "line" in frame.columns:
+        criteo = not self.features.id_types
+        if "line" in frame.columns and criteo:
             frame = lines_to_columns(frame["line"])
-        missing = [c for c in (*DENSE, *SPARSE) if c not in frame.columns]
-        if missing:
+        missing = [c for c in (*self.features.dense, *self.features.sparse) if c not in frame.columns]
+        if missing and criteo:
             raise BadInput(f"the input needs a column 'line' (raw Criteo lines) or I1..I13 and C1..C26; missing {missing}")
+        if missing:
+            raise BadInput(f"the input needs the model's columns {[*self.features.dense, *self.features.sparse]}; "
+                           f"missing {missing}")  # fmt: skip
         chunks = [self._score(frame.iloc[start : start + _CHUNK]) for start in range(0, len(frame), _CHUNK)]
         return np.concatenate(chunks) if chunks else np.empty(0)
 
     @torch.inference_mode()
     def _score(self, frame: pd.DataFrame) -> np.ndarray:
-        dense = torch.from_numpy(dense_features(frame)).to(self.device)
+        dense = torch.from_numpy(dense_features(frame, self.features.dense)).to(self.device)
         logits = self.dlrm(dense, self.features.kjt(frame).to(self.device))  # [B, 1]
         return torch.sigmoid(logits.float()).reshape(-1).cpu().numpy().astype(np.float64)
 

@@ -196,6 +196,9 @@ class TrainingConfig:
     # A run that continues a champion (`dlrm run --as-of`) starts from its optimizer state,
     # so it skips the warm-up unless this is set.
     warmup_on_warm_start: bool = False
+    # A fresh model's logit bias starts at the training days' click rate (its log odds): the
+    # model starts as the constant predictor, not at p = 0.5.
+    start_at_click_rate: bool = True
     lr_decay: Literal["none", "linear", "cosine"] = "none"
     min_lr_fraction: float = 0.0
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -21,7 +21,7 @@ from training.stock_dlrm import SERVING_FORMAT
 
 # The pyfunc's code, and the file it imports (MLflow code_paths): loaded by MLflow, not here.
 CHAMPION_CODE = Path(__file__).with_name("champion_pyfunc.py")
-CHAMPION_BUNDLED = (Path(__file__).with_name("stock_dlrm.py"),)
+CHAMPION_BUNDLED = (Path(__file__).with_name("stock_dlrm.py"), Path(__file__).parent.parent / "ingestion" / "id_hash.py")
 SERVING_DEVICES = ("cpu", "cuda")
 # fbgemm's CPU build serves on CPU hosts, its CUDA build on GPU hosts: one or the other.
 _FBGEMM = {"cpu": "fbgemm-gpu-cpu==1.8.0", "cuda": "fbgemm-gpu==1.8.0"}
@@ -36,7 +36,7 @@ def export_model(job: TrainJob, checkpoint: Path) -> DLRM:
 
     It is TorchRec's own module (training/stock_dlrm.py builds it), nothing of this project.
     """
-    model = build_train_model(job.model, job.table_sizes, torch.device("cpu"))
+    model = build_train_model(job.model, job.table_sizes, torch.device("cpu"), job.dense_features)
     load_unsharded(model, checkpoint)
     return model.model.eval()
 
@@ -70,9 +70,9 @@ def write_serving_model(job: TrainJob, checkpoint: Path, state: PreprocessState,
     description = {
         "format": SERVING_FORMAT,
         "device": device,
-        "dlrm": dlrm_spec(job.model, job.table_sizes),
+        "dlrm": dlrm_spec(job.model, job.table_sizes, job.dense_features),
         "preprocessing": {"state_id": state.state_id, "mode": state.mode, "buckets": state.buckets,
-                          "multi_hot": sorted(state.multi_hot)},
+                          "multi_hot": sorted(state.multi_hot), "dense": list(state.dense), "id_types": state.id_types},
     }
     (folder / "model.json").write_text(json.dumps(description, indent=2))
     return ServingModel(folder, device)

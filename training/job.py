@@ -32,6 +32,10 @@ class TrainJob:
     init_optimizer: bool = False
     # Mean ids per example of the multi-hot features (the planner's pooling factors).
     pooling_factors: dict[str, float] = field(default_factory=dict)
+    # The dense features the bottom MLP takes (the preprocessing state's; Criteo: 13).
+    dense_features: int = 13
+    # A fresh model's logit starts at this click rate (the training days'); 0: PyTorch's init.
+    initial_click_rate: float = 0.0
 
     @property
     def out(self) -> Path:

@@ -12,6 +12,7 @@ speed work (training/cpu/) are applied to a built model from outside.
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Mapping
 
@@ -21,7 +22,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from training.config import ModelConfig
 from training.objective import RealRowsDLRMTrain
-from training.stock_dlrm import DLRMSpec, build_stock_dlrm, table_name
+from training.stock_dlrm import DENSE_FEATURES, DLRMSpec, build_stock_dlrm, table_name
 from training.stock_dlrm import embedding_tables as stock_embedding_tables
 
 __all__ = ["build_dlrm", "build_train_model", "dlrm_spec", "embedding_tables", "table_name"]
@@ -32,22 +33,37 @@ def embedding_tables(config: ModelConfig, table_sizes: Mapping[str, int]) -> lis
     return stock_embedding_tables(config.embedding_dim, table_sizes)
 
 
-def dlrm_spec(config: ModelConfig, table_sizes: Mapping[str, int]) -> DLRMSpec:
+def dlrm_spec(config: ModelConfig, table_sizes: Mapping[str, int], dense_features: int = DENSE_FEATURES) -> DLRMSpec:
     """The plain description of `config`'s DLRM over tables of `table_sizes` rows."""
     return DLRMSpec(arch=config.arch, embedding_dim=config.embedding_dim, bottom_mlp=list(config.bottom_mlp),
                     top_mlp=list(config.top_mlp), dcn_num_layers=config.dcn_num_layers,
-                    dcn_low_rank_dim=config.dcn_low_rank_dim, table_sizes=dict(table_sizes))  # fmt: skip
+                    dcn_low_rank_dim=config.dcn_low_rank_dim, table_sizes=dict(table_sizes),
+                    dense_features=dense_features)  # fmt: skip
 
 
-def build_dlrm(config: ModelConfig, table_sizes: Mapping[str, int], device: torch.device) -> DLRM:
-    """The DLRM (or DLRM-DCN) of `config`; its forward takes (dense [B, 13], KJT) → logits [B, 1]."""
-    return build_stock_dlrm(dlrm_spec(config, table_sizes), device)
+def build_dlrm(config: ModelConfig, table_sizes: Mapping[str, int], device: torch.device,
+               dense_features: int = DENSE_FEATURES) -> DLRM:  # fmt: skip
+    """The DLRM (or DLRM-DCN) of `config`; its forward takes (dense [B, D], KJT) → logits [B, 1]."""
+    return build_stock_dlrm(dlrm_spec(config, table_sizes, dense_features), device)
 
 
-def build_train_model(config: ModelConfig, table_sizes: Mapping[str, int], device: torch.device) -> RealRowsDLRMTrain:
+def build_train_model(config: ModelConfig, table_sizes: Mapping[str, int], device: torch.device,
+                      dense_features: int = DENSE_FEATURES) -> RealRowsDLRMTrain:  # fmt: skip
     """The DLRM wrapped with its loss (training/objective.py): forward(Batch) → (loss, (loss,
     logits, labels))."""
-    return RealRowsDLRMTrain(build_dlrm(config, table_sizes, device))
+    return RealRowsDLRMTrain(build_dlrm(config, table_sizes, device, dense_features))
+
+
+def start_at_click_rate(model: torch.nn.Module, click_rate: float) -> None:
+    """Set the logit's bias to the training days' click rate (log odds), so a fresh model
+    starts as the constant predictor instead of at p = 0.5: on short runs (small data) the
+    bias otherwise spends the run getting there and the model ends miscalibrated."""
+    if not 0.0 < click_rate < 1.0:
+        return
+    for dlrm in dlrms_in(model):
+        biases = [m.bias for m in dlrm.over_arch.modules() if isinstance(getattr(m, "bias", None), torch.nn.Parameter)]
+        with torch.no_grad():
+            biases[-1].fill_(math.log(click_rate / (1.0 - click_rate)))  # the last layer's: the logit's
 
 
 def dlrms_in(model: torch.nn.Module) -> list[DLRM]:

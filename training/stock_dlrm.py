@@ -29,6 +29,7 @@ class DLRMSpec(TypedDict):
     dcn_num_layers: int
     dcn_low_rank_dim: int
     table_sizes: dict[str, int]  # categorical feature → embedding rows, in the KJT's key order
+    dense_features: int  # the bottom MLP's inputs (13 for Criteo; specs written before it: 13)
 
 
 def table_name(feature: str) -> str:
@@ -45,11 +46,11 @@ def embedding_tables(embedding_dim: int, table_sizes: Mapping[str, int]) -> list
 
 
 def build_stock_dlrm(spec: DLRMSpec, device: torch.device) -> DLRM:
-    """The DLRM (or DLRM-DCN) of `spec`; its forward takes (dense [B, 13], KJT) → logits [B, 1]."""
+    """The DLRM (or DLRM-DCN) of `spec`; its forward takes (dense [B, D], KJT) → logits [B, 1]."""
     tables = embedding_tables(spec["embedding_dim"], spec["table_sizes"])
     parts = {
         "embedding_bag_collection": EmbeddingBagCollection(tables=tables, device=device),
-        "dense_in_features": DENSE_FEATURES,
+        "dense_in_features": int(spec.get("dense_features", DENSE_FEATURES)),
         "dense_arch_layer_sizes": list(spec["bottom_mlp"]),
         "over_arch_layer_sizes": list(spec["top_mlp"]),
         "dense_device": device,

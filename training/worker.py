@@ -24,7 +24,7 @@ from training.checkpoint import (
 )
 from training.device import backend_for, runtime_device
 from training.job import TrainJob
-from training.model import build_train_model, compile_dense_parts, table_name
+from training.model import build_train_model, compile_dense_parts, start_at_click_rate, table_name
 from training.precision import logit_in_float32, resolve_precision
 from training.progress import read_records, record_line
 from training.sharding import describe_plan, format_plan, plan_as_json, shard_model
@@ -48,13 +48,14 @@ def run(job: TrainJob, device: torch.device) -> None:
     config = job.training
     torch.set_num_threads(config.threads_per_proc)
     torch.manual_seed(config.seed)
-    model = build_train_model(job.model, job.table_sizes, torch.device("meta"))
+    model = build_train_model(job.model, job.table_sizes, torch.device("meta"), job.dense_features)
     cpu = _cpu_kernels(model, job, device)
     if precision == "bf16":
         logit_in_float32(model)
     attach_embedding_optimizer(model, config)
     pooling = {table_name(feature): factor for feature, factor in job.pooling_factors.items()}
     sharded, plan = shard_model(model, job.sharding, device, config.batch_per_rank(world), pooling)
+    start_at_click_rate(sharded, job.initial_click_rate)  # a resumed or warm-started run loads its own
     if config.compile:
         compile_dense_parts(sharded, device)
     if rank == 0:

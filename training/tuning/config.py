@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ingestion.days import DayError, parse_day
+
 Policy = Literal["retune_first", "scale_and_schedule", "off"]
 LR_DECAYS = ("none", "linear", "cosine")
 
@@ -66,12 +68,16 @@ class TuningConfig:
     # The objective is NE on validation rows, never on the evaluation days: these training
     # days when set (trials train on the others), else `validation_percent` % of the
     # training rows, picked by a hash of each row (trials train on the rest).
-    validation_days: tuple[int, ...] = ()
+    validation_days: tuple[int | str, ...] = ()  # as data.train_days writes them
     validation_percent: float = 10.0
     # A worker that stops beating for `3 × heartbeat_s` is dead; its trial is retried.
     heartbeat_s: int = 10
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "validation_days", tuple(parse_day(day) for day in self.validation_days))
+        except DayError as error:
+            raise ValueError(f"validation_days: {error}") from None
         for name in ("embedding_lr", "dense_lr", "warmup_fraction", "embedding_eps", "dense_weight_decay",
                      "embedding_weight_decay"):
             bounds = getattr(self, name)

@@ -126,7 +126,7 @@ def test_interrupted_ingest_never_shows_a_half_partition(tmp_path: Path, monkeyp
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(warehouse, "_write_manifest", crash)
+    monkeypatch.setattr(warehouse, "write_manifest", crash)
     _write(tmp_path / "day_5.gz", [GOOD] * 2)
     with pytest.raises(KeyboardInterrupt):
         ingest_day([source], 5, tmp_path / "wh")

@@ -99,7 +99,7 @@ def test_lines_with_or_without_label_bom_and_crlf_split_alike() -> None:
     ("line", "message"),
     [
         ("1\t2\t3", "row 1: 3 tab-separated fields"),
-        ("\t".join(["x", *["1"] * 12, *["0a1b2c3d"] * 26]), "row 1: I1 = 'x' is not an integer"),
+        ("\t".join(["x", *["1"] * 12, *["0a1b2c3d"] * 26]), "row 1: I1 = 'x' is not a number"),
         ("\t".join([*["1"] * 13, "0a1b2c3", *["0a1b2c3d"] * 25]), "row 1: C1 = '0a1b2c3' is not 8 hex characters"),
     ],
 )
@@ -126,3 +126,22 @@ def test_a_cuda_export_serves_on_cpu_where_there_is_no_gpu(monkeypatch: pytest.M
     assert serving_device("cuda") == expected
     monkeypatch.setenv("DLRM_SERVING_DEVICE", "cpu")
     assert serving_device("cuda") == torch.device("cpu"), "the variable overrides the export's choice"
+
+
+def test_a_warehouse_models_ids_are_read_as_their_type_and_text_hashed_as_at_ingestion() -> None:
+    import pyarrow as pa
+
+    from ingestion.id_hash import hash_strings
+    from training.champion_pyfunc import BadInput, categorical_ids
+
+    texts = categorical_ids(["u1", None, "u2"], "user_id", multi_hot=False, id_type="string")
+    assert texts == [hash_strings(pa.array(["u1"])).to_pylist(), [], hash_strings(pa.array(["u2"])).to_pylist()]
+    assert categorical_ids([-5, 7.0, float("nan")], "item_id", multi_hot=False, id_type="int") == [[-5], [7], []]
+    bags = categorical_ids([["a", None, "b"], None, []], "tags", multi_hot=True, id_type="string")
+    assert bags == [hash_strings(pa.array(["a", "b"])).to_pylist(), [], []]
+    with pytest.raises(BadInput, match="item_id = 'x': this feature's ids are integers"):
+        categorical_ids(["x"], "item_id", multi_hot=False, id_type="int")
+    with pytest.raises(BadInput, match="user_id = 3: this feature's ids are text"):
+        categorical_ids([3], "user_id", multi_hot=False, id_type="string")
+    with pytest.raises(BadInput, match="not a multi-hot feature"):
+        categorical_ids([[1, 2]], "item_id", multi_hot=False, id_type="int")

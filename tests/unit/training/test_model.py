@@ -94,3 +94,26 @@ def test_compiling_on_cpu_without_a_cxx_compiler_is_one_clear_error_mocked_path(
     monkeypatch.setattr(model_module.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="training.compile: .*C\\+\\+ compiler.*set training.compile = false"):
         model_module.compile_dense_parts(torch.nn.Linear(2, 2), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("arch", ["dlrm", "dlrm_dcn"])
+def test_a_fresh_model_starts_at_the_click_rate_when_its_last_layer_is_quiet(tiny_features, arch: str) -> None:
+    """With the top MLP's last weights at zero, the model predicts exactly its bias: the
+    training click rate, not 0.5."""
+    import math
+
+    from training.model import start_at_click_rate
+
+    state, files = tiny_features
+    config = ModelConfig(arch=arch, embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1), dcn_low_rank_dim=4)
+    model = build_train_model(config, state.table_sizes, torch.device("cpu"))
+    start_at_click_rate(model, 0.25)
+    last = [m for m in model.model.over_arch.modules() if isinstance(m, torch.nn.Linear)][-1]
+    assert last.bias.item() == pytest.approx(math.log(0.25 / 0.75))
+    with torch.no_grad():
+        last.weight.zero_()
+    batch = next(iter(build_reader(files[2], 64)))
+    probability = torch.sigmoid(model.model(batch.dense_features, batch.sparse_features))
+    assert torch.allclose(probability, torch.full_like(probability, 0.25))
+    start_at_click_rate(model, 0.0)  # no click rate known: left as it is
+    assert last.bias.item() == pytest.approx(math.log(0.25 / 0.75))
