@@ -9,7 +9,7 @@ import torch
 
 from flows.config import ClusterConfig, ConfigError, PipelineConfig
 from ingestion.preprocess import PreprocessState
-from training.model import build_train_model, table_name
+from training.model import build_train_model, row_width, table_name
 from training.sharding import (
     cluster_topology,
     describe_plan,
@@ -43,14 +43,14 @@ def plan_report(config: PipelineConfig, cluster: ClusterConfig) -> dict[str, Any
         model, config.sharding, cluster_topology(cluster), per_rank_batch,
         pooling_factor=config.model.declared_tables.pooling_factor,
     )  # fmt: skip
-    shapes = {table_name(f): (rows, config.model.embedding_dim) for f, rows in sizes.items()}
+    shapes = {table_name(f): (rows, row_width(config.model)) for f, rows in sizes.items()}
     rows = describe_plan(plan, shapes, cluster.world_size)
     by_type = Counter(r.sharding_type for r in rows)
     by_kernel = Counter(r.compute_kernel for r in rows)
     in_host_memory = [r.table for r in rows if r.compute_kernel in HOST_MEMORY_KERNELS]
     row_wise = [r.table for r in rows if r.sharding_type in ("row_wise", "table_row_wise")]
     gib = 2**30
-    total = sum(rows_ * config.model.embedding_dim * 4 for rows_, _ in shapes.values())
+    total = sum(rows_ * row_width(config.model) * 4 for rows_, _ in shapes.values())
     lines = [
         (
             f"Sharding plan of '{config.name}' ({len(rows)} tables, {total / gib:,.1f} GiB of embeddings) "

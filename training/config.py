@@ -19,6 +19,8 @@ class ModelConfig:
     top_mlp: tuple[int, ...] = (512, 256, 1)
     dcn_num_layers: int = 3
     dcn_low_rank_dim: int = 64
+    # Wide & Deep: each id also adds its own learned weight to the logit (training/stock_dlrm.WideDLRM)
+    wide: bool = False
     # Tables declared by shape, for planning a model without its data (empty: from the data).
     declared_tables: DeclaredTables = field(default_factory=lambda: DeclaredTables())
 
@@ -35,6 +37,8 @@ class ModelConfig:
             raise ValueError(f"top_mlp: must end with 1 (the logit), got {list(self.top_mlp)}")
         if any(width <= 0 for width in (*self.bottom_mlp, *self.top_mlp)):
             raise ValueError("bottom_mlp: layer widths must be positive")
+        if self.wide and self.arch != "dlrm":
+            raise ValueError(f"wide: only arch = \"dlrm\" (the dot interaction) has a wide part, got arch = \"{self.arch}\"")
 
 
 ShardingType = Literal["auto", "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]

@@ -24,7 +24,14 @@ from training.checkpoint import (
 )
 from training.device import backend_for, runtime_device
 from training.job import TrainJob
-from training.model import build_train_model, compile_dense_parts, start_at_click_rate, table_name
+from training.model import (
+    build_train_model,
+    compile_dense_parts,
+    row_width,
+    start_at_click_rate,
+    start_wide_at_zero,
+    table_name,
+)
 from training.precision import logit_in_float32, resolve_precision
 from training.progress import read_records, record_line
 from training.sharding import describe_plan, format_plan, plan_as_json, shard_model
@@ -55,7 +62,9 @@ def run(job: TrainJob, device: torch.device) -> None:
     attach_embedding_optimizer(model, config)
     pooling = {table_name(feature): factor for feature, factor in job.pooling_factors.items()}
     sharded, plan = shard_model(model, job.sharding, device, config.batch_per_rank(world), pooling)
-    start_at_click_rate(sharded, job.initial_click_rate)  # a resumed or warm-started run loads its own
+    # a resumed or warm-started run loads its own weights over these starting values
+    start_wide_at_zero(sharded)
+    start_at_click_rate(sharded, job.initial_click_rate)
     if config.compile:
         compile_dense_parts(sharded, device)
     if rank == 0:
@@ -152,7 +161,7 @@ def _all_reduce_ledger(ledger: RowLedger, device: torch.device) -> tuple[int, in
 
 
 def _write_plan(job: TrainJob, plan, world: int, device: torch.device) -> None:
-    shapes = {table_name(f): (n, job.model.embedding_dim) for f, n in job.table_sizes.items()}
+    shapes = {table_name(f): (n, row_width(job.model)) for f, n in job.table_sizes.items()}
     rows = describe_plan(plan, shapes, world)
     (job.out / "plan.txt").write_text(format_plan(rows) + "\n")
     (job.out / "plan.json").write_text(json.dumps(plan_as_json(rows), indent=2))
