@@ -79,11 +79,11 @@ def start_at_click_rate(model: torch.nn.Module, click_rate: float) -> None:
 
 
 def start_wide_at_zero(model: torch.nn.Module) -> int:
-    """Zero a wide model's own weights (the ids' columns, the dense features'), so it starts as its DLRM (and, with
-    `start_at_click_rate`, as the constant). The kernels draw every column from U(±1/√rows):
-    on a 3-value feature that would add about ±1 to every logit before any training.
-    Works on the sharded model, shard by shard (row-, column- or table-wise, or replicated).
-    Returns the number of zeroed floats on this rank."""
+    """Zero a wide model's own weights (the ids' columns, the dense features'), so it starts
+    as its DLRM (and, with `start_at_click_rate`, as the constant). The kernels draw every
+    column from U(±1/√rows): on a 3-value feature that would add about ±1 to every logit
+    before any training. Works on the sharded model, shard by shard (row-, column- or
+    table-wise, or replicated). Returns the number of zeroed floats on this rank."""
     zeroed = 0
     for dlrm in dlrms_in(model):
         if not isinstance(dlrm, WideDLRM):
