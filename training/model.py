@@ -24,20 +24,20 @@ from training.config import ModelConfig
 from training.objective import RealRowsDLRMTrain
 from training.stock_dlrm import (
     DENSE_FEATURES,
-    WIDE_COLUMNS,
     DLRMSpec,
     WideDLRM,
     build_stock_dlrm,
     table_name,
 )
 from training.stock_dlrm import embedding_tables as stock_embedding_tables
+from training.stock_dlrm import row_width as stock_row_width
 
 __all__ = ["build_dlrm", "build_train_model", "dlrm_spec", "embedding_tables", "row_width", "table_name"]
 
 
 def row_width(config: ModelConfig) -> int:
-    """Floats per embedding row: the embedding dim, and a wide model's own-weight columns."""
-    return config.embedding_dim + (WIDE_COLUMNS if config.wide else 0)
+    """Floats per embedding row of `config`'s tables."""
+    return stock_row_width(config.embedding_dim, config.wide)
 
 
 def embedding_tables(config: ModelConfig, table_sizes: Mapping[str, int]) -> list[EmbeddingBagConfig]:

@@ -49,9 +49,14 @@ def table_name(feature: str) -> str:
     return f"t_{feature}"
 
 
+def row_width(embedding_dim: int, wide: bool) -> int:
+    """Floats per embedding row: the embedding dim, and a wide model's own-weight columns."""
+    return embedding_dim + (WIDE_COLUMNS if wide else 0)
+
+
 def embedding_tables(embedding_dim: int, table_sizes: Mapping[str, int], wide: bool = False) -> list[EmbeddingBagConfig]:
     """One table per categorical feature, of the given rows (and a wide model's columns)."""
-    width = embedding_dim + (WIDE_COLUMNS if wide else 0)
+    width = row_width(embedding_dim, wide)
     return [
         EmbeddingBagConfig(name=table_name(feature), embedding_dim=width, num_embeddings=rows, feature_names=[feature])
         for feature, rows in table_sizes.items()
