@@ -21,6 +21,10 @@ class ModelConfig:
     dcn_low_rank_dim: int = 64
     # Wide & Deep: each id also adds its own learned weight to the logit (training/stock_dlrm.WideDLRM)
     wide: bool = False
+    # Where a wide model's own weights start (training/wide_start.py): "zero" (the model starts
+    # as its DLRM), or "logistic_regression" (as the fitted reference, the deep part then
+    # learns what it leaves: small data)
+    wide_start: Literal["zero", "logistic_regression"] = "zero"
     # Tables declared by shape, for planning a model without its data (empty: from the data).
     declared_tables: DeclaredTables = field(default_factory=lambda: DeclaredTables())
 
@@ -39,6 +43,11 @@ class ModelConfig:
             raise ValueError("bottom_mlp: layer widths must be positive")
         if self.wide and self.arch != "dlrm":
             raise ValueError(f"wide: only arch = \"dlrm\" (the dot interaction) has a wide part, got arch = \"{self.arch}\"")
+        if self.wide_start not in ("zero", "logistic_regression"):
+            raise ValueError(f"wide_start: choose \"zero\" or \"logistic_regression\", got \"{self.wide_start}\"")
+        if self.wide_start != "zero" and not self.wide:
+            raise ValueError("wide_start: only a wide model has own weights to start; set model.wide = true "
+                             "or leave wide_start at \"zero\"")
 
 
 ShardingType = Literal["auto", "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]

@@ -25,7 +25,6 @@ from training.objective import RealRowsDLRMTrain
 from training.stock_dlrm import (
     DENSE_FEATURES,
     DLRMSpec,
-    WideDLRM,
     build_stock_dlrm,
     table_name,
 )
@@ -76,40 +75,6 @@ def start_at_click_rate(model: torch.nn.Module, click_rate: float) -> None:
         biases = [m.bias for m in dlrm.over_arch.modules() if isinstance(getattr(m, "bias", None), torch.nn.Parameter)]
         with torch.no_grad():
             biases[-1].fill_(math.log(click_rate / (1.0 - click_rate)))  # the last layer's: the logit's
-
-
-def start_wide_at_zero(model: torch.nn.Module) -> int:
-    """Zero a wide model's own weights (the ids' columns, the dense features'), so it starts
-    as its DLRM (and, with `start_at_click_rate`, as the constant). The kernels draw every
-    column from U(±1/√rows): on a 3-value feature that would add about ±1 to every logit
-    before any training. Works on the sharded model, shard by shard (row-, column- or
-    table-wise, or replicated). Returns the number of zeroed floats on this rank."""
-    zeroed = 0
-    for dlrm in dlrms_in(model):
-        if not isinstance(dlrm, WideDLRM):
-            continue
-        weights = dlrm.sparse_arch.embedding_bag_collection.state_dict()
-        with torch.no_grad():
-            dlrm.dense_linear.weight.zero_()
-            zeroed += dlrm.dense_linear.weight.numel()
-            for name, weight in weights.items():
-                if name.endswith(".weight"):
-                    zeroed += _zero_columns_from(weight, dlrm.deep_dim)
-    return zeroed
-
-
-def _zero_columns_from(weight: torch.Tensor, first: int) -> int:
-    """Zero columns ≥ `first` of a table: a plain tensor, or the local shards of a sharded one
-    (each knows its column offset). The tensors are views of the kernel's own storage."""
-    if not hasattr(weight, "local_shards"):
-        weight[:, first:] = 0.0
-        return weight[:, first:].numel()
-    zeroed = 0
-    for shard in weight.local_shards():
-        start = max(0, first - int(shard.metadata.shard_offsets[1]))
-        shard.tensor[:, start:] = 0.0
-        zeroed += shard.tensor[:, start:].numel()
-    return zeroed
 
 
 def dlrms_in(model: torch.nn.Module) -> list[DLRM]:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from training.baselines import fit_logistic_regression
 from training.checkpoint import (
     RowLedger,
     TrainPosition,
@@ -29,7 +30,6 @@ from training.model import (
     compile_dense_parts,
     row_width,
     start_at_click_rate,
-    start_wide_at_zero,
     table_name,
 )
 from training.precision import logit_in_float32, resolve_precision
@@ -44,6 +44,7 @@ from training.trainer import (
     predict,
     train,
 )
+from training.wide_start import WideStart, start_wide
 
 
 def run(job: TrainJob, device: torch.device) -> None:
@@ -63,8 +64,8 @@ def run(job: TrainJob, device: torch.device) -> None:
     pooling = {table_name(feature): factor for feature, factor in job.pooling_factors.items()}
     sharded, plan = shard_model(model, job.sharding, device, config.batch_per_rank(world), pooling)
     # a resumed or warm-started run loads its own weights over these starting values
-    start_wide_at_zero(sharded)
     start_at_click_rate(sharded, job.initial_click_rate)
+    start_wide(sharded, _wide_start(job))
     if config.compile:
         compile_dense_parts(sharded, device)
     if rank == 0:
@@ -120,6 +121,24 @@ def _cpu_kernels(model: torch.nn.Module, job: TrainJob, device: torch.device) ->
     if dist.get_rank() == 0:
         print("[train] CPU kernels: " + ", ".join(f"{part} {kernel}" for part, kernel in kernels.items()), flush=True)
     return kernels
+
+
+def _wide_start(job: TrainJob) -> WideStart | None:
+    """The logistic regression a fresh wide model starts from (`model.wide_start`): fitted on
+    rank 0, as the pipeline's reference is (same rows, seed and sample), and sent to every
+    rank, since replicated weights must start equal. None: the own weights start at zero
+    (so does a run that will load a checkpoint over them)."""
+    if job.model.wide_start != "logistic_regression" or latest_checkpoint(job.checkpoint_root) or job.init_checkpoint:
+        return None
+    fitted: list[WideStart | None] = [None]
+    if dist.get_rank() == 0:
+        fit = fit_logistic_regression(job.table_sizes, job.train_files, seed=job.training.seed,
+                                      max_rows=job.evaluation.reference_max_rows)  # fmt: skip
+        print(f"[train] the wide part starts as the logistic regression fitted on {fit.train_rows:,} rows "
+              f"(C {fit.c:.4g}, validation NE {fit.validation_ne:.4f})", flush=True)  # fmt: skip
+        fitted = [WideStart.of_regression(fit.model)]
+    dist.broadcast_object_list(fitted, src=0)
+    return fitted[0]
 
 
 def _restore(model, optimizer, job: TrainJob) -> tuple[TrainPosition | None, RowLedger | None]:

@@ -11,8 +11,9 @@ import torch.multiprocessing as mp
 
 from ingestion.reader import build_reader
 from training.config import ModelConfig, ShardingConfig
-from training.model import build_dlrm, build_train_model, start_wide_at_zero
+from training.model import build_dlrm, build_train_model
 from training.stock_dlrm import WIDE_COLUMNS
+from training.wide_start import WideStart, start_wide
 
 WIDE = ModelConfig(embedding_dim=8, bottom_mlp=(16, 8), top_mlp=(16, 1), wide=True)
 
@@ -68,7 +69,7 @@ def test_a_fresh_wide_model_starts_as_its_dlrm(tiny_features) -> None:
     torch.manual_seed(0)
     model = build_dlrm(WIDE, state.table_sizes, torch.device("cpu"))
     dense_inputs = model.dense_linear.in_features
-    assert start_wide_at_zero(model) == sum(state.table_sizes.values()) * WIDE_COLUMNS + dense_inputs
+    assert start_wide(model) == sum(state.table_sizes.values()) * WIDE_COLUMNS + dense_inputs
     assert not model.dense_linear.weight.any()
     batch = next(iter(build_reader(files[2], 64)))
     assert np.abs(_wide_sums(model, batch)).max() == 0.0
@@ -83,9 +84,33 @@ def _free_port() -> int:
 
 
 SHARDING_TYPES = ("table_wise", "column_wise", "data_parallel")
+TABLES = {"C1": 40, "C2": 7}
+# known own weights, one per row, distinct everywhere: where a shard's rows or columns are
+# misplaced, a row gets another row's weight
+KNOWN_START = WideStart(
+    id_weights={f"t_{feature}": torch.arange(rows, dtype=torch.float32) * 0.01 + k for k, (feature, rows)
+                in enumerate(TABLES.items())},
+    dense_weights=torch.arange(13, dtype=torch.float32) * 0.1 - 0.5,
+    bias=-1.25,
+)  # fmt: skip
 
 
-def _zero_sharded(rank: int, world: int, port: int, results) -> None:
+def _gathered_tables(sharded: torch.nn.Module, rank: int) -> dict[str, torch.Tensor]:
+    """Every table's full weights on rank 0 (sharded ones gathered, replicated ones as held)."""
+    tables = {}
+    for name, weight in sharded.state_dict().items():
+        if "embedding_bags" not in name:
+            continue
+        if hasattr(weight, "local_shards"):  # a sharded table
+            full = torch.zeros(weight.size()) if rank == 0 else None
+            weight.gather(dst=0, out=full)
+        else:  # a replicated one
+            full = weight.detach().clone()
+        tables[name.split(".")[-2]] = full
+    return tables
+
+
+def _start_sharded(rank: int, world: int, port: int, results) -> None:
     from training.sharding import shard_model
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
@@ -96,32 +121,64 @@ def _zero_sharded(rank: int, world: int, port: int, results) -> None:
         for sharding_type in SHARDING_TYPES:
             torch.manual_seed(0)
             config = ModelConfig(embedding_dim=16, bottom_mlp=(16,), top_mlp=(8, 1), wide=True)
-            model = build_train_model(config, {"C1": 40, "C2": 7}, torch.device("meta"))
+            model = build_train_model(config, TABLES, torch.device("meta"))
             kernel = "dense" if sharding_type == "data_parallel" else "fused"
             sharding = ShardingConfig(sharding_type=sharding_type, compute_kernel=kernel)
             sharded, _ = shard_model(model, sharding, torch.device("cpu"), 8)
-            start_wide_at_zero(sharded)
-            for name, weight in sharded.state_dict().items():
-                if "embedding_bags" not in name:
-                    continue
-                if hasattr(weight, "local_shards"):  # a sharded table
-                    full = torch.zeros(weight.size()) if rank == 0 else None
-                    weight.gather(dst=0, out=full)
-                else:  # a replicated one
-                    full = weight.detach()
-                if rank == 0:
-                    results[(sharding_type, name)] = (bool((full[:, 16:] == 0).all()), bool((full[:, :16] != 0).all()))
+            start_wide(sharded)
+            zeroed = _gathered_tables(sharded, rank)
+            start_wide(sharded, KNOWN_START)
+            started = _gathered_tables(sharded, rank)
+            if rank == 0:
+                for table, full in zeroed.items():
+                    own = KNOWN_START.id_weights[table].unsqueeze(1).expand(-1, WIDE_COLUMNS) / WIDE_COLUMNS
+                    results[(sharding_type, table)] = (
+                        bool((full[:, 16:] == 0).all()),
+                        bool((full[:, :16] != 0).all()),
+                        bool(torch.equal(started[table][:, 16:], own)),
+                        bool(torch.equal(started[table][:, :16], full[:, :16])),
+                    )
+                params = dict(sharded.named_parameters())
+                [linear] = [p for name, p in params.items() if name.endswith("dense_linear.weight")]
+                last = [p for name, p in params.items() if "over_arch" in name]
+                results[(sharding_type, "dense")] = (
+                    bool(torch.equal(linear.detach()[0], KNOWN_START.dense_weights)),
+                    bool((last[-2].detach() == 0).all()) and float(last[-1]) == KNOWN_START.bias,
+                )
     finally:
         dist.destroy_process_group()
 
 
-def test_the_wide_columns_start_at_zero_on_every_shard() -> None:
+def test_the_wide_columns_start_at_zero_or_at_given_weights_on_every_shard() -> None:
+    """Own columns zeroed, then set to known weights; the deep columns keep their drawn
+    values throughout; the dense linear term and the logit's bias follow the start."""
     results = mp.Manager().dict()
-    mp.spawn(_zero_sharded, args=(2, _free_port(), results), nprocs=2, join=True)
-    assert {sharding_type for sharding_type, _ in dict(results)} == set(SHARDING_TYPES)
-    assert len(results) == 2 * len(SHARDING_TYPES), dict(results)
-    for name, (wide_zero, deep_drawn) in results.items():
-        assert wide_zero and deep_drawn, (name, wide_zero, deep_drawn)
+    mp.spawn(_start_sharded, args=(2, _free_port(), results), nprocs=2, join=True)
+    results = dict(results)
+    assert {sharding_type for sharding_type, _ in results} == set(SHARDING_TYPES)
+    assert len(results) == (len(TABLES) + 1) * len(SHARDING_TYPES), results
+    for key, checks in results.items():
+        assert all(checks), (key, checks)
+
+
+def test_a_wide_model_started_from_the_regression_scores_as_the_regression(tiny_features) -> None:
+    """`model.wide_start = "logistic_regression"`: before any step, the model's logits are
+    the fitted reference's, whatever its deep part holds."""
+    from training.baselines import fit_logistic_regression
+
+    state, files = tiny_features
+    fit = fit_logistic_regression(state.table_sizes, files[0], c_grid=(0.1,))
+    torch.manual_seed(0)
+    model = build_dlrm(WIDE, state.table_sizes, torch.device("cpu"))
+    start_wide(model, WideStart.of_regression(fit.model))
+    batch = next(iter(build_reader(files[2], 256)))
+    with torch.no_grad():
+        logits = model(batch.dense_features, batch.sparse_features).squeeze(1)
+        reference = fit.model(batch.dense_features, batch.sparse_features)
+    assert reference.std() > 0.1, "the reference has learned something to compare with"
+    torch.testing.assert_close(logits, reference, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="wide_start"):
+        ModelConfig(wide_start="logistic_regression")
 
 
 def test_the_served_model_rebuilds_the_wide_model_from_its_spec(tiny_features) -> None:
@@ -147,3 +204,45 @@ def test_the_served_model_rebuilds_the_wide_model_from_its_spec(tiny_features) -
     assert type(served) is WideDLRM
     del spec["wide"]
     assert type(build_stock_dlrm(spec, torch.device("meta"))) is DLRM
+
+
+def _fetch_wide_start(rank: int, world: int, port: int, jobs, results) -> None:
+    from training.worker import _wide_start
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for label, job in jobs.items():
+            results[(label, rank)] = _wide_start(job)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_of_a_fresh_job_gets_the_references_fit_and_a_warm_start_none(tiny_features, tmp_path) -> None:
+    """The worker fits the reference as the pipeline does (same rows, seed, sample) on rank
+    0 and sends it to every rank; a job that loads weights over it does not fit at all."""
+    import dataclasses
+
+    from evaluation.config import EvaluationConfig
+    from training.baselines import fit_logistic_regression
+    from training.config import TrainingConfig
+    from training.job import TrainJob
+
+    state, files = tiny_features
+    job = TrainJob(model=dataclasses.replace(WIDE, wide_start="logistic_regression"), sharding=ShardingConfig(),
+                   training=TrainingConfig(seed=3), evaluation=EvaluationConfig(reference_max_rows=3000),
+                   table_sizes=state.table_sizes, train_files=tuple(files[0] + files[1]), eval_files={},
+                   out_dir=str(tmp_path / "train"), run_id="fresh")  # fmt: skip
+    jobs = {"fresh": job, "warm": dataclasses.replace(job, init_checkpoint=str(tmp_path / "champion")),
+            "zero": dataclasses.replace(job, model=WIDE)}  # fmt: skip
+    results = mp.Manager().dict()
+    mp.spawn(_fetch_wide_start, args=(2, _free_port(), jobs, results), nprocs=2, join=True)
+    fit = fit_logistic_regression(state.table_sizes, job.train_files, seed=3, max_rows=3000)
+    expected = WideStart.of_regression(fit.model)
+    assert fit.train_rows < fit.rows_available, "the reference's row sample applies"
+    for rank in (0, 1):
+        got = results[("fresh", rank)]
+        assert got.bias == expected.bias and torch.equal(got.dense_weights, expected.dense_weights)
+        assert got.id_weights.keys() == expected.id_weights.keys()
+        assert all(torch.equal(got.id_weights[t], expected.id_weights[t]) for t in expected.id_weights)
+        assert results[("warm", rank)] is None and results[("zero", rank)] is None
