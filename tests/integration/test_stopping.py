@@ -18,13 +18,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
+# Long enough that a stop after the first checkpoint (step 20) lands mid-training (376 steps
+# of the tiny config), short enough that the resumed run ends soon after
+EPOCHS = 8
 
 
 def _command(run_dir: Path) -> list[str]:
     return [
         sys.executable, "-m", "flows.cli", "run", "--config", str(ROOT / "configs" / "tiny.toml"),
-        "--set", f'run_dir="{run_dir}"', "--set", "training.epochs=30", "--set", "training.checkpoint_every=20",
-        "--json",
+        "--set", f'run_dir="{run_dir}"', "--set", f"training.epochs={EPOCHS}", "--set",
+        "training.checkpoint_every=20", "--json",
     ]  # fmt: skip
 
 
@@ -112,7 +115,7 @@ def test_ctrl_c_twice_stops_everything_marks_the_runs_and_the_same_command_resum
     assert again.returncode == 0, again.stderr[-3000:]
     summary = json.loads(again.stdout.strip().splitlines()[-1])
     assert summary["resumed_from_step"] >= 20, "the same command resumes the interrupted run"
-    assert summary["rows_trained"] == 12_000 * 30, "every training row once an epoch, across the resume"
+    assert summary["rows_trained"] == 12_000 * EPOCHS, "every training row once an epoch, across the resume"
     assert "resuming the interrupted run from step-" in again.stderr
 
 
