@@ -43,8 +43,6 @@ class ModelConfig:
             raise ValueError("bottom_mlp: layer widths must be positive")
         if self.wide and self.arch != "dlrm":
             raise ValueError(f"wide: only arch = \"dlrm\" (the dot interaction) has a wide part, got arch = \"{self.arch}\"")
-        if self.wide_start not in ("zero", "logistic_regression"):
-            raise ValueError(f"wide_start: choose \"zero\" or \"logistic_regression\", got \"{self.wide_start}\"")
         if self.wide_start != "zero" and not self.wide:
             raise ValueError("wide_start: only a wide model has own weights to start; set model.wide = true "
                              "or leave wide_start at \"zero\"")

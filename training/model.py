@@ -22,12 +22,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from training.config import ModelConfig
 from training.objective import RealRowsDLRMTrain
-from training.stock_dlrm import (
-    DENSE_FEATURES,
-    DLRMSpec,
-    build_stock_dlrm,
-    table_name,
-)
+from training.stock_dlrm import DENSE_FEATURES, DLRMSpec, build_stock_dlrm, table_name
 from training.stock_dlrm import embedding_tables as stock_embedding_tables
 from training.stock_dlrm import row_width as stock_row_width
 

@@ -80,9 +80,8 @@ class WideDLRM(DLRM):
                  dense_device: torch.device | None = None) -> None:  # fmt: skip
         torch.nn.Module.__init__(self)
         self._cuda_graph_enabled = False  # what DLRM.compile_dense_path reads
-        self.deep_dim = dense_arch_layer_sizes[-1]
+        self.deep_dim = deep = dense_arch_layer_sizes[-1]
         widths = {config.embedding_dim for config in embedding_bag_collection.embedding_bag_configs()}
-        deep = dense_arch_layer_sizes[-1]
         if widths != {deep + WIDE_COLUMNS}:
             raise ValueError(f"a wide DLRM's tables are {deep} + {WIDE_COLUMNS} wide, got {sorted(widths)}")
         self.sparse_arch = SparseArch(embedding_bag_collection)
