@@ -3,7 +3,7 @@
 One generated day, one model shape (26 tables of 100k rows × dim 64, bottom MLP 13-512-256-64,
 top MLP 512-256-1), the same global batch:
 
-(a) this trainer, each variant a real torchrun job (training.launcher) over every visible
+(a) this trainer, each variant a real torchrun job (training.launch.launcher) over every visible
     GPU, NCCL, `TrainPipelineSparseDist` (pipeline = "auto"):
     fused tables in GPU memory (fp32, and bf16), tables in host memory with a GPU cache
     (fused_uvm_caching), and row-wise sharding where there are 2+ GPUs;
@@ -40,9 +40,10 @@ from ingestion.reader import build_reader
 from ingestion.schema import SPARSE_COLUMNS
 from ingestion.synthetic import generate_day
 from ingestion.warehouse import ingest_day
+from training.codec import encode
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.job import TrainJob
-from training.launcher import launch
+from training.launch.launcher import launch
 
 TABLE_ROWS = 100_000
 MODEL = ModelConfig(embedding_dim=64, bottom_mlp=(512, 256, 64), top_mlp=(512, 256, 1))
@@ -88,7 +89,7 @@ def this_trainer(files: list[str], folder: Path, name: str, nproc: int, sharding
         out_dir=str(folder / name),
     )
     launch(job, on_line=lambda line: None)
-    return json.loads((job.out / "summary.json").read_text())
+    return encode(job.folder.read_summary())
 
 
 def stock_loop(files: list[str], batch: int, device: torch.device, steps: int) -> float:

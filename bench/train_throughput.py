@@ -50,6 +50,7 @@ from ingestion.reader import build_reader
 from ingestion.schema import NUM_DENSE, SPARSE_COLUMNS
 from ingestion.synthetic import generate_day
 from ingestion.warehouse import ingest_day
+from training.codec import encode
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.cpu import embedding_update
 from training.cpu import interaction as native_interaction
@@ -57,8 +58,8 @@ from training.cpu import linear as cpu_linear
 from training.cpu import memory as cpu_memory
 from training.cpu.interaction import padded_width
 from training.job import TrainJob
-from training.launcher import launch
-from training.precision import native_bf16
+from training.launch.launcher import launch
+from training.model.precision import native_bf16
 
 ROWS, TABLE_ROWS, BATCH = 400_000, 100_000, 2048
 MODEL = ModelConfig(embedding_dim=16, bottom_mlp=(512, 256, 16), top_mlp=(512, 256, 1))
@@ -105,7 +106,7 @@ def this_trainer(files: list[str], folder: Path, nproc: int, threads: int, preci
         out_dir=str(folder / f"train-{nproc}x{threads}-{precision}{'-compiled' if compiled else ''}-{attempt}"),
     )
     launch(job, on_line=lambda line: None)
-    return json.loads((job.out / "summary.json").read_text())
+    return encode(job.folder.read_summary())
 
 
 class ClassicDLRM(nn.Module):

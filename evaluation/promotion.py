@@ -21,7 +21,7 @@ class PromotionDecision:
     candidate_ne: float
     champion_ne: float | None
     margin: float
-    days: tuple[int, ...]
+    days: tuple[int | str, ...]  # as the config writes them
     champion_version: str | None = None
     # the quality gate's evidence, when it was given (see `QualityEvidence`)
     constant_ne: float | None = None
@@ -85,7 +85,7 @@ def decide_promotion(
     candidate_ne: float,
     champion_ne: float | None,
     margin: float,
-    days: tuple[int, ...],
+    days: tuple[int | str, ...],
     champion_version: str | None = None,
     *,
     evidence: QualityEvidence | None = None,

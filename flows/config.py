@@ -6,20 +6,20 @@ names the key, e.g. `configs/demo.toml: training.batch_size: expected int, got s
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import os
 import re
 import tomllib
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from evaluation.config import CRITEO_SLICE_FEATURE, EvaluationConfig
+from evaluation.config import EvaluationConfig
 from ingestion.config import DataConfig, PreprocessConfig
 from ingestion.schema import SPARSE_COLUMNS
-from training.config import ClusterConfig, ModelConfig, ShardingConfig, TrainingConfig
+from training.codec import SchemaError, decode, encode
+from training.config import ClusterConfig, ModelConfig, ShardingConfig, TrainingConfig, Workers
 from training.tuning.config import TuningConfig
 
 
@@ -102,8 +102,26 @@ class PipelineConfig:
     orchestration: OrchestrationConfig = field(default_factory=OrchestrationConfig)
     tuning: TuningConfig = field(default_factory=TuningConfig)
 
+    @classmethod
+    def normalised(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        """The TOML form with what follows from the data: a Parquet source's slice feature,
+        unless named, is its first id column (Criteo's C17 is no column of it)."""
+        data, evaluation = raw.get("data", {}), raw.get("evaluation", {})
+        if not (isinstance(data, dict) and isinstance(evaluation, dict)):
+            return raw  # the type check names the key
+        sparse = data.get("sparse")
+        if data.get("source") == "parquet" and "slice_feature" not in evaluation and sparse and isinstance(sparse, list):
+            return {**raw, "evaluation": {**evaluation, "slice_feature": sparse[0]}}
+        return raw
+
+    @property
+    def workers(self) -> Workers:
+        """The training job's processes: `training.nproc` on each of `orchestration.trainer_hosts`."""
+        return Workers(self.training.nproc, self.orchestration.trainer_hosts)
+
     def __post_init__(self) -> None:
         self._check_slice_feature()
+        self.workers.per_rank_batch(self.training.batch_size)  # a batch the world size divides
         validation = set(self.tuning.validation_days)
         if validation - set(self.data.train_days):
             raise ValueError(
@@ -127,9 +145,6 @@ class PipelineConfig:
         categorical = self.data.sparse if self.data.source == "parquet" else SPARSE_COLUMNS
         feature = self.evaluation.slice_feature
         if feature in categorical:
-            return
-        if self.data.source == "parquet" and feature == CRITEO_SLICE_FEATURE:  # the default: the first id column
-            object.__setattr__(self, "evaluation", dataclasses.replace(self.evaluation, slice_feature=categorical[0]))
             return
         raise ValueError(f"evaluation.slice_feature: {feature!r} is not a categorical feature of the data "
                          f"({', '.join(categorical[:6])}{', …' if len(categorical) > 6 else ''})")  # fmt: skip
@@ -163,6 +178,15 @@ class PipelineConfig:
         return f"sqlite:///{Path(self.run_dir).resolve() / 'mlflow.db'}"
 
 
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where a run's config came from: its file and the overrides (a scheduled retune is
+    started with the same)."""
+
+    path: str
+    overrides: tuple[str, ...] = ()
+
+
 PROJECT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 # More folders whose configs flows may read (os.pathsep-separated); `dlrm` adds the folder
 # of the config it was given.
@@ -179,8 +203,10 @@ def load_flow_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> 
             f"{path}: configs are read only from {', '.join(map(str, roots))}; "
             f"put it there or add its folder to {CONFIG_DIRS_ENV}"
         )
-    config = load_config(resolved, overrides)
-    _check_override_paths(load_config(resolved), config)
+    raw = read_toml(resolved)
+    config = build_config(copy.deepcopy(raw), overrides, resolved)
+    if overrides:
+        _check_override_paths(build_config(raw, (), resolved), config)
     return config
 
 
@@ -226,21 +252,29 @@ def _within(path: str, root: str) -> bool:
 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> PipelineConfig:
     """Read a TOML file, apply `section.key=value` overrides (TOML values), validate."""
-    path = Path(path)
+    return build_config(read_toml(Path(path)), overrides, Path(path))
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The config file's TOML as a table: the one read of a command's config."""
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found; pass --config with a TOML file")
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # editors on Windows start files with a BOM
+        return tomllib.loads(path.read_text(encoding="utf-8-sig"))  # editors on Windows start files with a BOM
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); save it as UTF-8") from None
+
+
+def build_config(raw: dict[str, Any], overrides: typing.Sequence[str], path: Path) -> PipelineConfig:
+    """The validated config of a TOML table with `overrides` applied (`raw` is changed)."""
     for override in overrides:
         _apply_override(raw, override, path)
     try:
-        raw = expand_environment(raw, prefix="")
-        return build_dataclass(PipelineConfig, raw, prefix="")
-    except ConfigError as error:
+        _refuse_moved_keys(raw)
+        return decode(PipelineConfig, expand_environment(raw, prefix=""), strict=True)
+    except (ConfigError, SchemaError) as error:
         raise ConfigError(f"{path}: {error}") from None
 
 
@@ -290,63 +324,12 @@ MOVED_KEYS = {
 }
 
 
-def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
-    """Build dataclass `cls` from a TOML table, checking keys and types on the way down."""
-    where = prefix.rstrip(".") or "config"
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a table, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
-    moved = MOVED_KEYS.get(f"{prefix}{unknown[0]}") if unknown else None
-    if moved:
-        raise ConfigError(f"{prefix}{unknown[0]}: this key is now {moved}; rename it in the config")
-    if unknown:
-        raise ConfigError(
-            f"{prefix}{unknown[0]}: unknown key (known keys here: {', '.join(sorted(fields))})"
-        )
-    values = {name: _convert(hints[name], data[name], f"{prefix}{name}") for name in data}
-    try:
-        return cls(**values)
-    except ValueError as error:
-        if isinstance(error, ConfigError):
-            raise
-        raise ConfigError(f"{prefix}{error}") from None
-
-
-def _convert(hint: Any, value: Any, key: str) -> Any:
-    origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint):
-        return build_dataclass(hint, value, prefix=f"{key}.")
-    if origin is Literal:
-        choices = typing.get_args(hint)
-        if value not in choices:
-            raise ConfigError(f"{key}: must be one of {list(choices)}, got {value!r}")
-        return value
-    if origin is dict:
-        _, value_hint = typing.get_args(hint)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a table, got {type(value).__name__} {value!r}")
-        return {name: _convert(value_hint, item, f"{key}.{name}") for name, item in value.items()}
-    if origin is tuple:
-        (item_hint, _ellipsis) = typing.get_args(hint)
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
-        return tuple(_convert(item_hint, item, f"{key}[{i}]") for i, item in enumerate(value))
-    if origin in (typing.Union, types.UnionType):
-        return value
-    return _convert_scalar(hint, value, key)
-
-
-def _convert_scalar(hint: type, value: Any, key: str) -> Any:
-    # bool is a subclass of int in Python: `batch_size = true` must not pass as 1.
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
-        return value
-    raise ConfigError(
-        f"{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}"
-    )
+def _refuse_moved_keys(raw: dict[str, Any], prefix: str = "") -> None:
+    for key, value in raw.items():
+        if f"{prefix}{key}" in MOVED_KEYS:
+            raise ConfigError(f"{prefix}{key}: this key is now {MOVED_KEYS[f'{prefix}{key}']}; rename it in the config")
+        if isinstance(value, dict):
+            _refuse_moved_keys(value, f"{prefix}{key}.")
 
 
 def trainer_cluster(config: PipelineConfig) -> ClusterConfig | None:
@@ -369,24 +352,16 @@ def load_cluster(path: str | Path) -> ClusterConfig:
     if not path.is_file():
         raise ConfigError(f"{path}: cluster file not found; pass --cluster with a TOML file")
     try:
-        return build_dataclass(ClusterConfig, tomllib.loads(path.read_text()), prefix="")
+        return decode(ClusterConfig, tomllib.loads(path.read_text()), strict=True)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
-    except ConfigError as error:
+    except SchemaError as error:
         raise ConfigError(f"{path}: {error}") from None
 
 
 def config_as_dict(config: Any) -> dict[str, Any]:
     """The resolved config as plain data (tuples become lists), for logging and JSON."""
-    return json_ready(dataclasses.asdict(config))
-
-
-def json_ready(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_ready(v) for v in value]
-    return value
+    return encode(config)
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -22,7 +22,7 @@ import requests
 from mlflow.exceptions import MlflowException
 
 from flows.tracking import RunRecord, TrackedRun, log_pipeline_run
-from training.export import ServingModel
+from training.serving.export import ServingModel
 
 PENDING = "mlflow-pending"
 OUTAGE_ERRORS = (MlflowException, requests.RequestException, httpx.HTTPError, OSError)

@@ -1,33 +1,49 @@
 """Raw days to feature files: the `ingest` (generate, for the synthetic source, then
-validate into the warehouse) and `preprocess` (DuckDB) subflows.
+validate into the warehouse) and `preprocess` (DuckDB) subflows, and their tasks.
 
 Shared by the `pipeline`, `retrain` and `retune` flows. Each stage skips a day whose
 inputs did not change (by its manifest) and logs that it did, so a second flow on the
-same days does no work. Days fan out over a thread pool of `orchestration.max_workers`.
+same days does no work. Days fan out over a thread pool of `orchestration.max_workers`,
+or a Dask cluster. `prepared_features` reads what an earlier run prepared (`dlrm train`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from prefect.settings import PREFECT_API_URL
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.tasks import exponential_backoff
 
 from flows.config import ConfigError, PipelineConfig
+from flows.reports import IngestDay
 from flows.sources import raw_sources
 from flows.stopped_runs import cancel_when_stopped
-from flows.tasks import fit_task, generate_task, ingest_task, preprocess_task
-from ingestion.preprocess import PreprocessState
-from training.run_length import fit_run_length
+from ingestion.parquet_source import SchemaChangeError, ingest_parquet_day
+from ingestion.preprocess import (
+    PreprocessState,
+    apply_state,
+    continue_state,
+    features_dir,
+    fit_state,
+    state_id_for,
+)
+from ingestion.synthetic import GroundTruth, existing_day, generate_day
+from ingestion.warehouse import ingest_day
+
+# Work is skipped by the stages' own manifests (a day already ingested, features already
+# written for this preprocessing state), which stay right when files change underneath;
+# Prefect's input-hash cache would not.
+STAGE = {"cache_policy": NO_CACHE}
 
 
 class IngestError(RuntimeError):
@@ -38,7 +54,10 @@ class IngestError(RuntimeError):
 class Features:
     state: PreprocessState
     files: dict[int, list[str]]  # day → feature files
-    ingest: list[dict[str, Any]]  # one ingest report per day
+    ingest: list[IngestDay]  # one report per day (none: prepared by an earlier run)
+
+    def train_files(self, days: tuple[int, ...]) -> tuple[str, ...]:
+        return tuple(f for day in days for f in self.files[day])
 
 
 def prepare_features(config: PipelineConfig, parent: PreprocessState | None = None) -> Features:
@@ -50,6 +69,29 @@ def prepare_features(config: PipelineConfig, parent: PreprocessState | None = No
     ingest = ingest_days.with_options(**runner)(config, days)
     state, files = preprocess_days.with_options(**runner)(config, days, parent)
     return Features(state, files, ingest)
+
+
+def prepared_features(config: PipelineConfig) -> Features:
+    """The fitted state and feature files of the config's days, as an earlier `dlrm run` or
+    `dlrm preprocess` left them in the (shared) run folder."""
+    warehouse, root = config.path(config.data.warehouse_dir), config.path(config.preprocess.features_dir)
+    again = "run `dlrm preprocess --config …` (or `dlrm run`) with this config on the shared run folder first"
+    days = config.data.shown_days(config.data.train_days)
+    try:
+        state_id = state_id_for(config.preprocess, warehouse, config.data.train_days)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"no warehouse for the training days under {warehouse} ({error}): {again}") from None
+    state_path = root / state_id / "state.json"
+    if not state_path.is_file():
+        raise ConfigError(f"no preprocessing state {state_id} for days {days} in {root}: {again}")
+    state = PreprocessState.load(state_path)
+    files = {}
+    for day in config.data.all_days:
+        folder = features_dir(root, state, day)
+        if not (folder / "_done.json").is_file():
+            raise ConfigError(f"no features of day {config.data.shown(day)} in {folder}: {again}")
+        files[day] = [str(path) for path in sorted(folder.glob("*.parquet"))]
+    return Features(state, files, [])
 
 
 def day_task_runner(config: PipelineConfig):
@@ -82,14 +124,14 @@ def _is_loopback(host: str | None) -> bool:
 
 
 @flow(name="ingest", on_crashed=[cancel_when_stopped])
-def ingest_days(config: PipelineConfig, days: list[int]) -> list[dict[str, Any]]:
+def ingest_days(config: PipelineConfig, days: list[int]) -> list[IngestDay]:
     """Raw files of each day → the validated Parquet warehouse (generated first for the
     synthetic source); one report per day."""
     sources = raw_sources(config)
     if config.data.source == "synthetic":
         generate_task.map(config, days).result()
     ingest = ingest_task.map(config, days, [sources[d] for d in days]).result()
-    _require_ingested(ingest)
+    _require_ingested(config, ingest)
     return ingest
 
 
@@ -105,23 +147,77 @@ def preprocess_days(
     return state, files
 
 
-def _require_ingested(ingest: list[dict[str, Any]]) -> None:
-    empty = [r["day"] for r in ingest if r["rows_written"] == 0 and not r["skipped"]]
+def _require_ingested(config: PipelineConfig, ingest: list[IngestDay]) -> None:
+    empty = [config.data.shown(r.day) for r in ingest if r.rows_written == 0 and not r.skipped]
     if empty:
-        errors = "; ".join(e for r in ingest for e in r["files_failed"]) or "no valid rows"
+        errors = "; ".join(e for r in ingest for e in r.files_failed) or "no valid rows"
         raise IngestError(f"day(s) {empty} have no ingested rows: {errors}")
 
 
-def with_run_length(config: PipelineConfig, state: PreprocessState, hosts: int | None = None) -> PipelineConfig:
-    """The config at a batch size that gives the run `training.min_steps` steps on its
-    training rows (training/run_length.py); the change, or a warning, goes to the log.
-    Applied before the tuning key is taken, so the key names the batch the run trains at.
-    `hosts`: the job's hosts (default: the pipeline's, `orchestration.trainer_hosts`)."""
-    world = config.training.nproc * (hosts or config.orchestration.trainer_hosts)
-    fitted = fit_run_length(config.training, state.train_rows, world)
-    if fitted.note:
-        run_logger("flows.features").warning("%s", fitted.note)
-    return dataclasses.replace(config, training=fitted.training)
+@task(name="generate-day", **STAGE)
+def generate_task(config: PipelineConfig, day: int) -> dict[str, Any]:
+    raw = config.path(config.data.raw_dir)
+    existing = existing_day(config.data.synthetic, raw, day, config.data.multi_hot)
+    if existing:
+        get_run_logger().info("day %d: generated earlier with the same settings, reusing it", day)
+        return asdict(existing)
+    stats = generate_day(config.data.synthetic, day, raw, GroundTruth(config.data.synthetic, config.data.multi_hot))
+    get_run_logger().info("day %d: generated %s rows, Bayes-optimal NE %.4f", day, f"{stats.rows:,}", stats.bayes_ne)
+    return asdict(stats)
+
+
+def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
+    """A changed schema stays changed: only other failures (a flaky mount, a store) retry."""
+    try:
+        state.result()
+    except SchemaChangeError:
+        return False
+    except Exception:  # noqa: BLE001 (any other failure is worth another try)
+        return True
+    return True
+
+
+@task(name="ingest-day", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5),
+      retry_condition_fn=_worth_retrying, **STAGE)  # fmt: skip
+def ingest_task(config: PipelineConfig, day: int, sources: list[str]) -> IngestDay:
+    warehouse = config.path(config.data.warehouse_dir)
+    if config.data.source == "parquet":
+        report = ingest_parquet_day(sources, day, warehouse, config.data)
+    else:
+        report = ingest_day(sources, day, warehouse, multi_hot=config.data.multi_hot)
+    logger = get_run_logger()
+    for failed in report.files_failed:
+        logger.error("%s", failed.error)
+    logger.info(
+        "day %s: %s rows read, %s written, %s quarantined%s",
+        config.data.shown(day), f"{report.rows_read:,}", f"{report.rows_written:,}",
+        f"{report.rows_quarantined:,}", " (already ingested, skipped)" if report.skipped else "",
+    )  # fmt: skip
+    return IngestDay(
+        day=day, rows_read=report.rows_read, rows_written=report.rows_written,
+        rows_quarantined=report.rows_quarantined, files_failed=[f.error for f in report.files_failed],
+        skipped=report.skipped,
+        files=[{"source": f.source, "rows_read": f.rows_read, "rows_written": f.rows_written,
+                "rows_quarantined": f.rows_quarantined} for f in report.files if f.error is None],
+    )  # fmt: skip
+
+
+@task(name="fit-preprocessing", **STAGE)
+def fit_task(config: PipelineConfig, parent: PreprocessState | None = None) -> PreprocessState:
+    """Fit the state on the training days; for a run continuing a model, extend the
+    model's own state (`parent`) with them instead."""
+    warehouse, features_root = config.path(config.data.warehouse_dir), config.path(config.preprocess.features_dir)
+    if parent is not None:
+        return continue_state(config.preprocess, parent, warehouse, features_root, config.data.train_days)
+    return fit_state(config.preprocess, warehouse, features_root, config.data.train_days)
+
+
+@task(name="preprocess-day", **STAGE)
+def preprocess_task(config: PipelineConfig, state: PreprocessState, day: int) -> list[str]:
+    folder = apply_state(
+        config.preprocess, state, config.path(config.data.warehouse_dir), config.path(config.preprocess.features_dir), day
+    )
+    return [str(p) for p in sorted(folder.glob("*.parquet"))]
 
 
 def run_logger(fallback: str) -> logging.Logger | logging.LoggerAdapter:

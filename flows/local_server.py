@@ -5,7 +5,7 @@ temporary API-only server that the command starts and stops itself.
 Prefect would start a temporary server on its own, but in the command's process group: a
 Ctrl-C in the terminal then kills the server first, and the flow runs, still being
 stopped, can no longer be marked (they stay "Running", the clean-up fails against a dead
-API). Here every server runs in its own session (`training.processes`), so the command
+API). Here every server runs in its own session (`training.launch.processes`), so the command
 stops its work, marks its runs, and stops the server last.
 """
 
@@ -28,7 +28,7 @@ import prefect
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.prefect_defaults import DASHBOARD_PORT
-from training.processes import start_group, stop_group
+from training.launch.processes import start_group, stop_group
 
 log = logging.getLogger("flows.server")
 STARTUP_TIMEOUT_VARIABLE = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"

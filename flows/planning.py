@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from typing import Any
+from dataclasses import asdict
 
 import torch
 
 from flows.config import ClusterConfig, ConfigError, PipelineConfig
+from flows.reports import PlanReport
 from ingestion.preprocess import PreprocessState
-from training.model import build_train_model, row_width, table_name
-from training.sharding import (
+from training.model.build import build_train_model, row_width, table_name
+from training.sharding.plan import (
     cluster_topology,
     describe_plan,
     format_plan,
@@ -34,17 +36,21 @@ def table_sizes_for(config: PipelineConfig) -> dict[str, int]:
     return PreprocessState.load(states[-1]).table_sizes
 
 
-def plan_report(config: PipelineConfig, cluster: ClusterConfig) -> dict[str, Any]:
+def plan_report(config: PipelineConfig, cluster: ClusterConfig) -> PlanReport:
     """Plan the config's model for `cluster` on the meta device (nothing is allocated)."""
+    started = time.perf_counter()
     sizes = table_sizes_for(config)
     model = build_train_model(config.model, sizes, torch.device("meta"))
-    per_rank_batch = max(1, config.training.batch_size // cluster.world_size)
+    try:
+        per_rank_batch = cluster.workers.per_rank_batch(config.training.batch_size)
+    except ValueError as error:
+        raise ConfigError(f"{error} on {cluster.name}") from None
     plan, estimates = plan_sharding(
         model, config.sharding, cluster_topology(cluster), per_rank_batch,
         pooling_factor=config.model.declared_tables.pooling_factor,
     )  # fmt: skip
     shapes = {table_name(f): (rows, row_width(config.model)) for f, rows in sizes.items()}
-    rows = describe_plan(plan, shapes, cluster.world_size)
+    rows = describe_plan(plan, shapes, cluster.workers.world_size)
     by_type = Counter(r.sharding_type for r in rows)
     by_kernel = Counter(r.compute_kernel for r in rows)
     in_host_memory = [r.table for r in rows if r.compute_kernel in HOST_MEMORY_KERNELS]
@@ -67,14 +73,8 @@ def plan_report(config: PipelineConfig, cluster: ClusterConfig) -> dict[str, Any
         "planner's estimate per rank:  device memory GiB | host memory GiB | cost (ms per step)",
     ]
     lines += [f"  rank {e.rank:>3}: {e.hbm_bytes / gib:>10.1f} | {e.ddr_bytes / gib:>10.1f} | {e.perf_ms:>8.2f}" for e in estimates]
-    return {
-        "text": "\n".join(lines),
-        "tables": len(rows),
-        "embedding_gib": total / gib,
-        "sharding_types": dict(by_type),
-        "compute_kernels": dict(by_kernel),
-        "row_wise_tables": row_wise,
-        "host_memory_tables": in_host_memory,
-        "per_rank": [e.__dict__ for e in estimates],
-        "plan": plan_as_json(rows),
-    }
+    return PlanReport(
+        tables=len(rows), embedding_gib=total / gib, sharding_types=dict(by_type), compute_kernels=dict(by_kernel),
+        row_wise_tables=row_wise, host_memory_tables=in_host_memory, per_rank=[asdict(e) for e in estimates],
+        plan=plan_as_json(rows), planner_seconds=round(time.perf_counter() - started, 2), text="\n".join(lines),
+    )  # fmt: skip

@@ -25,19 +25,20 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import mlflow
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from flows.config import ConfigError, PipelineConfig, build_dataclass
+from flows.config import ConfigError, PipelineConfig
 from flows.registry import current_champion
+from flows.reports import SkippedNight
 from flows.sources import complete_days
 from flows.tracking import logged_state
 from ingestion.days import DayError, parse_day
 from ingestion.preprocess import PreprocessState
+from training.codec import decode
 from training.config import ModelConfig
 
 TAG_AS_OF = "lineage.as_of"
@@ -72,6 +73,16 @@ class Night:
     earlier_version: str | None = None  # a skipped night: the version that already covers it
     note: str = ""
 
+    @classmethod
+    def plain(cls, config: PipelineConfig) -> Night:
+        """A run of the configured days, continuing nothing."""
+        return cls(None, config.data.train_days)
+
+    @property
+    def warm_checkpoint(self) -> str:
+        """The checkpoint the run continues ("": none)."""
+        return self.warm_start.checkpoint if self.warm_start else ""
+
     @property
     def lineage_days(self) -> tuple[int, ...]:
         before = self.warm_start.lineage_days if self.warm_start else ()
@@ -100,7 +111,7 @@ def plan_night(config: PipelineConfig, as_of: int, client: MlflowClient) -> Nigh
     champion = current_champion(client, name)
     parent = champion.version if champion else ""
     earlier = [v for v in _versions(client, name)
-               if v.tags.get(TAG_AS_OF) == str(as_of) and v.tags.get(TAG_PARENT, "") == str(parent)]  # fmt: skip
+               if tagged_day(v.tags.get(TAG_AS_OF)) == as_of and v.tags.get(TAG_PARENT, "") == str(parent)]  # fmt: skip
     if earlier:
         version = max(earlier, key=lambda v: int(v.version))
         return Night(as_of, (), skipped=f"version {version.version} already trained as of day {day(as_of)} from "
@@ -115,7 +126,7 @@ def plan_night(config: PipelineConfig, as_of: int, client: MlflowClient) -> Nigh
                               f"{days_of(config.data.train_days)}) is before day {day(as_of)}")  # fmt: skip
         return Night(as_of, days, note=f"{why}: training from scratch on days {days_of(days)}, evaluating on day "
                      f"{day(as_of)}")  # fmt: skip
-    lineage = tuple(int(d) for d in champion.tags[TAG_DAYS].split(",") if d)
+    lineage = tagged_days(champion.tags[TAG_DAYS])
     unseen = tuple(d for d in _days_before(config, as_of) if d not in lineage)
     if not unseen:
         return Night(as_of, (), skipped=f"champion version {champion.version} has trained on every day before "
@@ -148,26 +159,31 @@ def _warm_start(config: PipelineConfig, champion: ModelVersion, lineage: tuple[i
                           "`dlrm run` (no --as-of) on the days it should know")  # fmt: skip
     resolved = mlflow.artifacts.download_artifacts(run_id=champion.run_id, artifact_path="config/resolved_config.json",
                                                    tracking_uri=config.tracking_uri)  # fmt: skip
-    model = build_dataclass(ModelConfig, json.loads(Path(resolved).read_text())["model"], "model.")
+    model = decode(ModelConfig, json.loads(Path(resolved).read_text())["model"], "the champion's model")
     return WarmStart(str(champion.version), champion.run_id, checkpoint, lineage, model,
                      logged_state(config.tracking_uri, champion.run_id))  # fmt: skip
 
 
-def night_config(config: PipelineConfig, night: Night) -> PipelineConfig:
-    """The config of the run: the night's training days, day N as the evaluation day, no
-    second warm-up for a warm start (unless `training.warmup_on_warm_start`)."""
+def night_config(config: PipelineConfig, night: Night) -> tuple[PipelineConfig, str]:
+    """The config of a night: its training days, day N as the evaluation day, no second
+    warm-up for a warm start (unless `training.warmup_on_warm_start`); and what changed, for
+    the log. A plain run (no `as_of`) keeps the configured days."""
+    if night.as_of is None:
+        return config, ""
     validation = tuple(d for d in config.tuning.validation_days if d in night.train_days)
     if set(validation) >= set(night.train_days):
         validation = ()  # one training day: the trials validate on a slice of its rows
-    training = config.training
-    if night.warm_start and not training.warmup_on_warm_start:
+    training, day = config.training, config.data.shown
+    changes = [f"training days {config.data.shown_days(night.train_days)}, evaluation day {day(night.as_of)}"]
+    if night.warm_start and not training.warmup_on_warm_start and (training.warmup_steps or training.warmup_fraction):
         training = dataclasses.replace(training, warmup_steps=0, warmup_fraction=0.0)
+        changes.append("no warm-up: it continues the champion's optimizer state (training.warmup_on_warm_start)")
     return dataclasses.replace(
         config,
         data=dataclasses.replace(config.data, train_days=night.train_days, eval_days=(night.as_of,)),
         tuning=dataclasses.replace(config.tuning, validation_days=validation),
         training=training,
-    )
+    ), "; ".join(changes)
 
 
 def with_champion_shape(config: PipelineConfig, warm: WarmStart) -> tuple[PipelineConfig, str]:
@@ -177,18 +193,29 @@ def with_champion_shape(config: PipelineConfig, warm: WarmStart) -> tuple[Pipeli
     changed = [f"model.{f.name} {getattr(config.model, f.name)!r} → {getattr(warm.model, f.name)!r}"
                for f in dataclasses.fields(ModelConfig) if getattr(config.model, f.name) != getattr(warm.model, f.name)]  # fmt: skip
     return dataclasses.replace(config, model=warm.model), (
-        f"a warm start keeps the champion's model shape: {'; '.join(changed)} (start a new lineage with `dlrm run` "
-        "to train another shape)")  # fmt: skip
+        f"a warm start keeps the champion's model shape, whatever the config or the tuner say: {'; '.join(changed)} "
+        "(start a new lineage with `dlrm run` to train another shape)")  # fmt: skip
 
 
-def lineage_tags(night: Night, state: PreprocessState, kept_checkpoint: str) -> dict[str, str]:
+def lineage_tags(config: PipelineConfig, night: Night, state: PreprocessState, kept_checkpoint: str) -> dict[str, str]:
+    """The version's lineage as MLflow tags, its days written as the config writes them."""
     return {
-        TAG_AS_OF: "" if night.as_of is None else str(night.as_of),
-        TAG_DAYS: ",".join(map(str, night.lineage_days)),
+        TAG_AS_OF: "" if night.as_of is None else config.data.day_label(night.as_of),
+        TAG_DAYS: ",".join(config.data.day_label(day) for day in night.lineage_days),
         TAG_PARENT: night.warm_start.version if night.warm_start else "",
         TAG_CHECKPOINT: kept_checkpoint,
         TAG_STATE: state.state_id,
     }
+
+
+def tagged_day(value: str | None) -> int | None:
+    """A day of a lineage tag (an ISO date or an integer; versions tagged before dates were
+    shown hold integers, which read the same)."""
+    return parse_day(value) if value else None
+
+
+def tagged_days(value: str) -> tuple[int, ...]:
+    return tuple(parse_day(day) for day in value.split(",") if day)
 
 
 def keep_checkpoint(config: PipelineConfig, checkpoint: str) -> str:
@@ -227,26 +254,21 @@ def prune_lineage(config: PipelineConfig, client: MlflowClient) -> list[str]:
     return removed
 
 
-def skipped_summary(night: Night, client: MlflowClient, config: PipelineConfig) -> dict[str, Any]:
+def skipped_summary(night: Night, client: MlflowClient, config: PipelineConfig) -> SkippedNight:
     """The summary of a night that trains nothing: the version that covers it, and its NE
     on this day when it was judged on it."""
     model_name = config.tracking.registered_model
     version = client.get_model_version(model_name, night.earlier_version) if night.earlier_version else None
-    same_day = version is not None and version.tags.get(TAG_AS_OF) == str(night.as_of)
+    same_day = version is not None and tagged_day(version.tags.get(TAG_AS_OF)) == night.as_of
     eval_ne = client.get_run(version.run_id).data.metrics.get("eval_ne") if same_day and version.run_id else None
     champion = current_champion(client, model_name)
-    lineage = champion.tags.get(TAG_DAYS, "") if champion else ""
-    return {
-        "as_of": config.data.shown(night.as_of),
-        "skipped": True,
-        "skip_reason": night.skipped,
-        "days_trained": [],
-        "lineage_days": config.data.shown_days([int(d) for d in lineage.split(",") if d]),
-        "warm_start_version": None,
-        "rows_trained": 0,
-        "eval_ne": eval_ne,
-        "model_version": night.earlier_version,
-        "promoted": False,
-        "promotion_reason": f"nothing trained: {night.skipped}",
-        "champion_version": champion.version if champion else None,
-    }
+    assert night.as_of is not None, "only a recurring night is skipped"
+    return SkippedNight(
+        as_of=config.data.shown(night.as_of),
+        skip_reason=night.skipped,
+        lineage_days=config.data.shown_days(tagged_days(champion.tags.get(TAG_DAYS, "")) if champion else ()),
+        eval_ne=eval_ne,
+        model_version=night.earlier_version,
+        promotion_reason=f"nothing trained: {night.skipped}",
+        champion_version=champion.version if champion else None,
+    )

@@ -54,7 +54,7 @@ def promote_if_better(
     model_name: str,
     candidate_version: str,
     candidate_ne: float,
-    days: tuple[int, ...],
+    days: tuple[int | str, ...],
     margin: float,
     champion_ne_on_days: Callable[[ModelVersion], float | None],
     lock: contextlib.AbstractContextManager,

@@ -27,19 +27,21 @@ from prefect.artifacts import create_table_artifact
 from prefect.exceptions import MissingContextError
 
 from evaluation.metrics import MetricError, binary_state, compute_ne
-from evaluation.report import Scores
-from flows.config import PipelineConfig, load_flow_config, trainer_cluster
-from flows.features import Features, prepare_features, run_logger, with_run_length
+from flows.config import PipelineConfig, load_flow_config
+from flows.features import Features, prepare_features, run_logger
+from flows.reports import RetuneReport
+from flows.resolve import ResolvedRun, resolve_run
 from flows.stopped_runs import cancel_when_stopped
-from flows.tasks import build_job, read_predictions
 from flows.tracking import ensure_experiment, log_study_plots
+from flows.train_stage import build_job
 from flows.trainer_slots import trainer_slot
 from ingestion.holdout import split_holdout
-from training.job import TrainJob
-from training.launcher import launch
+from training.codec import encode
+from training.job import JobFolder, TrainJob
+from training.launch.launcher import launch
 from training.locking import exclusive
-from training.progress import HeldoutRecord, MetricsRecord
-from training.tuning.key import TuningKey, tuning_key
+from training.loop.progress import HeldoutRecord, MetricsRecord
+from training.tuning.key import TuningKey
 from training.tuning.space import Params, apply_params, suggest
 from training.tuning.study import (
     TunedParams,
@@ -63,18 +65,14 @@ class RetuneResult:
     warm_started: int
     mlflow_parent_run_id: str
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "study": self.study_name,
-            "tuning_key": self.key.fingerprint,
-            "best_ne": self.best.ne if self.best else None,
-            "best_params": self.best.params if self.best else None,
-            "best_trial": self.best.trial_number if self.best else None,
-            "trials_run_here": self.trials_run,
-            "stopped_by": self.stopped_by,
-            "warm_start_trials": self.warm_started,
-            "mlflow_parent_run_id": self.mlflow_parent_run_id,
-        }
+    def report(self) -> RetuneReport:
+        return RetuneReport(
+            study=self.study_name, tuning_key=self.key.fingerprint, best_ne=self.best.ne if self.best else None,
+            best_params=self.best.params if self.best else None,
+            best_trial=self.best.trial_number if self.best else None, trials_run_here=self.trials_run,
+            stopped_by=self.stopped_by, warm_start_trials=self.warm_started,
+            mlflow_parent_run_id=self.mlflow_parent_run_id,
+        )  # fmt: skip
 
 
 @flow(name="retune", log_prints=True, on_crashed=[cancel_when_stopped])
@@ -89,15 +87,16 @@ def retune(
     extra += [f"tuning.timeout_s={timeout_s}"] if timeout_s else []
     config = load_flow_config(config_path, [*(overrides or []), *extra])
     features = prepare_features(config)
-    return run_retune(with_run_length(config, features.state), features).as_dict()
+    return encode(run_retune(resolve_run(config, state=features.state), features).report())
 
 
-def run_retune(config: PipelineConfig, features: Features) -> RetuneResult:
-    """Join (or start) the key's study, run trials until the budget is spent, log the best."""
+def run_retune(run: ResolvedRun, features: Features) -> RetuneResult:
+    """Join (or start) the study of the run's key, run trials until the budget is spent,
+    log the best."""
     log = run_logger("flows.retune")
+    config, key = run.config, run.key
     storage_url = config.optuna_storage
     storage = open_storage(storage_url, config.tuning.heartbeat_s)
-    key = tuning_key(config.training, config.orchestration.trainer_hosts, trainer_cluster(config))
     study = open_study(storage, config.name, key, config.tuning)
     worker = join_as_worker(study, storage_url, config.tuning)
     others = [t for t in tuned_keys(storage, config.name) if t.key != key]
@@ -140,14 +139,14 @@ def tuning_data(config: PipelineConfig, features: Features) -> TuningData:
     """`tuning.validation_days` when set (trials train on the other training days), else a
     slice of `tuning.validation_percent` % of the training rows, chosen by a hash of each
     row (ingestion/holdout.py; trials train on the rest). The final run trains on all."""
-    days = config.tuning.validation_days
+    days, data = config.tuning.validation_days, config.data
     if days:
-        train = tuple(f for d in config.data.train_days if d not in days for f in features.files[d])
-        return TuningData(features, train, {str(d): tuple(features.files[d]) for d in days},
-                          f"validation days {list(days)}")  # fmt: skip
+        train = features.train_files(tuple(d for d in data.train_days if d not in days))
+        return TuningData(features, train, {data.day_label(d): tuple(features.files[d]) for d in days},
+                          f"validation days {data.shown_days(days)}")  # fmt: skip
     percent = config.tuning.validation_percent
     folder = config.path(config.preprocess.features_dir) / features.state.state_id / f"holdout-{percent:g}pct"
-    train_files = [f for d in config.data.train_days for f in features.files[d]]
+    train_files = list(features.train_files(data.train_days))
     with exclusive(config.optuna_storage, f"{config.name}.holdout"):
         split = split_holdout(train_files, folder, percent, config.preprocess.row_group_size,
                               config.preprocess.duckdb_threads)  # fmt: skip
@@ -231,7 +230,7 @@ class TrainingTrial:
                 best_epochs.append(best_epoch)
                 per_seed.append(ne)
             else:
-                per_seed.append(validation_ne(Path(job.out_dir) / "predictions"))
+                per_seed.append(validation_ne(job.folder))
             if len(seeds) > 1:
                 self.client.log_metric(run_id, f"ne.seed_{seed}", per_seed[-1])
 
@@ -277,7 +276,7 @@ class EpochEnds:
 
     def rose(self, record: HeldoutRecord) -> bool:
         """Take an epoch end's NE; True when it is worse than the best epoch's before it."""
-        if not self.early_stopping or record.step % (record.total_steps // self.max_epochs):
+        if not self.early_stopping or record.step % record.steps_per_epoch:
             return False
         self.ne.append(record.heldout_ne)
         return len(self.ne) > 1 and self.ne[-1] > min(self.ne[:-1])
@@ -319,7 +318,7 @@ def validation_job(config: PipelineConfig, data: TuningData, params: Params, out
         training = dataclasses.replace(training, epochs=config.tuning.max_epochs)
         evaluation = dataclasses.replace(evaluation, heldout_every_epoch=True, heldout_batches=0)
     trial_config = dataclasses.replace(config, training=training, model=model, evaluation=evaluation)
-    job = build_job(trial_config, data.features.state, data.features.files, run_id=out.name)
+    job = build_job(trial_config, data.features, run_id=out.name)
     return dataclasses.replace(job, train_files=data.train_files, eval_files=data.validation_files, out_dir=str(out))
 
 
@@ -330,14 +329,14 @@ def train_and_score(config: PipelineConfig, features: Features, params: Params, 
     scores = []
     for _, job in seed_jobs(config, data, params, out):
         launch(job, on_line=lambda line: None)
-        scores.append(validation_ne(Path(job.out_dir) / "predictions"))
+        scores.append(validation_ne(job.folder))
     return statistics.fmean(scores)
 
 
-def validation_ne(predictions: Path) -> float:
-    """NE over every validation part a run scored (`predictions/day=*`); a diverged model
-    (NaN predictions) is pruned, not failed."""
-    scores = Scores.concat([read_predictions(folder) for folder in sorted(predictions.glob("day=*"))])
+def validation_ne(folder: JobFolder) -> float:
+    """NE over every validation part a run scored; a diverged model (NaN predictions) is
+    pruned, not failed."""
+    scores = folder.read_predictions()
     try:
         ne = compute_ne(binary_state(scores.labels, scores.predictions))
     except MetricError as error:

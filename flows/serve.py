@@ -29,17 +29,19 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron
 from prefect.states import Cancelled
 
-from flows.config import load_config
+from flows.config import PipelineConfig, load_config
 from flows.pipeline import pipeline, retrain
 from flows.recurring import NEWEST
 from flows.retune import retune
-from flows.trainer_hosts import node_deployment, train_node
+from flows.train_nodes import node_deployment, train_node
 
 log = logging.getLogger("flows.serve")
 
 
-def build_deployments(config_path: str, overrides: list[str] | None = None) -> list[RunnerDeployment]:
-    config = load_config(config_path, overrides or [])  # a bad config fails here, not at 2 am
+def build_deployments(config_path: str, overrides: list[str] | None = None,
+                      config: PipelineConfig | None = None) -> list[RunnerDeployment]:  # fmt: skip
+    """The deployments of a config (`config`: the file's, with the overrides, if loaded)."""
+    config = config or load_config(config_path, overrides or [])  # a bad config fails here, not at 2 am
     parameters = {"config_path": config_path, "overrides": list(overrides or [])}
     tags = [f"config:{config.name}"]
     return [
@@ -60,19 +62,19 @@ def build_deployments(config_path: str, overrides: list[str] | None = None) -> l
 
 
 def trainer_node_deployment(node_rank: int) -> RunnerDeployment:
-    """This host's part of the pipeline's multi-host training (flows/trainer_hosts.py)."""
+    """This host's part of the pipeline's multi-host training (flows/train_nodes.py)."""
     return train_node.to_deployment(name=node_deployment(node_rank), tags=[f"node:{node_rank}"],
                                     description=f"Node {node_rank}'s part of a multi-host training job")  # fmt: skip
 
 
-def serve_deployments(config_path: str, overrides: list[str] | None = None, limit: int | None = None,
-                      trainer_node: int | None = None) -> None:  # fmt: skip
-    """Register the deployments and run their flow runs until stopped (Ctrl-C, SIGTERM).
-    `trainer_node`: serve only that node's part of multi-host training jobs."""
+def serve_deployments(config: PipelineConfig, config_path: str, overrides: list[str] | None = None,
+                      limit: int | None = None, trainer_node: int | None = None) -> None:  # fmt: skip
+    """Register the deployments of `config` (read from `config_path` with `overrides`) and
+    run their flow runs until stopped (Ctrl-C, SIGTERM). `trainer_node`: serve only that
+    node's part of multi-host training jobs."""
     if trainer_node is None:
-        deployments = build_deployments(config_path, overrides)
+        deployments = build_deployments(config_path, overrides, config)
     else:
-        load_config(config_path, overrides or [])
         deployments = [trainer_node_deployment(trainer_node)]
     try:
         serve(*deployments, limit=limit)

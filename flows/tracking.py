@@ -20,8 +20,8 @@ from mlflow.types.schema import AnyType
 
 from evaluation.plots import ne_curve, relative_ne_curve, reliability_curve
 from ingestion.preprocess import PreprocessState
-from training.export import CHAMPION_BUNDLED, CHAMPION_CODE, ServingModel
-from training.progress import metric_values, read_records
+from training.loop.progress import metric_values, read_records
+from training.serving.export import CHAMPION_BUNDLED, CHAMPION_CODE, ServingModel
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def log_pipeline_run(
 
 
 def log_serving_model(model: ServingModel, registered_model: str | None) -> ModelInfo:
-    """The pyfunc of training/champion_pyfunc.py, from its code: raw Criteo rows → click
+    """The pyfunc of training/serving/champion_pyfunc.py, from its code: raw Criteo rows → click
     probabilities, loadable where only its requirements are installed."""
     return mlflow.pyfunc.log_model(
         name="model",

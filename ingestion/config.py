@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ingestion.days import DayError, day_value, is_date, parse_day
 from ingestion.schema import RESERVED_COLUMNS, check_multi_hot
@@ -58,9 +58,10 @@ class DataConfig:
     files: tuple[str, ...] = ()
     raw_dir: str = "raw"
     warehouse_dir: str = "warehouse"
-    # Days: integers, or ISO dates ("2026-11-24") naming a dated warehouse's partitions.
-    train_days: tuple[int | str, ...] = (0, 1)
-    eval_days: tuple[int | str, ...] = (2,)
+    # Days: integers, or ISO dates ("2026-11-24") naming a dated warehouse's partitions; held
+    # as integers (dates: days since 1970-01-01, `normalised`), shown as written (`shown`).
+    train_days: tuple[int, ...] = (0, 1)
+    eval_days: tuple[int, ...] = (2,)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     # Categorical features with a variable number of ids per example: their raw field holds
     # comma-separated ids and their warehouse column is a list (e.g. ["C3", "C12"]).
@@ -79,11 +80,29 @@ class DataConfig:
     label: str = "label"
     dense: tuple[str, ...] = ()
     sparse: tuple[str, ...] = ()
-    # How days are written: "auto" takes dates when the configured days are ISO dates.
-    day_format: Literal["auto", "integer", "date"] = "auto"
+    # How days are written: "auto" (in the TOML) takes dates when the configured days are ISO dates.
+    day_format: Literal["integer", "date"] = "integer"
+
+    @classmethod
+    def normalised(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        """The TOML form with its days as integers and `day_format` "auto" decided by how
+        the days are written (configs, the command line and summaries keep writing them so)."""
+        days = {key: raw.get(key, getattr(cls, key)) for key in ("train_days", "eval_days")}
+        if not all(isinstance(value, (list, tuple)) for value in days.values()):
+            return raw  # the type check names the key
+        if raw.get("day_format", "auto") == "auto":
+            kinds = {is_date(day) for value in days.values() for day in value}
+            if len(kinds) > 1:
+                raise ValueError("train_days: mixes integers and dates; write every day the same way")
+            raw["day_format"] = "date" if kinds == {True} else "integer"
+        try:
+            return {**raw, **{key: [parse_day(day) for day in value] for key, value in days.items()}}
+        except DayError as error:
+            raise ValueError(f"train_days: {error}") from None
 
     def __post_init__(self) -> None:
-        self._normalise_days()
+        if not all(isinstance(day, int) and not isinstance(day, bool) for day in (*self.train_days, *self.eval_days)):
+            raise ValueError("train_days: days are integers here (ISO dates are read from the TOML)")
         if self.source == "parquet":
             self._check_parquet_columns()
         elif self.day_format == "date":
@@ -106,7 +125,7 @@ class DataConfig:
 
     @property
     def all_days(self) -> tuple[int, ...]:
-        return tuple(sorted({*self.train_days, *self.eval_days}))  # type: ignore[arg-type]  # ints after __post_init__
+        return tuple(sorted({*self.train_days, *self.eval_days}))
 
     @property
     def dated(self) -> bool:
@@ -119,19 +138,9 @@ class DataConfig:
     def shown_days(self, days: Sequence[int]) -> list[int | str]:
         return [self.shown(day) for day in days]
 
-    def _normalise_days(self) -> None:
-        """Days become integers (dates: days since 1970-01-01); the format is kept."""
-        given = (*self.train_days, *self.eval_days)
-        if self.day_format == "auto":
-            kinds = {is_date(day) for day in given}
-            if len(kinds) > 1:
-                raise ValueError("train_days: mixes integers and dates; write every day the same way")
-            object.__setattr__(self, "day_format", "date" if kinds == {True} else "integer")
-        try:
-            object.__setattr__(self, "train_days", tuple(parse_day(day) for day in self.train_days))
-            object.__setattr__(self, "eval_days", tuple(parse_day(day) for day in self.eval_days))
-        except DayError as error:
-            raise ValueError(f"train_days: {error}") from None
+    def day_label(self, day: int) -> str:
+        """A day as text: names of its files, metrics and artifacts (`2026-11-24`, or `3`)."""
+        return str(self.shown(day))
 
     def _check_parquet_columns(self) -> None:
         if not self.path:

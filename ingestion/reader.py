@@ -9,7 +9,7 @@ read by it (a boundary row group is read by both neighbours, each for its own ro
 Every rank yields the same number of batches, so collectives never hang:
 - `drop_remainder=False` (training and evaluation): ⌈⌈N/W⌉ / B⌉ batches, the last ones
   padded to B rows with label −1, which evaluation discards and the training loss weighs
-  at zero (training/objective.py): every row is trained and scored once an epoch;
+  at zero (training/model/objective.py): every row is trained and scored once an epoch;
 - `drop_remainder=True`: ⌊⌊N/W⌋ / B⌋ full batches; the rest of the epoch is left out.
 
 A background thread reads and decodes ahead into a bounded queue (`prefetch` batches).
@@ -149,6 +149,16 @@ def rank_segments(
     return segments
 
 
+def batches_per_rank(rows: int, batch_size: int, world_size: int, drop_remainder: bool = False) -> int:
+    """Batches each rank reads over `rows` rows: the same on every rank. Without
+    `drop_remainder` the last ones are padded (a rank holds at most ⌈rows / W⌉ rows), so
+    every row is read; with it, a partial batch is left out. The one count of a run's steps
+    per epoch (training/loop/run_length.py predicts it from the row count)."""
+    if drop_remainder:
+        return (rows // world_size) // batch_size
+    return math.ceil(math.ceil(rows / world_size) / batch_size)
+
+
 class BatchReader:
     """Iterable of `Batch`es for one rank; `len()` is the same on every rank."""
 
@@ -177,10 +187,7 @@ class BatchReader:
         self.dense, self.sparse, self.multi_hot = layout.dense, layout.sparse, layout.multi_hot
         self.one_hot = tuple(name for name in self.sparse if name not in self.multi_hot)
         self.rank_rows = sum(s.rows for s in self.segments)
-        if drop_remainder:
-            self.num_batches = (total // world_size) // batch_size
-        else:
-            self.num_batches = math.ceil(math.ceil(total / world_size) / batch_size)
+        self.num_batches = batches_per_rank(total, batch_size, world_size, drop_remainder)
         self.start_batch = min(start_batch, self.num_batches)
 
     def __len__(self) -> int:

@@ -7,6 +7,8 @@ from typing import Literal
 
 SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
 COMPUTE_KERNELS = ("fused", "fused_uvm", "fused_uvm_caching", "dense")
+# torchrun's options that make a job span hosts
+HOST_ARGUMENTS = ("--nnodes", "--node-rank", "--node_rank", "--rdzv", "--master", "--standalone")
 
 
 @dataclass(frozen=True)
@@ -19,9 +21,9 @@ class ModelConfig:
     top_mlp: tuple[int, ...] = (512, 256, 1)
     dcn_num_layers: int = 3
     dcn_low_rank_dim: int = 64
-    # Wide & Deep: each id also adds its own learned weight to the logit (training/stock_dlrm.WideDLRM)
+    # Wide & Deep: each id also adds its own learned weight to the logit (training/model/stock_dlrm.py: WideDLRM)
     wide: bool = False
-    # Where a wide model's own weights start (training/wide_start.py): "zero" (the model starts
+    # Where a wide model's own weights start (training/sharding/start.py): "zero" (the model starts
     # as its DLRM), or "logistic_regression" (as the fitted reference, the deep part then
     # learns what it leaves: small data)
     wide_start: Literal["zero", "logistic_regression"] = "zero"
@@ -155,8 +157,8 @@ class ClusterConfig:
             raise ValueError("device_memory_gb: memory sizes must be positive")
 
     @property
-    def world_size(self) -> int:
-        return self.hosts * self.devices_per_host
+    def workers(self) -> Workers:
+        return Workers(self.devices_per_host, self.hosts)
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ class TrainingConfig:
     batch_size: int = 2048
     epochs: int = 1
     # A run with fewer optimizer steps than this halves its global batch until it has them
-    # (training/run_length.py, logged); 0 keeps the batch as configured.
+    # (training/loop/run_length.py, logged); 0 keeps the batch as configured.
     min_steps: int = 50
     embedding_lr: float = 0.05
     dense_lr: float = 0.001
@@ -234,17 +236,22 @@ class TrainingConfig:
     keep_checkpoints: int = 2
     # A failed launch is relaunched this many times; each relaunch resumes from a checkpoint.
     max_restarts: int = 0
-    # Extra torchrun arguments for multi-node runs (e.g. ["--nnodes=2", "--rdzv-endpoint=h:29400"]).
+    # Extra torchrun arguments (e.g. ["--monitor-interval=1"]). Not the hosts: those are
+    # orchestration.trainer_hosts, or `dlrm train --nnodes`.
     torchrun_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
             raise ValueError(f"nproc: must be at least 1, got {self.nproc}")
-        if self.batch_size < self.nproc or self.batch_size % self.nproc:
-            raise ValueError(
-                f"batch_size: must be a positive multiple of nproc ({self.nproc}), "
-                f"got {self.batch_size}"
-            )
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: must be positive, got {self.batch_size}")
+        hosts = [arg for arg in self.torchrun_args if arg.startswith(HOST_ARGUMENTS)]
+        if hosts:
+            # one way into several hosts: the job's hosts know each other's part (who writes
+            # the summary, who clears the folder) only when they come from there
+            raise ValueError(f"torchrun_args: {hosts} set the job's hosts; set orchestration.trainer_hosts and "
+                             "orchestration.rdzv_endpoint (the pipeline), or run `dlrm train --nnodes N --node-rank R "
+                             "--rdzv-endpoint HOST:PORT` on each host (README: Running on several hosts)")  # fmt: skip
         if self.epochs < 1:
             raise ValueError(f"epochs: must be at least 1, got {self.epochs}")
         if self.min_steps < 0:
@@ -274,9 +281,24 @@ class TrainingConfig:
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts: must be ≥ 0, got {self.max_restarts}")
 
-    def batch_per_rank(self, world_size: int) -> int:
+
+@dataclass(frozen=True)
+class Workers:
+    """The processes of a training job: `nproc` on each of `hosts` hosts. The one home of
+    the world size and of each rank's share of the global batch."""
+
+    nproc: int
+    hosts: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.hosts
+
+    def per_rank_batch(self, global_batch: int) -> int:
         """Each rank's share of the global batch, over every process of every host."""
-        if self.batch_size % world_size:
-            raise ValueError(f"training.batch_size: {self.batch_size} is not a multiple of the world size "
-                             f"{world_size} (every process of every host); set a multiple of {world_size}")  # fmt: skip
-        return self.batch_size // world_size
+        world = self.world_size
+        if global_batch < world or global_batch % world:
+            hosts = f"{self.hosts} hosts × {self.nproc} processes" if self.hosts > 1 else f"{self.nproc} processes"
+            raise ValueError(f"training.batch_size: {global_batch} is not a multiple of the world size {world} "
+                             f"({hosts}); set a multiple of {world}")  # fmt: skip
+        return global_batch // world

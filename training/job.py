@@ -1,15 +1,37 @@
-"""A training job: what the launcher hands to every torchrun worker, as one JSON file."""
+"""A training job: what the launcher hands every torchrun worker (`TrainJob`), what the job
+reports when done (`TrainSummary`), and every file of its folder (`JobFolder`).
+
+    <out>/job.json                 the job a launch hands its workers (job-node-R.json: one
+                                   host's launch of a multi-host job; job-hosts.json: the job the
+                                   pipeline hands its trainer hosts)
+    <out>/plan.txt, plan.json      the sharding plan, for people and for programs (rank 0)
+    <out>/metrics.jsonl            progress records as training goes (rank 0; loop/progress.py)
+    <out>/summary.json             the job's report once done (rank 0)
+    <out>/predictions/day=P/       each rank's scores of evaluation part P (rank-R.parquet)
+    <out>/checkpoints/<run id>/    the run's checkpoints (loop/checkpoint.py, launch/resume.py)
+    <out>/logs/[node-R/]           torchrun's per-rank logs; failed-node-R.txt: a host's failure
+    <out>/serving/                 the exported model (serving/export.py)
+
+`JobFolder` is the one module that names these files; both sides of torchrun (the
+launcher and the flows; the workers) read and write them through it.
+"""
 
 from __future__ import annotations
 
 import json
-import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from evaluation.config import EvaluationConfig
-from training.config import ModelConfig, ShardingConfig, TrainingConfig
+from evaluation.report import Scores
+from training.codec import dumps, loads
+from training.config import ModelConfig, ShardingConfig, TrainingConfig, Workers
 
 
 @dataclass(frozen=True)
@@ -20,11 +42,15 @@ class TrainJob:
     evaluation: EvaluationConfig
     table_sizes: dict[str, int]
     train_files: tuple[str, ...]
-    eval_files: dict[str, tuple[str, ...]]  # day (as text, for JSON) → that day's feature files
+    # The parts the job scores when done (an evaluation day as the config shows it, or a
+    # tuning holdout) → their feature files; each part's predictions: `JobFolder.predictions`.
+    eval_files: dict[str, tuple[str, ...]]
     out_dir: str
     # Checkpoints of one run live under out_dir/checkpoints/<run_id>: a relaunch of the same
     # run (torchrun restart, task retry) resumes from them; a new run starts fresh.
     run_id: str = "default"
+    # The hosts the job spans, `training.nproc` processes on each.
+    hosts: int = 1
     # Start from this checkpoint's weights (any world size), e.g. to warm-start a new run.
     init_checkpoint: str = ""
     # ... and its optimizer state (a recurring run continuing the champion): no fresh
@@ -38,31 +64,169 @@ class TrainJob:
     initial_click_rate: float = 0.0
 
     @property
+    def workers(self) -> Workers:
+        return Workers(self.training.nproc, self.hosts)
+
+    @property
+    def folder(self) -> JobFolder:
+        return JobFolder(Path(self.out_dir))
+
+    @property
     def out(self) -> Path:
         return Path(self.out_dir)
 
     @property
     def checkpoint_root(self) -> Path:
-        return self.out / "checkpoints" / self.run_id
+        return self.folder.checkpoints(self.run_id)
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=2))
+        path.write_text(dumps(self, indent=2))
 
     @classmethod
     def load(cls, path: Path) -> TrainJob:
-        return _from_plain(cls, json.loads(Path(path).read_text()))
+        return loads(cls, Path(path).read_text(), str(path))
 
 
-def _from_plain(cls: type, data: dict[str, Any]) -> Any:
-    """Rebuild a (validated) dataclass from its JSON form: lists back to tuples."""
-    hints = typing.get_type_hints(cls)
-    return cls(**{f.name: _rebuild(hints[f.name], data[f.name]) for f in fields(cls) if f.name in data})
+@dataclass(frozen=True)
+class TrainSummary:
+    """What a finished job reports (rank 0 writes it, the flows read it, every field checked)."""
+
+    steps: int  # the step training ended at (counting steps before a resume)
+    samples: int  # samples trained by this launch after its first step (the timed ones)
+    seconds: float  # their training time (first step, evaluations and checkpoints excluded)
+    samples_per_s: float  # samples / seconds: this launch's training throughput
+    first_step_seconds: float  # compilation, allocation and cache warm-up happen here
+    compiled: bool  # training.compile: the dense parts ran as compiled graphs
+    precision: str  # "fp32" or "bf16": what `training.precision` (e.g. "auto") resolved to here
+    cpu: dict[str, str]  # which CPU kernel computed what (e.g. "interaction": "native"); empty on GPUs
+    rows_trained: int  # by all ranks over the whole run, resumes included
+    rows_fingerprint: int  # Σ of the trained rows' hashes mod 2**64: which rows, in any order
+    resumed_from_step: int  # the checkpoint step this launch started from (0: a fresh start)
+    world_size: int  # training processes
+    global_batch_size: int  # the batch one step trains, over every rank
+    device: str  # "cpu" or "cuda"
+    backend: str  # "gloo" or "nccl"
+    pipeline: str  # how steps ran: "plain" or "sparse_dist" (TorchRec's TrainPipelineSparseDist)
+    checkpoint: str  # the final checkpoint's folder
+    eval_rows_rank0: int  # evaluation rows rank 0 scored into predictions/
 
 
-def _rebuild(hint: Any, value: Any) -> Any:
-    if is_dataclass(hint):
-        return _from_plain(hint, value)
-    if typing.get_origin(hint) is dict:
-        _, value_hint = typing.get_args(hint)
-        return {key: _rebuild(value_hint, item) for key, item in value.items()}
-    return tuple(value) if isinstance(value, list) else value
+@dataclass(frozen=True)
+class JobFolder:
+    """Every file of a job's output folder (see the module): paths, reads and writes."""
+
+    root: Path
+
+    def job_file(self, node_rank: int | None = None) -> Path:
+        """The job one launch hands its workers: this host's, or (None) a single host's."""
+        return self.root / ("job.json" if node_rank is None else f"job-node-{node_rank}.json")
+
+    @property
+    def hosts_job_file(self) -> Path:
+        """The job the pipeline's training stage hands every trainer host."""
+        return self.root / "job-hosts.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def summary_file(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def plan_files(self) -> tuple[Path, Path]:
+        """The plan for people (text) and for programs (JSON rows)."""
+        return self.root / "plan.txt", self.root / "plan.json"
+
+    @property
+    def serving(self) -> Path:
+        return self.root / "serving"
+
+    def checkpoints(self, run_id: str) -> Path:
+        return self.root / "checkpoints" / run_id
+
+    def logs(self, node_rank: int | None = None) -> Path:
+        """torchrun's per-rank logs; each host of a multi-host job its own folder."""
+        return self.root / "logs" / f"node-{node_rank}" if node_rank is not None else self.root / "logs"
+
+    # -- the summary, the plan ------------------------------------------------------------
+
+    def write_summary(self, summary: TrainSummary) -> None:
+        """Written whole: a reader never sees half of it."""
+        staged = self.summary_file.with_name(self.summary_file.name + ".staged")
+        staged.write_text(dumps(summary, indent=2) + "\n")
+        staged.replace(self.summary_file)
+
+    def read_summary(self) -> TrainSummary:
+        """The summary; `SchemaError` names any field missing or of the wrong type."""
+        return loads(TrainSummary, self.summary_file.read_text(), str(self.summary_file))
+
+    def write_plan(self, text: str, rows: list[dict[str, Any]]) -> None:
+        text_file, json_file = self.plan_files
+        text_file.write_text(text + "\n")
+        json_file.write_text(json.dumps(rows, indent=2))
+
+    def read_plan(self) -> list[dict[str, Any]]:
+        """The plan's rows (table, sharding_type, compute_kernel, ranks, bytes_per_rank); none
+        when the job wrote no plan."""
+        json_file = self.plan_files[1]
+        return json.loads(json_file.read_text()) if json_file.is_file() else []
+
+    # -- predictions ----------------------------------------------------------------------
+
+    def predictions(self, part: str) -> Path:
+        return self.root / "predictions" / f"day={part}"
+
+    def write_predictions(self, part: str, rank: int, labels: np.ndarray, predictions: np.ndarray,
+                          slices: np.ndarray) -> int:  # fmt: skip
+        """One rank's scores of one part: label, prediction, and the row's slice value."""
+        table = pa.table({"label": labels.astype(np.int8), "prediction": predictions,
+                          "slice": slices.astype(np.int32)})  # fmt: skip
+        path = self.predictions(part) / f"rank-{rank:05d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path)
+        return table.num_rows
+
+    def read_predictions(self, *parts: str) -> Scores:
+        """Every rank's scores of the parts, in part and rank order (all parts: none named)."""
+        folders = [self.predictions(part) for part in parts] or sorted((self.root / "predictions").glob("day=*"))
+        files = [file for folder in folders for file in sorted(folder.glob("*.parquet"))]
+        table = pq.read_table(files, partitioning=None)
+        return Scores(table["label"].to_numpy(), table["prediction"].to_numpy(), table["slice"].to_numpy())
+
+    # -- a launch's housekeeping ----------------------------------------------------------
+
+    def clear_for_launch(self, node_rank: int | None, leads: bool, fresh: bool) -> None:
+        """Remove what an earlier launch left that this one rewrites: this host's logs; on
+        the leading host also the predictions and the summary, and the metrics of a run
+        that starts afresh (`fresh`: no checkpoint to resume; its records are another
+        run's). Checkpoints stay: a relaunch resumes from them."""
+        stale = [self.logs(node_rank)]
+        if leads:
+            stale += [self.root / "predictions", self.summary_file] + ([self.metrics] if fresh else [])
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+    # A host whose part of the job fails leaves a mark in the shared run folder: the other
+    # hosts' workers would otherwise wait for it in a collective until their timeout
+    # (torchrun's static rendezvous tells no host of another's failure). Each host clears its
+    # own mark before it launches, and heeds the others' only once the rendezvous has
+    # completed, that is once every host has launched (and cleared its own earlier mark).
+    def failure_mark(self, node_rank: int) -> Path:
+        return self.logs() / f"failed-node-{node_rank}.txt"
+
+    def record_failure(self, node_rank: int, message: str) -> None:
+        self.logs().mkdir(parents=True, exist_ok=True)
+        self.failure_mark(node_rank).write_text(message)
+
+    def clear_failure(self, node_rank: int) -> None:
+        self.failure_mark(node_rank).unlink(missing_ok=True)
+
+    def peer_failure(self, node_rank: int, nnodes: int) -> str | None:
+        """Another host's failure, in its words (None while every other host runs)."""
+        for node in range(nnodes):
+            mark = self.failure_mark(node)
+            if node != node_rank and mark.is_file():
+                return f"node {node}: {mark.read_text(errors='replace').strip()}"
+        return None

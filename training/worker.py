@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
@@ -15,40 +14,41 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from training.baselines import fit_logistic_regression
-from training.checkpoint import (
+from training.job import TrainJob, TrainSummary
+from training.launch.device import backend_for, runtime_device
+from training.loop.checkpoint import (
     RowLedger,
     TrainPosition,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from training.device import backend_for, runtime_device
-from training.job import TrainJob
-from training.model import (
+from training.loop.heldout import predict
+from training.loop.optimizers import attach_embedding_optimizer, build_optimizer
+from training.loop.progress import read_records, record_line
+from training.loop.schedule import build_schedule
+from training.loop.steps import pipeline_kind
+from training.model.build import (
     build_train_model,
     compile_dense_parts,
     row_width,
     start_at_click_rate,
     table_name,
 )
-from training.precision import logit_in_float32, resolve_precision
-from training.progress import read_records, record_line
-from training.sharding import describe_plan, format_plan, plan_as_json, shard_model
-from training.steps import pipeline_kind
-from training.summary import TrainSummary
-from training.trainer import (
-    attach_embedding_optimizer,
-    build_optimizer,
-    build_schedule,
-    predict,
-    train,
-)
-from training.wide_start import WideStart, start_wide
+from training.model.precision import logit_in_float32, resolve_precision
+from training.reference import fit_logistic_regression
+from training.sharding.plan import describe_plan, format_plan, plan_as_json, shard_model
+from training.sharding.start import WideStart, start_wide
+from training.trainer import train
 
 
 def run(job: TrainJob, device: torch.device) -> None:
+    """Build, shard and start the model; resume or warm-start it; train; save the last
+    checkpoint; score the evaluation parts; rank 0 writes the summary."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    if world != job.workers.world_size:
+        raise SystemExit(f"this job is for {job.workers.world_size} processes ({job.hosts} host(s) × "
+                         f"{job.training.nproc}), but torchrun started {world}")  # fmt: skip
     precision, warning = resolve_precision(job.training.precision, device)
     if rank == 0 and warning:
         print(f"[train] warning: {warning}", flush=True)
@@ -62,7 +62,7 @@ def run(job: TrainJob, device: torch.device) -> None:
         logit_in_float32(model)
     attach_embedding_optimizer(model, config)
     pooling = {table_name(feature): factor for feature, factor in job.pooling_factors.items()}
-    sharded, plan = shard_model(model, job.sharding, device, config.batch_per_rank(world), pooling)
+    sharded, plan = shard_model(model, job.sharding, device, job.workers.per_rank_batch(config.batch_size), pooling)
     # a resumed or warm-started run loads its own weights over these starting values
     start_at_click_rate(sharded, job.initial_click_rate)
     start_wide(sharded, _wide_start(job))
@@ -74,36 +74,24 @@ def run(job: TrainJob, device: torch.device) -> None:
     schedule = build_schedule(sharded, optimizer, config)
     start, ledger = _restore(sharded, optimizer, job)
     if rank == 0:
-        _keep_metrics_up_to(job.out / "metrics.jsonl", start.step if start else 0)
+        _keep_metrics_up_to(job.folder.metrics, start.step if start else 0)
     stats = train(sharded, optimizer, job, device, schedule, start, ledger)
     checkpoint = save_checkpoint(sharded, optimizer, job.checkpoint_root, stats.position, stats.ledger,
                                  config.keep_checkpoints)  # fmt: skip
     rows_trained, fingerprint = _all_reduce_ledger(stats.ledger, device)
-    rows = predict(sharded, job, device, job.out / "predictions")
+    rows = predict(sharded, job, device)
     # Every rank's predictions are written before rank 0 reports: on several hosts, its
     # host's launcher reads them all once its own workers end.
     dist.barrier()
     if rank == 0:
-        summary = TrainSummary(
-            steps=stats.steps,
-            samples=stats.samples,
-            seconds=stats.seconds,
-            samples_per_s=stats.samples_per_s,
-            first_step_seconds=stats.first_step_seconds,
-            compiled=config.compile,
-            precision=config.precision,
-            cpu=cpu,
-            rows_trained=rows_trained,
-            rows_fingerprint=fingerprint,
-            resumed_from_step=start.step if start else 0,
-            world_size=world,
-            device=device.type,
-            backend=backend_for(device),
-            pipeline=pipeline_kind(config, device),
-            checkpoint=str(checkpoint),
-            eval_rows_rank0=rows,
-        )
-        summary.save(job.out / "summary.json")
+        job.folder.write_summary(TrainSummary(
+            steps=stats.steps, samples=stats.samples, seconds=stats.seconds, samples_per_s=stats.samples_per_s,
+            first_step_seconds=stats.first_step_seconds, compiled=config.compile, precision=config.precision,
+            cpu=cpu, rows_trained=rows_trained, rows_fingerprint=fingerprint,
+            resumed_from_step=start.step if start else 0, world_size=world, global_batch_size=config.batch_size,
+            device=device.type, backend=backend_for(device), pipeline=pipeline_kind(config, device),
+            checkpoint=str(checkpoint), eval_rows_rank0=rows,
+        ))  # fmt: skip
         print(f"[train] done: {stats.steps} steps, {rows_trained:,} rows trained, "
               f"{stats.samples_per_s:,.0f} samples/s", flush=True)
 
@@ -182,8 +170,7 @@ def _all_reduce_ledger(ledger: RowLedger, device: torch.device) -> tuple[int, in
 def _write_plan(job: TrainJob, plan, world: int, device: torch.device) -> None:
     shapes = {table_name(f): (n, row_width(job.model)) for f, n in job.table_sizes.items()}
     rows = describe_plan(plan, shapes, world)
-    (job.out / "plan.txt").write_text(format_plan(rows) + "\n")
-    (job.out / "plan.json").write_text(json.dumps(plan_as_json(rows), indent=2))
+    job.folder.write_plan(format_plan(rows), plan_as_json(rows))
     print(f"[train] {world} processes on {device.type} ({backend_for(device)}); sharding plan:", flush=True)
     for line in format_plan(rows).splitlines():
         print(f"[train]   {line}", flush=True)

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from evaluation.config import EvaluationConfig
-from training.checkpoint import latest_checkpoint
 from training.config import CpuConfig, ModelConfig, ShardingConfig, TrainingConfig
-from training.export import export_model
 from training.job import TrainJob
-from training.launcher import TrainingFailed, launch
+from training.launch.launcher import TrainingFailed, launch
+from training.loop.checkpoint import latest_checkpoint
+from training.serving.export import export_model
 
 pytestmark = pytest.mark.slow
 

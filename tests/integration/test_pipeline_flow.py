@@ -26,17 +26,40 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def pipeline_run(prefect_server, tmp_path_factory: pytest.TempPathFactory):
-    from flows.pipeline import run_pipeline
+    """`dlrm run --json` on the tiny config, in this process (the session's Prefect server),
+    counting how often the command reads its config file."""
+    import contextlib
+    import io
+
+    import flows.config
+    from flows.cli import main
 
     run_dir = tmp_path_factory.mktemp("tiny-run")
     overrides = [f'run_dir="{run_dir}"']
-    CALLED["at_ms"] = time.time() * 1000
-    summary = run_pipeline(str(ROOT / "configs" / "tiny.toml"), overrides)
-    CALLED["returned_ms"] = time.time() * 1000
-    return load_config(ROOT / "configs" / "tiny.toml", overrides), summary
+    reads, read_toml = [], flows.config.read_toml
+
+    def counted(path: Path):
+        reads.append(path)
+        return read_toml(path)
+
+    output = io.StringIO()
+    flows.config.read_toml = counted
+    try:
+        CALLED["at_ms"] = time.time() * 1000
+        with contextlib.redirect_stdout(output):
+            assert main(["run", "--config", str(ROOT / "configs" / "tiny.toml"), "--set", overrides[0], "--json"]) == 0
+        CALLED["returned_ms"] = time.time() * 1000
+    finally:
+        flows.config.read_toml = read_toml
+    CALLED["config_reads"] = len(reads)
+    return load_config(ROOT / "configs" / "tiny.toml", overrides), json.loads(output.getvalue().strip().splitlines()[-1])
 
 
-CALLED: dict[str, float] = {}  # when the module's pipeline run was called and returned
+CALLED: dict[str, float] = {}  # when the module's pipeline run was called and returned; its config reads
+
+
+def test_the_command_reads_its_config_once(pipeline_run) -> None:
+    assert CALLED["config_reads"] == 1, "parsed once, then one resolved config travels through the run"
 
 
 def test_warehouse_and_features_hold_every_row(pipeline_run) -> None:
@@ -271,9 +294,11 @@ def test_a_killed_worker_fails_the_train_task_which_prefect_retries_from_the_che
     from prefect import flow
     from test_checkpoint_recovery import _kill_one_worker_after
 
-    from flows.tasks import TrainedModel, build_job, train_task
+    from flows.features import Features
+    from flows.train_stage import TrainedModel, build_job, train_task
 
     state, files = tiny_features
+    features = Features(state, files, [])
     config = load_config(ROOT / "configs" / "tiny.toml", [f'run_dir="{tmp_path}"', "training.checkpoint_every=10",
                                                           "training.epochs=2"])  # fmt: skip
 
@@ -281,9 +306,9 @@ def test_a_killed_worker_fails_the_train_task_which_prefect_retries_from_the_che
     def train_once() -> tuple[TrainedModel, str]:
         from prefect.runtime import flow_run
 
-        job = build_job(config, state, files)  # the folder the task trains in: its fingerprint
+        job = build_job(config, features)  # the folder the task trains in: its fingerprint
         _kill_one_worker_after(job, step=25)  # during the task's first attempt
-        state_ = train_task(config, state, files, return_state=True)
+        state_ = train_task(config, features, return_state=True)
         return state_.result(), str(flow_run.id)
 
     trained, flow_run_id = train_once()

@@ -36,7 +36,7 @@ def tuned_run(prefect_server, tmp_path_factory: pytest.TempPathFactory):
 
 
 def _study(config) -> optuna.Study:
-    return optuna.load_study(study_name=study_name(config.name, tuning_key(config.training)),
+    return optuna.load_study(study_name=study_name(config.name, tuning_key(config.training, config.workers)),
                              storage=config.optuna_storage)  # fmt: skip
 
 
@@ -50,7 +50,7 @@ def test_retune_first_trains_with_the_best_trial(tuned_run) -> None:
     for name, value in study.best_params.items():
         logged = run.data.params[name]
         assert (float(logged) == pytest.approx(value)) if isinstance(value, float) else logged == str(value), name
-    assert run.data.tags["tuning.key"] == tuning_key(config.training).fingerprint
+    assert run.data.tags["tuning.key"] == tuning_key(config.training, config.workers).fingerprint
     assert run.data.tags["tuning.decision"] == "retune_first"
 
 
@@ -83,7 +83,7 @@ def test_the_study_is_tracked_as_a_parent_run_with_nested_trials(tuned_run) -> N
     client = MlflowClient(config.tracking_uri)
     parent = client.get_run(study.user_attrs["mlflow_parent_run_id"])
     assert parent.data.metrics["best_ne"] == pytest.approx(study.best_value)
-    assert parent.data.tags["tuning.key"] == tuning_key(config.training).fingerprint
+    assert parent.data.tags["tuning.key"] == tuning_key(config.training, config.workers).fingerprint
     children = client.search_runs([parent.info.experiment_id],
                                   f"tags.mlflow.parentRunId = '{parent.info.run_id}'")  # fmt: skip
     assert len(children) == 2
@@ -99,10 +99,14 @@ def test_the_study_is_tracked_as_a_parent_run_with_nested_trials(tuned_run) -> N
 
 @flow
 def _decide(config_path: str, overrides: list[str]):
-    from flows.tuning import choose_hyperparameters
+    from flows.config import ConfigSource
+    from flows.hyperparameters import choose_hyperparameters
+    from flows.resolve import resolve_run
 
     config = load_config(config_path, overrides)
-    return choose_hyperparameters(config, prepare_features(config), config_path, overrides)
+    features = prepare_features(config)
+    return choose_hyperparameters(resolve_run(config, state=features.state), features,
+                                  ConfigSource(config_path, tuple(overrides)))  # fmt: skip
 
 
 def test_a_tuned_key_reuses_its_best_without_a_new_study(tuned_run) -> None:
@@ -147,7 +151,7 @@ def test_early_stopping_trials_choose_the_epochs_the_tuned_run_trains(prefect_se
     """Up to 3 epochs a trial, scored on every validation row at each epoch end: a trial
     stops once that NE rises, and its best epoch count is part of the study's best."""
     from flows.retune import retune
-    from training.progress import HeldoutRecord, read_records
+    from training.loop.progress import HeldoutRecord, read_records
 
     overrides = [f'run_dir="{tmp_path}"', "tuning.n_trials=2", "tuning.max_epochs=3", 'tuning.sampler="tpe"']
     result = retune(CONFIG, overrides)

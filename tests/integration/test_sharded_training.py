@@ -12,14 +12,14 @@ import torch
 from evaluation.config import EvaluationConfig
 from evaluation.metrics import summarize
 from ingestion.reader import build_reader
-from training.checkpoint import latest_checkpoint
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.cpu import memory as cpu_memory
-from training.export import export_model
 from training.job import TrainJob
-from training.launcher import TrainingFailed, launch
-from training.precision import native_bf16
-from training.progress import HeldoutRecord, MetricsRecord
+from training.launch.launcher import TrainingFailed, launch
+from training.loop.checkpoint import latest_checkpoint
+from training.loop.progress import HeldoutRecord, MetricsRecord
+from training.model.precision import native_bf16
+from training.serving.export import export_model
 
 pytestmark = pytest.mark.slow
 

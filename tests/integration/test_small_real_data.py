@@ -63,7 +63,7 @@ def test_the_logistic_regression_reference_is_within_1_percent_of_scikit_learns(
     from ingestion.preprocess import PreprocessState
     from ingestion.schema import SPARSE_COLUMNS
     from tests.unit.training.test_baselines import _one_hot, one_blas_thread
-    from training.baselines import DEFAULT_C_GRID, row_id_hash, validation_rows
+    from training.reference import DEFAULT_C_GRID, row_id_hash, validation_rows
 
     config, summary = small_run
     [state_file] = config.path("features").glob("*/state.json")

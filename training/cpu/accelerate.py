@@ -8,7 +8,7 @@ from torch import nn
 
 from training.config import CpuConfig
 from training.cpu import embedding_update, interaction, linear, memory, native_build, sparse
-from training.model import dlrms_in
+from training.model.build import dlrms_in
 
 
 @dataclass(frozen=True)

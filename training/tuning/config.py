@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ingestion.days import DayError, parse_day
 
@@ -68,16 +68,23 @@ class TuningConfig:
     # The objective is NE on validation rows, never on the evaluation days: these training
     # days when set (trials train on the others), else `validation_percent` % of the
     # training rows, picked by a hash of each row (trials train on the rest).
-    validation_days: tuple[int | str, ...] = ()  # as data.train_days writes them
+    validation_days: tuple[int, ...] = ()  # written as data.train_days are (dates too), held as integers
     validation_percent: float = 10.0
     # A worker that stops beating for `3 × heartbeat_s` is dead; its trial is retried.
     heartbeat_s: int = 10
 
-    def __post_init__(self) -> None:
+    @classmethod
+    def normalised(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        """The TOML form with `validation_days` as integers (ISO dates: days since 1970-01-01)."""
+        days = raw.get("validation_days", ())
+        if not isinstance(days, (list, tuple)):
+            return raw  # the type check names the key
         try:
-            object.__setattr__(self, "validation_days", tuple(parse_day(day) for day in self.validation_days))
+            return {**raw, "validation_days": [parse_day(day) for day in days]}
         except DayError as error:
             raise ValueError(f"validation_days: {error}") from None
+
+    def __post_init__(self) -> None:
         for name in ("embedding_lr", "dense_lr", "warmup_fraction", "embedding_eps", "dense_weight_decay",
                      "embedding_weight_decay"):
             bounds = getattr(self, name)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from training.config import ClusterConfig, TrainingConfig
-from training.device import host_memory_bytes
+from training.config import ClusterConfig, TrainingConfig, Workers
+from training.launch.device import host_memory_bytes
 
 
 @dataclass(frozen=True)
@@ -56,36 +56,26 @@ class TuningKey:
         )
 
 
-def hosts_from(config: TrainingConfig) -> int:
-    """The number of hosts (torchrun `--nnodes`, or 1)."""
-    for index, arg in enumerate(config.torchrun_args):
-        if arg.startswith("--nnodes"):
-            value = arg.partition("=")[2] or config.torchrun_args[index + 1]
-            return int(value.split(":")[-1])  # "2" or an elastic range "1:2"
-    return 1
-
-
-def tuning_key(config: TrainingConfig, hosts: int | None = None, cluster: ClusterConfig | None = None) -> TuningKey:
-    """The key of a run of `config` on `hosts` hosts like this one (as the worker will choose
-    its device); `hosts` defaults to torchrun's `--nnodes`, or 1. `cluster`: the trainer
-    hosts as declared, when they are not like this one (a CPU-only flow host driving GPU
-    trainers): the device type, model and memory come from it."""
-    hosts = hosts or hosts_from(config)
+def tuning_key(config: TrainingConfig, workers: Workers, cluster: ClusterConfig | None = None) -> TuningKey:
+    """The key of a run of `config` on `workers` (processes on hosts like this one, as the
+    worker will choose its device). `cluster`: the trainer hosts as declared, when they are
+    not like this one (a CPU-only flow host driving GPU trainers): the device type, model
+    and memory come from it."""
     use_cuda = config.device != "cpu" and torch.cuda.is_available()
     if cluster is not None:
         device_type, model = cluster.compute_device, cluster.device_model or cluster.name
         memory = (cluster.device_memory_gb if device_type == "cuda"
-                  else cluster.host_memory_gb / max(1, config.nproc)) * 2**30  # fmt: skip
+                  else cluster.host_memory_gb / max(1, workers.nproc)) * 2**30  # fmt: skip
     elif use_cuda:
         properties = torch.cuda.get_device_properties(0)
         device_type, model, memory = "cuda", properties.name, properties.total_memory
     else:
         device_type, model = "cpu", cpu_model_name()
-        memory = host_memory_bytes() // max(1, config.nproc)  # each process's share
+        memory = host_memory_bytes() // max(1, workers.nproc)  # each process's share
     return TuningKey(
         global_batch_size=config.batch_size,
-        world_size=config.nproc * hosts,
-        hosts=hosts,
+        world_size=workers.world_size,
+        hosts=workers.hosts,
         device_type=device_type,
         device_model=model,
         memory_per_device_gb=round(memory / 2**30),

@@ -26,7 +26,8 @@ class TuningDecision:
     schedule_retune: bool = False
 
     def as_tags(self) -> dict[str, str]:
-        tags = {**self.key.as_tags(), "tuning.decision": self.action, "tuning.reason": self.reason}
+        """MLflow tags of the decision (the run's own key: `TuningKey.as_tags`)."""
+        tags = {"tuning.decision": self.action, "tuning.reason": self.reason}
         if self.source is not None:
             tags["tuning.params_from"] = f"{self.source.study_name}#{self.source.trial_number}"
         return tags

@@ -53,8 +53,12 @@ def test_int_is_accepted_for_float(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("[training]\nbatch_size = 0\n", "training.batch_size: must be a positive multiple"),
-        ("[training]\nnproc = 3\nbatch_size = 1024\n", "training.batch_size: must be a positive multiple of nproc (3)"),
+        ("[training]\nbatch_size = 0\n", "training.batch_size: must be positive, got 0"),
+        ("[training]\nnproc = 3\nbatch_size = 1024\n",
+         "training.batch_size: 1024 is not a multiple of the world size 3 (3 processes); set a multiple of 3"),
+        ("[training]\nnproc = 2\nbatch_size = 1024\n[orchestration]\ntrainer_hosts = 3\nrdzv_endpoint = 'h:1'\n",
+         "training.batch_size: 1024 is not a multiple of the world size 6 (3 hosts × 2 processes)"),
+        ('[training]\ntorchrun_args = ["--nnodes=2"]\n', "training.torchrun_args: ['--nnodes=2'] set the job's hosts"),
         ("[model]\nembedding_dim = 8\n", "model.bottom_mlp: must end with embedding_dim (8)"),
         ("[model]\ntop_mlp = [64, 2]\n", "model.top_mlp: must end with 1"),
         ('[sharding]\nsharding_type = "diagonal"\n', "sharding.sharding_type: must be one of"),

@@ -5,8 +5,8 @@ from pathlib import Path
 import mlflow
 import torch
 
-from flows.tasks import registered_dlrm
-from training.stock_dlrm import DLRMSpec, build_stock_dlrm
+from flows.evaluate import registered_dlrm
+from training.model.stock_dlrm import DLRMSpec, build_stock_dlrm
 
 
 def test_a_pytorch_flavour_version_loads_as_its_dlrm(tmp_path: Path) -> None:

@@ -5,8 +5,9 @@ import logging
 import optuna
 import pytest
 
+from flows.features import Features
 from flows.retune import EpochEnds, StopEarly, TrainingTrial
-from training.progress import HeldoutRecord, TrainRecord
+from training.loop.progress import HeldoutRecord, TrainRecord
 
 
 class _Client:
@@ -29,19 +30,19 @@ def test_a_heldout_record_worse_than_the_median_prunes_the_trial() -> None:
     client = _Client()
     watch = TrainingTrial(None, None, client, "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
     trial = _trial_after_a_good_one()
-    watch._on_progress(trial, "run", TrainRecord(23, 46, 5888, 0.5, 0.9, 0.9, 1e4, 1.0), metric="heldout_ne", prune=True)
+    watch._on_progress(trial, "run", TrainRecord(23, 46, 5888, 0.5, 0.9, 0.9, 1e4, 1.0, steps_per_epoch=46), metric="heldout_ne", prune=True)
     assert client.logged == [], "training records do not feed the pruner"
-    watch._on_progress(trial, "run", HeldoutRecord(10, 46, 2560, 0.99), metric="heldout_ne", prune=False)
+    watch._on_progress(trial, "run", HeldoutRecord(10, 46, 2560, 0.99, steps_per_epoch=46), metric="heldout_ne", prune=False)
     assert client.logged == [("run", "heldout_ne", 0.99, 10)], "logged, not reported, for a later seed"
     with pytest.raises(optuna.TrialPruned, match="at step 23/46 is worse than the median"):
-        watch._on_progress(trial, "run", HeldoutRecord(23, 46, 5888, 0.95), metric="heldout_ne", prune=True)
+        watch._on_progress(trial, "run", HeldoutRecord(23, 46, 5888, 0.95, steps_per_epoch=46), metric="heldout_ne", prune=True)
     assert trial.storage.get_trial(trial._trial_id).intermediate_values == {50: 0.95}, "reported at % done"
 
 
 def test_a_diverged_heldout_ne_prunes_the_trial() -> None:
     watch = TrainingTrial(None, None, _Client(), "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
     with pytest.raises(optuna.TrialPruned, match="diverged"):
-        watch._on_progress(_trial_after_a_good_one(), "run", HeldoutRecord(5, 46, 1280, float("nan")),
+        watch._on_progress(_trial_after_a_good_one(), "run", HeldoutRecord(5, 46, 1280, float("nan"), steps_per_epoch=46),
                            metric="heldout_ne", prune=True)  # fmt: skip
 
 
@@ -49,7 +50,7 @@ def test_the_last_heldout_record_is_logged_but_never_prunes() -> None:
     client = _Client()
     watch = TrainingTrial(None, None, client, "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
     trial = _trial_after_a_good_one()
-    watch._on_progress(trial, "run", HeldoutRecord(46, 46, 11776, 0.99), metric="heldout_ne", prune=True)
+    watch._on_progress(trial, "run", HeldoutRecord(46, 46, 11776, 0.99, steps_per_epoch=46), metric="heldout_ne", prune=True)
     assert client.logged == [("run", "heldout_ne", 0.99, 46)]
     assert trial.storage.get_trial(trial._trial_id).intermediate_values == {}, "not reported: the trial is done"
 
@@ -60,40 +61,38 @@ def test_a_trial_that_learns_nothing_is_discarded_at_its_first_report_past_the_w
     config = SimpleNamespace(tuning=SimpleNamespace(prune_after_pct=30))
     watch = TrainingTrial(config, None, _Client(), "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
     trial = optuna.create_study(pruner=optuna.pruners.NopPruner()).ask()
-    watch._on_progress(trial, "run", HeldoutRecord(10, 46, 2560, 1.02), metric="heldout_ne", prune=True)
+    watch._on_progress(trial, "run", HeldoutRecord(10, 46, 2560, 1.02, steps_per_epoch=46), metric="heldout_ne", prune=True)
     with pytest.raises(optuna.TrialPruned, match="no better than the click rate"):
-        watch._on_progress(trial, "run", HeldoutRecord(20, 46, 5120, 1.001), metric="heldout_ne", prune=True)
-    watch._on_progress(trial, "run", HeldoutRecord(20, 46, 5120, 0.999), metric="heldout_ne", prune=True)
+        watch._on_progress(trial, "run", HeldoutRecord(20, 46, 5120, 1.001, steps_per_epoch=46), metric="heldout_ne", prune=True)
+    watch._on_progress(trial, "run", HeldoutRecord(20, 46, 5120, 0.999, steps_per_epoch=46), metric="heldout_ne", prune=True)
 
 
 def test_early_stopping_stops_when_an_epoch_end_is_worse_and_keeps_the_best_epoch() -> None:
     ends = EpochEnds(max_epochs=3)
-    assert not ends.rose(HeldoutRecord(5, 30, 1, 0.95)), "not an epoch end"
-    assert not ends.rose(HeldoutRecord(10, 30, 1, 0.90))
-    assert not ends.rose(HeldoutRecord(20, 30, 1, 0.88))
-    assert ends.rose(HeldoutRecord(30, 30, 1, 0.89))
+    assert not ends.rose(HeldoutRecord(5, 30, 1, 0.95, steps_per_epoch=10)), "not an epoch end"
+    assert not ends.rose(HeldoutRecord(10, 30, 1, 0.90, steps_per_epoch=10))
+    assert not ends.rose(HeldoutRecord(20, 30, 1, 0.88, steps_per_epoch=10))
+    assert ends.rose(HeldoutRecord(30, 30, 1, 0.89, steps_per_epoch=10))
     assert ends.ne == [0.90, 0.88, 0.89] and ends.best() == (2, 0.88)
     single = EpochEnds(max_epochs=1)
-    assert not single.rose(HeldoutRecord(30, 30, 1, 0.89)) and not single.early_stopping
+    assert not single.rose(HeldoutRecord(30, 30, 1, 0.89, steps_per_epoch=10)) and not single.early_stopping
 
 
 def test_a_watched_epoch_end_that_rose_stops_the_run() -> None:
     watch = TrainingTrial(None, None, _Client(), "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
     ends, trial = EpochEnds(max_epochs=2), _trial_after_a_good_one()
-    watch._on_progress(trial, "run", HeldoutRecord(10, 20, 1, 0.85), metric="heldout_ne", prune=False, epochs=ends)
+    watch._on_progress(trial, "run", HeldoutRecord(10, 20, 1, 0.85, steps_per_epoch=10), metric="heldout_ne", prune=False, epochs=ends)
     with pytest.raises(StopEarly):
-        watch._on_progress(trial, "run", HeldoutRecord(20, 20, 1, 0.86), metric="heldout_ne", prune=False, epochs=ends)
+        watch._on_progress(trial, "run", HeldoutRecord(20, 20, 1, 0.86, steps_per_epoch=10), metric="heldout_ne", prune=False, epochs=ends)
 
 
 def test_early_stopping_trials_run_the_most_epochs_scored_on_every_validation_row(tiny_features, tmp_path) -> None:
-    from types import SimpleNamespace
-
     from flows.config import load_config
     from flows.retune import tuning_data, validation_job
 
     state, files = tiny_features
     config = load_config("configs/tiny.toml", [f'run_dir="{tmp_path}"', "tuning.max_epochs=3", "training.epochs=1"])
-    data = tuning_data(config, SimpleNamespace(state=state, files=files))  # type: ignore[arg-type]
+    data = tuning_data(config, Features(state, files, []))
     plain = validation_job(config, data, {}, tmp_path / "plain")
     stopping = validation_job(config, data, {}, tmp_path / "stopping", early_stopping=True)
     assert (plain.training.epochs, plain.evaluation.heldout_every_epoch) == (1, False)
@@ -102,21 +101,19 @@ def test_early_stopping_trials_run_the_most_epochs_scored_on_every_validation_ro
 
 
 def test_trials_validate_on_a_slice_of_the_training_rows_never_the_evaluation_days(tiny_features, tmp_path) -> None:
-    from types import SimpleNamespace
-
     from flows.config import load_config
     from flows.retune import tuning_data
 
     state, files = tiny_features
     config = load_config("configs/tiny.toml", [f'run_dir="{tmp_path}"'])
-    features = SimpleNamespace(state=state, files=files)
-    data = tuning_data(config, features)  # type: ignore[arg-type]
+    features = Features(state, files, [])
+    data = tuning_data(config, features)
     training = set(files[0] + files[1])
     assert list(data.validation_files) == ["holdout"] and not set(data.train_files) & set(files[2])
     assert not set(data.validation_files["holdout"]) & set(files[2]), "never the evaluation day"
     assert not set(data.train_files) & training, "trials train on the fit part, not the whole days"
     by_day = tuning_data(load_config("configs/tiny.toml", [f'run_dir="{tmp_path}"', "tuning.validation_days=[1]"]),
-                         features)  # type: ignore[arg-type]  # fmt: skip
+                         features)  # fmt: skip
     assert by_day.train_files == tuple(files[0]) and by_day.validation_files == {"1": tuple(files[1])}
 
 

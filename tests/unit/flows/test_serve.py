@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from flows.config import ConfigError, load_config
+from flows.hyperparameters import RETUNE_DEPLOYMENT
 from flows.serve import build_deployments
-from flows.tuning import RETUNE_DEPLOYMENT
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = str(ROOT / "configs" / "demo.toml")

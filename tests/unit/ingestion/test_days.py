@@ -2,6 +2,7 @@ import pytest
 
 from ingestion.config import DataConfig
 from ingestion.days import DayError, day_value, parse_day
+from training.codec import decode
 
 
 def test_dates_count_days_since_1970_so_consecutive_dates_are_consecutive_days() -> None:
@@ -21,8 +22,8 @@ def test_what_is_not_a_day_is_refused(value) -> None:
 def test_a_config_of_dates_keeps_its_format_through_replace() -> None:
     import dataclasses
 
-    data = DataConfig(source="parquet", path="/w", dense=("a",), sparse=("b",), train_days=("2026-11-20",),
-                      eval_days=("2026-11-21",))  # fmt: skip
+    data = decode(DataConfig, {"source": "parquet", "path": "/w", "dense": ["a"], "sparse": ["b"],
+                               "train_days": ["2026-11-20"], "eval_days": ["2026-11-21"]})  # fmt: skip
     assert data.dated and data.train_days == (parse_day("2026-11-20"),)
     assert dataclasses.replace(data, train_days=(parse_day("2026-11-19"),)).dated
 
@@ -41,4 +42,4 @@ def test_a_parquet_source_config_is_checked(changes, message) -> None:
     settings = {"source": "parquet", "path": "/w", "label": "clicked", "dense": ("a",), "sparse": ("b",),
                 "train_days": (0,), "eval_days": (1,)}  # fmt: skip
     with pytest.raises(ValueError, match=message):
-        DataConfig(**{**settings, **changes})
+        decode(DataConfig, {**settings, **changes})

@@ -18,6 +18,7 @@ from ingestion.parquet_source import SchemaChangeError, ingest_parquet_day
 from ingestion.preprocess import apply_state, fit_state
 from ingestion.reader import build_reader
 from ingestion.warehouse import partition_dir, read_manifest
+from training.codec import decode
 
 DAYS = ("2026-11-20", "2026-11-21", "2026-11-22")
 
@@ -25,7 +26,7 @@ DAYS = ("2026-11-20", "2026-11-21", "2026-11-22")
 def source_config(root: Path | str, **changes) -> DataConfig:
     settings = {"source": "parquet", "path": str(root), "label": "clicked", "dense": ("price", "views"),
                 "sparse": ("user_id", "item_id", "tags"), "train_days": DAYS[:2], "eval_days": DAYS[2:]}  # fmt: skip
-    return DataConfig(**{**settings, **changes})
+    return decode(DataConfig, {**settings, **changes})
 
 
 def day_table(seed: int, rows: int = 50) -> pa.Table:
@@ -206,16 +207,15 @@ def test_a_dataset_behind_a_url_is_read_through_fsspec(tmp_path: Path) -> None:
             pq.write_table(day_table(40 + seed), handle)
         memory.touch(f"/clicks/ds={day}/_SUCCESS")
     config = source_config("memory://clicks")
-    from flows.config import PipelineConfig
     from flows.sources import complete_days, partition_files
 
-    pipeline = PipelineConfig(run_dir=str(tmp_path), data=config)
+    pipeline = _pipeline(tmp_path, config)
     files = partition_files(pipeline)
     assert sorted(files) == [parse_day(day) for day in DAYS[:2]]
     assert files[parse_day(DAYS[0])] == [f"memory:///clicks/ds={DAYS[0]}/part-00000.parquet"]
     report = ingest_parquet_day(files[parse_day(DAYS[0])], parse_day(DAYS[0]), tmp_path / "wh", config)
     assert report.rows_written == 50 and not report.files_failed
-    marked = PipelineConfig(run_dir=str(tmp_path), data=source_config("memory://clicks", complete_marker="_SUCCESS"))
+    marked = _pipeline(tmp_path, source_config("memory://clicks", complete_marker="_SUCCESS"))
     assert complete_days(marked) == [parse_day(day) for day in DAYS[:2]]
     memory.rm("/clicks", recursive=True)
 
@@ -232,13 +232,20 @@ def test_an_unreadable_file_stops_the_day_naming_it(tmp_path: Path) -> None:
 
 
 def test_a_configured_day_without_its_partition_is_one_line_naming_it(tmp_path: Path) -> None:
-    from flows.config import ConfigError, PipelineConfig
+    from flows.config import ConfigError
     from flows.sources import partition_files, raw_sources
 
     for seed, day in enumerate(DAYS[:2]):
         write_day(tmp_path / "src", day, [day_table(60 + seed)])
     (tmp_path / "src" / "ds=__HIVE_DEFAULT_PARTITION__").mkdir()
-    config = PipelineConfig(run_dir=str(tmp_path), data=source_config(tmp_path / "src"))
+    config = _pipeline(tmp_path, source_config(tmp_path / "src"))
     with pytest.raises(ConfigError, match=f"no partition ds={DAYS[2]} .* \\(the newest there: ds={DAYS[0]}, ds={DAYS[1]}\\)"):
         raw_sources(config)
     assert sorted(partition_files(config, [parse_day(DAYS[1])])) == [parse_day(DAYS[1])], "only the days asked for"
+
+
+def _pipeline(run_dir: Path, data: DataConfig):
+    from evaluation.config import EvaluationConfig
+    from flows.config import PipelineConfig
+
+    return PipelineConfig(run_dir=str(run_dir), data=data, evaluation=EvaluationConfig(slice_feature=data.sparse[0]))

@@ -16,7 +16,7 @@ from threadpoolctl import threadpool_limits
 from evaluation.metrics import binary_state, compute_ne
 from ingestion.reader import build_reader
 from ingestion.schema import DENSE_COLUMNS, NUM_DENSE, SPARSE_COLUMNS
-from training.baselines import (
+from training.reference import (
     DEFAULT_C_GRID,
     HashedLogisticRegression,
     fit_logistic_regression,
@@ -24,7 +24,7 @@ from training.baselines import (
     train_logistic_regression,
     validation_rows,
 )
-from training.scoring import score_files
+from training.serving.scoring import score_files
 
 SEED = 3
 # scikit-learn's stopping rule: no gradient coordinate of its mean loss above this (a weight

@@ -1,4 +1,4 @@
-"""The served model's preprocessing (numpy, in training/champion_pyfunc.py) against the
+"""The served model's preprocessing (numpy, in training/serving/champion_pyfunc.py) against the
 run's own (DuckDB SQL, ingestion/preprocess.py): the same features from the same rows."""
 
 import gzip
@@ -13,14 +13,14 @@ import torch
 from ingestion.config import PreprocessConfig
 from ingestion.preprocess import PreprocessState, apply_state, fit_state
 from ingestion.schema import DENSE_COLUMNS, SPARSE_COLUMNS
-from training.champion_pyfunc import (
+from training.serving.champion_pyfunc import (
     BadInput,
     FeatureMap,
     dense_features,
     lines_to_columns,
     serving_device,
 )
-from training.export import ServingModel, vocabulary_arrays
+from training.serving.export import ServingModel, vocabulary_arrays
 
 
 def _feature_map(state: PreprocessState, features_root: Path | None = None) -> FeatureMap:
@@ -132,7 +132,7 @@ def test_a_warehouse_models_ids_are_read_as_their_type_and_text_hashed_as_at_ing
     import pyarrow as pa
 
     from ingestion.id_hash import hash_strings
-    from training.champion_pyfunc import BadInput, categorical_ids
+    from training.serving.champion_pyfunc import BadInput, categorical_ids
 
     texts = categorical_ids(["u1", None, "u2"], "user_id", multi_hot=False, id_type="string")
     assert texts == [hash_strings(pa.array(["u1"])).to_pylist(), [], hash_strings(pa.array(["u2"])).to_pylist()]

@@ -10,8 +10,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ingestion.schema import SPARSE_COLUMNS
 from training.config import ModelConfig, ShardingConfig
-from training.model import build_train_model
-from training.sharding import shard_model
+from training.model.build import build_train_model
+from training.sharding.plan import shard_model
 
 
 def _free_port() -> int:
@@ -50,7 +50,7 @@ def test_one_process_moves_its_dense_buffers_to_the_device_mocked_device() -> No
     from types import SimpleNamespace
 
     from training.cpu.interaction import DotInteraction
-    from training.sharding import AloneDataParallelWrapper
+    from training.sharding.plan import AloneDataParallelWrapper
 
     dmp = SimpleNamespace(_dmp_wrapped_module=torch.nn.Sequential(DotInteraction(3)))
     AloneDataParallelWrapper().wrap(dmp, env=None, device=torch.device("meta"))

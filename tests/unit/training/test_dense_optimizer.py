@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from training.trainer import fused_dense_optimizer
+from training.loop.optimizers import fused_dense_optimizer
 
 
 def test_fused_kernels_are_chosen_where_torch_has_them() -> None:

@@ -15,9 +15,9 @@ from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
 from ingestion.schema import SPARSE_COLUMNS
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
-from training.model import build_train_model
-from training.sharding import shard_model
-from training.trainer import attach_embedding_optimizer
+from training.loop.optimizers import attach_embedding_optimizer
+from training.model.build import build_train_model
+from training.sharding.plan import shard_model
 
 
 def _free_port() -> int:

@@ -1,17 +1,13 @@
-"""One host's part in a multi-host job: its rendezvous arguments, its network, failure marks."""
+"""One host's part in a multi-host job: its rendezvous arguments, its network; the batch share."""
 
-from pathlib import Path
 
 import pytest
 
-from training.config import TrainingConfig
-from training.hosts import (
+from training.config import Workers
+from training.launch.host_role import (
     HostNetworkError,
     HostRole,
-    clear_failure,
     interface_of,
-    peer_failure,
-    record_failure,
     route_source,
 )
 
@@ -55,18 +51,7 @@ def test_an_address_no_interface_holds_is_a_clear_error() -> None:
         interface_of("192.0.2.123")
 
 
-def test_a_hosts_failure_is_seen_by_the_others_until_it_launches_again(tmp_path: Path) -> None:
-    node0, node1 = HostRole(2, 0, "h:1"), HostRole(2, 1, "h:1")
-    assert peer_failure(tmp_path, node0) is None
-    record_failure(tmp_path, node1, "rank 1 was killed by SIGKILL")
-    assert peer_failure(tmp_path, node0) == "node 1: rank 1 was killed by SIGKILL"
-    assert peer_failure(tmp_path, node1) is None, "a host does not stop for its own mark"
-    clear_failure(tmp_path, node1)
-    assert peer_failure(tmp_path, node0) is None
-
-
 def test_the_batch_is_shared_by_every_process_of_every_host() -> None:
-    config = TrainingConfig(nproc=2, batch_size=256)
-    assert config.batch_per_rank(2) == 128 and config.batch_per_rank(4) == 64
-    with pytest.raises(ValueError, match="not a multiple of the world size 6"):
-        config.batch_per_rank(6)
+    assert Workers(2).per_rank_batch(256) == 128 and Workers(2, hosts=2).per_rank_batch(256) == 64
+    with pytest.raises(ValueError, match=r"not a multiple of the world size 6 \(3 hosts × 2 processes\)"):
+        Workers(2, hosts=3).per_rank_batch(256)

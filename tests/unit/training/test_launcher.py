@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from training.launcher import ConsoleFilter, first_cause, follow
+from training.launch.launcher import follow
+from training.launch.output import ConsoleFilter, first_cause
 
 REPORT = """
 Failures:

@@ -3,7 +3,7 @@ import torch
 
 from ingestion.reader import build_reader
 from training.config import ModelConfig
-from training.model import build_dlrm, build_train_model, embedding_tables
+from training.model.build import build_dlrm, build_train_model, embedding_tables
 
 
 @pytest.mark.parametrize("arch", ["dlrm", "dlrm_dcn"])
@@ -46,9 +46,9 @@ def test_the_model_imports_no_cpu_kernels() -> None:
     import ast
     from pathlib import Path
 
-    import training.model
+    import training.model.build
 
-    tree = ast.parse(Path(training.model.__file__).read_text())
+    tree = ast.parse(Path(training.model.build.__file__).read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     assert not any(name and name.startswith("training.cpu") for name in imported), imported
@@ -60,7 +60,7 @@ def test_compiled_dense_parts_compute_what_the_eager_model_computes(tiny_feature
     way), and the same logits and gradients to float32 rounding."""
     import copy
 
-    from training.model import compile_dense_parts
+    from training.model.build import compile_dense_parts
 
     state, files = tiny_features
     torch.manual_seed(0)
@@ -89,7 +89,7 @@ def test_compiled_dense_parts_compute_what_the_eager_model_computes(tiny_feature
 
 def test_compiling_on_cpu_without_a_cxx_compiler_is_one_clear_error_mocked_path(monkeypatch) -> None:
     """PATH is mocked to hold no C++ compiler."""
-    from training import model as model_module
+    from training.model import build as model_module
 
     monkeypatch.setattr(model_module.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="training.compile: .*C\\+\\+ compiler.*set training.compile = false"):
@@ -102,7 +102,7 @@ def test_a_fresh_model_starts_at_the_click_rate_when_its_last_layer_is_quiet(tin
     training click rate, not 0.5."""
     import math
 
-    from training.model import start_at_click_rate
+    from training.model.build import start_at_click_rate
 
     state, files = tiny_features
     config = ModelConfig(arch=arch, embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1), dcn_low_rank_dim=4)

@@ -5,8 +5,8 @@ import torch.nn.functional as F
 
 from ingestion.reader import PAD_LABEL, build_reader
 from training.config import ModelConfig
-from training.model import build_train_model
-from training.objective import real_rows_log_loss
+from training.model.build import build_train_model
+from training.model.objective import real_rows_log_loss
 
 
 def test_the_loss_is_the_mean_over_real_rows_only() -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.precision import native_bf16, resolve_precision
+from training.model.precision import native_bf16, resolve_precision
 
 CPU = torch.device("cpu")
 
@@ -52,7 +52,7 @@ def test_a_torch_without_the_cpu_probes_stays_in_fp32(monkeypatch) -> None:
 def test_the_logit_layer_computes_in_float32_under_bf16_autocast() -> None:
     """bf16 logits would come in steps of 1/64 near −2: predictions tie and calibration
     coarsens. The last layer takes its bf16 input to float32 and multiplies there."""
-    from training.precision import Float32Linear
+    from training.model.precision import Float32Linear
 
     torch.manual_seed(0)
     layer = Float32Linear(256, 1)
@@ -70,8 +70,8 @@ def test_the_logit_layer_computes_in_float32_under_bf16_autocast() -> None:
 
 def test_a_bf16_run_takes_the_logit_layer_to_float32_with_the_same_parameters(tiny_features) -> None:
     from training.config import ModelConfig
-    from training.model import build_dlrm
-    from training.precision import Float32Linear, logit_in_float32
+    from training.model.build import build_dlrm
+    from training.model.precision import Float32Linear, logit_in_float32
 
     state, _ = tiny_features
     model = build_dlrm(ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1)), state.table_sizes,

@@ -30,7 +30,7 @@ def _gone(pid: int, within_s: float) -> bool:
 
 
 def _parent(body: str) -> subprocess.Popen:
-    script = "import sys, time\nfrom training.processes import *\n" + textwrap.dedent(body)
+    script = "import sys, time\nfrom training.launch.processes import *\n" + textwrap.dedent(body)
     return subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from evaluation.metrics import binary_state, compute_ne
-from training.progress import (
+from training.codec import SchemaError
+from training.loop.progress import (
     HeldoutRecord,
     MetricsFollower,
     Progress,
@@ -17,11 +18,10 @@ from training.progress import (
     read_records,
     record_line,
 )
-from training.summary import SchemaError
 
 
 def test_throughput_counts_steps_not_reports(tmp_path: Path, capsys) -> None:
-    progress = Progress(total_steps=100, global_batch=1000, window=10**9, metrics_path=tmp_path / "m.jsonl")
+    progress = Progress(total_steps=100, steps_per_epoch=100, global_batch=1000, window=10**9, metrics_path=tmp_path / "m.jsonl")
     rng = np.random.default_rng(0)
     p = rng.uniform(0.05, 0.95, 500)
     y = (rng.random(500) < p).astype(float)
@@ -39,7 +39,7 @@ def test_throughput_counts_steps_not_reports(tmp_path: Path, capsys) -> None:
 
 
 def test_window_drops_old_states(tmp_path: Path) -> None:
-    progress = Progress(total_steps=10, global_batch=100, window=100, metrics_path=None)
+    progress = Progress(total_steps=10, steps_per_epoch=10, global_batch=100, window=100, metrics_path=None)
     good = binary_state(np.array([1.0, 0.0] * 50), np.array([0.9, 0.1] * 50))
     bad = binary_state(np.array([1.0, 0.0] * 50), np.array([0.1, 0.9] * 50))
     progress.add(bad)
@@ -50,17 +50,18 @@ def test_window_drops_old_states(tmp_path: Path) -> None:
 
 
 def test_heldout_ne_is_a_typed_record_and_a_line_for_people(tmp_path: Path, capsys) -> None:
-    progress = Progress(total_steps=46, global_batch=256, window=100, metrics_path=tmp_path / "m.jsonl")
+    progress = Progress(total_steps=46, steps_per_epoch=23, global_batch=256, window=100, metrics_path=tmp_path / "m.jsonl")
     progress.add_heldout(10, binary_state(np.array([1.0, 0.0]), np.array([0.8, 0.3])))
     progress.close()
     (record,) = read_records(tmp_path / "m.jsonl")
     assert isinstance(record, HeldoutRecord) and (record.step, record.total_steps, record.samples_seen) == (10, 46, 2560)
+    assert record.steps_per_epoch == 23, "an epoch ends at each multiple (what early stopping reads)"
     assert "[train] step 10/46 held-out NE" in capsys.readouterr().out
     assert metric_values(record) == {"step": 10, "samples_seen": 2560, "heldout_ne": record.heldout_ne}
 
 
 def _train(step: int) -> TrainRecord:
-    return TrainRecord(step, 40, step * 256, 0.5, 0.9, 0.95, 1000.0, step / 10)
+    return TrainRecord(step, 40, step * 256, 0.5, 0.9, 0.95, 1000.0, step / 10, steps_per_epoch=20)
 
 
 def test_the_follower_returns_what_was_appended_since_its_last_call(tmp_path: Path) -> None:
@@ -68,9 +69,9 @@ def test_the_follower_returns_what_was_appended_since_its_last_call(tmp_path: Pa
     follower = MetricsFollower(path)
     assert follower.read_new() == [], "no file yet"
     with path.open("a") as file:
-        file.write(record_line(_train(5)) + record_line(HeldoutRecord(10, 40, 2560, 0.9)))
+        file.write(record_line(_train(5)) + record_line(HeldoutRecord(10, 40, 2560, 0.9, steps_per_epoch=20)))
         file.flush()
-        assert follower.read_new() == [_train(5), HeldoutRecord(10, 40, 2560, 0.9)]
+        assert follower.read_new() == [_train(5), HeldoutRecord(10, 40, 2560, 0.9, steps_per_epoch=20)]
         assert follower.read_new() == []
         file.write(record_line(_train(10)))
         file.flush()
@@ -118,5 +119,5 @@ def test_a_line_that_is_no_record_is_an_error_that_says_why(tmp_path: Path) -> N
 
 
 def test_nan_survives_the_file(tmp_path: Path) -> None:
-    record = parse_record(record_line(HeldoutRecord(3, 9, 30, float("nan"))))
+    record = parse_record(record_line(HeldoutRecord(3, 9, 30, float("nan"), steps_per_epoch=20)))
     assert isinstance(record, HeldoutRecord) and math.isnan(record.heldout_ne)

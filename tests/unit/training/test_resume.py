@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from evaluation.config import EvaluationConfig
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.job import TrainJob
-from training.resume import FINISHED, job_fingerprint, mark_finished, prepare_checkpoints
+from training.launch.resume import FINISHED, job_fingerprint, mark_finished, prepare_checkpoints
 
 
 def _job(tmp_path: Path, **training: object) -> TrainJob:

@@ -4,7 +4,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from training.trainer import row_hashes
+from training.loop.batches import row_hashes
 
 GOLDEN = 0x9E3779B1
 

@@ -5,8 +5,8 @@ import torch
 from torchrec.distributed.planner import Topology
 
 from training.config import ShardingConfig
-from training.model import build_train_model, table_name
-from training.sharding import (
+from training.model.build import build_train_model, table_name
+from training.sharding.plan import (
     ShardingError,
     check_supported,
     describe_plan,
@@ -98,7 +98,7 @@ def test_per_table_overrides_and_auto() -> None:
 
 def test_a_declared_cluster_puts_the_largest_tables_in_host_memory() -> None:
     from training.config import ClusterConfig, ModelConfig
-    from training.sharding import cluster_topology
+    from training.sharding.plan import cluster_topology
 
     sizes = {f"f{i}": rows for i, rows in enumerate([4_000_000, 3_000_000] + [50_000] * 8)}
     model = build_train_model(ModelConfig(embedding_dim=64, bottom_mlp=(64,), top_mlp=(64, 1)), sizes, torch.device("meta"))
@@ -114,7 +114,7 @@ def test_a_declared_cluster_puts_the_largest_tables_in_host_memory() -> None:
 
 
 def test_multi_hot_pooling_factors_reach_the_planner_cost_model() -> None:
-    from training.sharding import constraints_for
+    from training.sharding.plan import constraints_for
 
     bags = {"t_C3": 20.0, "t_C12": 8.0}
     constraints = constraints_for(_model(), ShardingConfig(), "cpu", bags)
@@ -133,7 +133,7 @@ def test_the_patient_search_finds_the_exhaustive_searchs_plan_with_fewer_proposa
     from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 
     from training.config import ClusterConfig, DeclaredTables, ModelConfig
-    from training.sharding import cluster_topology
+    from training.sharding.plan import cluster_topology
 
     sizes = DeclaredTables(count=24, max_rows=20_000_000, min_rows=1_000_000).table_sizes()
     model = build_train_model(ModelConfig(embedding_dim=512, bottom_mlp=(1024, 512), top_mlp=(1024, 1)), sizes,
@@ -165,7 +165,7 @@ def test_a_negative_search_patience_is_refused() -> None:
 def test_the_training_topology_has_this_hosts_memory() -> None:
     import os
 
-    from training.sharding import cluster_topology, this_job_cluster
+    from training.sharding.plan import cluster_topology, this_job_cluster
 
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     cluster = this_job_cluster(torch.device("cpu"), world_size=4, local_world_size=2)
@@ -177,7 +177,7 @@ def test_the_training_topology_has_this_hosts_memory() -> None:
 
 
 def test_tables_beyond_the_given_host_memory_do_not_plan_mocked_small_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    from training import sharding
+    from training.sharding import plan as sharding
 
     monkeypatch.setattr(sharding, "host_memory_bytes", lambda: 2**20)  # a 1 MiB host: the plan must not fit
     topology = sharding.cluster_topology(sharding.this_job_cluster(torch.device("cpu"), 2, 2))
@@ -191,7 +191,7 @@ def test_tables_beyond_the_given_host_memory_do_not_plan_mocked_small_host(monke
 def test_quantized_communication_is_refused_on_cpu_and_configured_for_gpus() -> None:
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-    from training.sharding import sharders_for
+    from training.sharding.plan import sharders_for
 
     config = ShardingConfig(comm_forward_precision="fp16", comm_backward_precision="bf16")
     # TorchRec runs the sharded modules on CPU without the codecs: refused, not ignored

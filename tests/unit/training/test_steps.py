@@ -3,7 +3,7 @@ import torch
 
 from flows.config import ConfigError, load_config
 from training.config import TrainingConfig
-from training.steps import pipeline_kind
+from training.loop.steps import pipeline_kind
 
 
 def test_auto_pipelines_on_gpus_and_takes_plain_steps_on_cpu() -> None:

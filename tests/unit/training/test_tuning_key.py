@@ -6,29 +6,32 @@ from types import SimpleNamespace
 
 import pytest
 
-from training.config import TrainingConfig
-from training.tuning.key import TuningKey, hosts_from, tuning_key
+from training.config import TrainingConfig, Workers
+from training.tuning.key import TuningKey, tuning_key
 
 BASE = TrainingConfig(nproc=2, batch_size=2048, device="cpu")
+TWO = Workers(2)
+
+
+def key(training: TrainingConfig = BASE, workers: Workers = TWO, **cluster) -> TuningKey:
+    return tuning_key(training, Workers(training.nproc, workers.hosts), **cluster)
 
 
 def test_key_is_stable_for_the_same_run() -> None:
-    assert tuning_key(BASE) == tuning_key(dataclasses.replace(BASE))
-    assert tuning_key(BASE).fingerprint == tuning_key(BASE).fingerprint
-    assert len(tuning_key(BASE).fingerprint) == 12
+    assert key() == key(dataclasses.replace(BASE))
+    assert key().fingerprint == key().fingerprint
+    assert len(key().fingerprint) == 12
 
 
 @pytest.mark.parametrize(
-    "change",
-    [
-        {"batch_size": 4096},
-        {"nproc": 4, "batch_size": 2048},
-        {"torchrun_args": ("--nnodes=2", "--rdzv-endpoint=h:29400")},
-    ],
+    ("change", "hosts"),
+    [({"batch_size": 4096}, 1), ({"nproc": 4, "batch_size": 2048}, 1), ({}, 2)],
     ids=["batch size", "world size", "hosts"],
 )
-def test_key_changes_with_batch_world_size_and_hosts(change: dict) -> None:
-    assert tuning_key(dataclasses.replace(BASE, **change)).fingerprint != tuning_key(BASE).fingerprint
+def test_key_changes_with_batch_world_size_and_hosts(change: dict, hosts: int) -> None:
+    changed = key(dataclasses.replace(BASE, **change), Workers(2, hosts))
+    assert changed.fingerprint != key().fingerprint
+    assert changed.world_size == changed.hosts * dataclasses.replace(BASE, **change).nproc
 
 
 @pytest.mark.parametrize(
@@ -37,32 +40,31 @@ def test_key_changes_with_batch_world_size_and_hosts(change: dict) -> None:
      {"checkpoint_every": 7}, {"precision": "bf16"}],
 )  # fmt: skip
 def test_key_ignores_what_tuning_decides_or_does_not_depend_on(change: dict) -> None:
-    assert tuning_key(dataclasses.replace(BASE, **change)) == tuning_key(BASE)
+    assert key(dataclasses.replace(BASE, **change)) == key()
 
 
 def test_key_changes_with_the_device_mocked_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """No GPU here: CUDA's answers are stubbed to show the key follows the device."""
     import torch
 
-    cpu_key = tuning_key(dataclasses.replace(BASE, device="auto"))
+    cpu_key = key(dataclasses.replace(BASE, device="auto"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(
         torch.cuda, "get_device_properties",
         lambda index: SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30),
     )  # fmt: skip
-    cuda_key = tuning_key(dataclasses.replace(BASE, device="auto"))
+    cuda_key = key(dataclasses.replace(BASE, device="auto"))
     assert (cuda_key.device_type, cuda_key.device_model, cuda_key.memory_per_device_gb) == (
         "cuda", "NVIDIA H100 80GB HBM3", 80,
     )  # fmt: skip
     assert cuda_key.fingerprint != cpu_key.fingerprint
-    assert tuning_key(BASE).device_type == "cpu", "device = 'cpu' stays on the CPU even with CUDA visible"
+    assert key().device_type == "cpu", "device = 'cpu' stays on the CPU even with CUDA visible"
 
 
-def test_hosts_come_from_torchrun_nnodes() -> None:
-    assert hosts_from(BASE) == 1
-    assert hosts_from(dataclasses.replace(BASE, torchrun_args=("--nnodes=4",))) == 4
-    assert hosts_from(dataclasses.replace(BASE, torchrun_args=("--nnodes", "1:2"))) == 2
-    assert tuning_key(dataclasses.replace(BASE, torchrun_args=("--nnodes=4",))).world_size == 8
+def test_hosts_in_torchrun_args_are_refused_one_way_into_several_hosts() -> None:
+    with pytest.raises(ValueError, match=r"torchrun_args: \['--nnodes=4'\] set the job's hosts; set orchestration.trainer_hosts"):
+        dataclasses.replace(BASE, torchrun_args=("--nnodes=4",))
+    assert key(workers=Workers(2, 4)).world_size == 8 and key(workers=Workers(2, 4)).hosts == 4
 
 
 def test_nearest_key_prefers_the_same_hardware_then_the_closest_batch() -> None:
@@ -76,8 +78,8 @@ def test_nearest_key_prefers_the_same_hardware_then_the_closest_batch() -> None:
 
 
 def test_key_tags_name_every_field() -> None:
-    tags = tuning_key(BASE).as_tags()
-    assert tags["tuning.key"] == tuning_key(BASE).fingerprint
+    tags = key().as_tags()
+    assert tags["tuning.key"] == key().fingerprint
     assert tags["tuning.key.global_batch_size"] == "2048" and tags["tuning.key.world_size"] == "2"
     assert {"tuning.key.device_type", "tuning.key.device_model", "tuning.key.memory_per_device_gb",
             "tuning.key.hosts"} <= set(tags)  # fmt: skip
@@ -93,14 +95,14 @@ def test_a_declared_cluster_gives_the_key_its_hardware_takes_mocked_cuda(monkeyp
     h100 = ClusterConfig(name="2 x 8 H100", hosts=2, devices_per_host=8, device_memory_gb=80,
                          device_model="NVIDIA H100 80GB HBM3")  # fmt: skip
     gpu_job = dataclasses.replace(BASE, device="auto")
-    declared = tuning_key(gpu_job, hosts=2, cluster=h100)
-    assert tuning_key(gpu_job, hosts=2).device_type == "cpu", "this host alone would key the job as CPU"
+    declared = key(gpu_job, Workers(2, 2), cluster=h100)
+    assert key(gpu_job, Workers(2, 2)).device_type == "cpu", "this host alone would key the job as CPU"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(
         torch.cuda, "get_device_properties",
         lambda index: SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30),
     )  # fmt: skip
-    assert declared == tuning_key(gpu_job, hosts=2), "the same key as on a trainer"
+    assert declared == key(gpu_job, Workers(2, 2)), "the same key as on a trainer"
     assert declared.hosts == 2 and declared.world_size == 2 * BASE.nproc
 
 

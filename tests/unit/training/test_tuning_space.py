@@ -95,7 +95,7 @@ def test_the_dense_optimizer_is_searched_only_when_asked() -> None:
                          [(0, 0.1, 50, 5), (20, 0.1, 50, 20), (0, 0.0, 50, 0), (100, 0.0, 30, 30), (0, 0.5, 3, 2)])
 def test_warmup_is_the_longer_count_and_never_longer_than_the_run(steps: int, fraction: float, total: int,
                                                                   expected: int) -> None:  # fmt: skip
-    from training.schedule import lr_multiplier, warmup_length
+    from training.loop.schedule import lr_multiplier, warmup_length
 
     warmup = warmup_length(steps, fraction, total)
     assert warmup == expected

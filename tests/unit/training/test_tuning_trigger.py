@@ -58,7 +58,8 @@ def test_scale_and_schedule_with_nothing_tuned_trains_configured_and_schedules()
     assert decision.params == CONFIGURED and decision.schedule_retune and decision.source is None
 
 
-def test_decision_tags_carry_the_key_and_the_reason() -> None:
+def test_decision_tags_carry_the_decision_and_where_its_parameters_come_from() -> None:
     tags = decide("scale_and_schedule", KEY, [SMALL_BATCH], CONFIGURED, "sqrt").as_tags()
-    assert tags["tuning.key"] == KEY.fingerprint and tags["tuning.decision"] == "scale_and_schedule"
+    assert "tuning.key" not in tags, "the run's key is the resolved run's (flows/resolve.py)"
+    assert tags["tuning.decision"] == "scale_and_schedule" and "nearest tuned key" in tags["tuning.reason"]
     assert tags["tuning.params_from"] == f"{SMALL_BATCH.study_name}#3"

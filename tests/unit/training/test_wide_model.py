@@ -11,9 +11,9 @@ import torch.multiprocessing as mp
 
 from ingestion.reader import build_reader
 from training.config import ModelConfig, ShardingConfig
-from training.model import build_dlrm, build_train_model
-from training.stock_dlrm import WIDE_COLUMNS
-from training.wide_start import WideStart, start_wide
+from training.model.build import build_dlrm, build_train_model
+from training.model.stock_dlrm import WIDE_COLUMNS
+from training.sharding.start import WideStart, start_wide
 
 WIDE = ModelConfig(embedding_dim=8, bottom_mlp=(16, 8), top_mlp=(16, 1), wide=True)
 
@@ -111,7 +111,7 @@ def _gathered_tables(sharded: torch.nn.Module, rank: int) -> dict[str, torch.Ten
 
 
 def _start_sharded(rank: int, world: int, port: int, results) -> None:
-    from training.sharding import shard_model
+    from training.sharding.plan import shard_model
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -164,7 +164,7 @@ def test_the_wide_columns_start_at_zero_or_at_given_weights_on_every_shard() -> 
 def test_a_wide_model_started_from_the_regression_scores_as_the_regression(tiny_features) -> None:
     """`model.wide_start = "logistic_regression"`: before any step, the model's logits are
     the fitted reference's, whatever its deep part holds."""
-    from training.baselines import fit_logistic_regression
+    from training.reference import fit_logistic_regression
 
     state, files = tiny_features
     fit = fit_logistic_regression(state.table_sizes, files[0], c_grid=(0.1,))
@@ -188,8 +188,8 @@ def test_the_served_model_rebuilds_the_wide_model_from_its_spec(tiny_features) -
 
     from torchrec.models.dlrm import DLRM
 
-    from training.model import dlrm_spec
-    from training.stock_dlrm import WideDLRM, build_stock_dlrm
+    from training.model.build import dlrm_spec
+    from training.model.stock_dlrm import WideDLRM, build_stock_dlrm
 
     state, files = tiny_features
     torch.manual_seed(0)
@@ -224,9 +224,9 @@ def test_every_rank_of_a_fresh_job_gets_the_references_fit_and_a_warm_start_none
     import dataclasses
 
     from evaluation.config import EvaluationConfig
-    from training.baselines import fit_logistic_regression
     from training.config import TrainingConfig
     from training.job import TrainJob
+    from training.reference import fit_logistic_regression
 
     state, files = tiny_features
     job = TrainJob(model=dataclasses.replace(WIDE, wide_start="logistic_regression"), sharding=ShardingConfig(),

@@ -12,7 +12,7 @@ from training.config import CpuConfig, ModelConfig
 from training.cpu import accelerate, native_build
 from training.cpu import interaction as native_interaction
 from training.cpu.interaction import DotInteraction
-from training.model import build_dlrm
+from training.model.build import build_dlrm
 
 
 def _torchrec_oracle(dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:

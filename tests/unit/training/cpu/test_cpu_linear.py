@@ -8,7 +8,7 @@ from training.config import CpuConfig, ModelConfig
 from training.cpu import accelerate
 from training.cpu import linear as cpu_linear
 from training.cpu.linear import OneDnnReLUPerceptron, ZeroPaddedInputLinear, relu_layer
-from training.model import build_dlrm, compile_dense_parts
+from training.model.build import build_dlrm, compile_dense_parts
 
 
 def _layer(in_features: int, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ from training.cpu import accelerate
 from training.cpu.interaction import DotInteraction
 from training.cpu.linear import ZeroPaddedInputLinear
 from training.cpu.sparse import PooledSparseArch
-from training.model import build_dlrm, embedding_tables
+from training.model.build import build_dlrm, embedding_tables
 
 
 def test_the_dot_interaction_matches_torchrecs_values_and_gradients() -> None:

@@ -1,5 +1,5 @@
 """Turn a sharded training checkpoint into a plain model, and into the files the registered
-model serves from (training/champion_pyfunc.py)."""
+model serves from (training/serving/champion_pyfunc.py)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import torch
 from torchrec.models.dlrm import DLRM
 
 from ingestion.preprocess import PreprocessState, vocabulary_path
-from training.checkpoint import load_unsharded
 from training.job import TrainJob
-from training.model import build_train_model, dlrm_spec
-from training.stock_dlrm import SERVING_FORMAT
+from training.loop.checkpoint import load_unsharded
+from training.model.build import build_train_model, dlrm_spec
+from training.model.stock_dlrm import SERVING_FORMAT
 
 # The pyfunc's code, and the file it imports (MLflow code_paths): loaded by MLflow, not here.
 CHAMPION_CODE = Path(__file__).with_name("champion_pyfunc.py")
-CHAMPION_BUNDLED = (Path(__file__).with_name("stock_dlrm.py"), Path(__file__).parent.parent / "ingestion" / "id_hash.py")
+CHAMPION_BUNDLED = (Path(__file__).parents[1] / "model" / "stock_dlrm.py", Path(__file__).parents[2] / "ingestion" / "id_hash.py")
 SERVING_DEVICES = ("cpu", "cuda")
 # fbgemm's CPU build serves on CPU hosts, its CUDA build on GPU hosts: one or the other.
 _FBGEMM = {"cpu": "fbgemm-gpu-cpu==1.8.0", "cuda": "fbgemm-gpu==1.8.0"}
@@ -34,7 +34,7 @@ _TORCH_STACK = ["torch==2.13.0", "torchrec==1.8.0", "tensordict==0.15.3", "torch
 def export_model(job: TrainJob, checkpoint: Path) -> DLRM:
     """The trained DLRM, unsharded on CPU: forward(dense [B, 13], KJT) → logits [B, 1].
 
-    It is TorchRec's own module (training/stock_dlrm.py builds it), nothing of this project.
+    It is TorchRec's own module (training/model/stock_dlrm.py builds it), nothing of this project.
     """
     model = build_train_model(job.model, job.table_sizes, torch.device("cpu"), job.dense_features)
     load_unsharded(model, checkpoint)

@@ -28,7 +28,7 @@ DENSE_FEATURES = 13
 # A wide model's rows carry this many more columns, whose sum is the id's own weight: one
 # would do, but fbgemm's embedding kernels take rows of 4·k floats.
 WIDE_COLUMNS = 4
-SERVING_FORMAT = 1  # of the served model's model.json (training/export.py writes it)
+SERVING_FORMAT = 1  # of the served model's model.json (training/serving/export.py writes it)
 
 
 class DLRMSpec(TypedDict):

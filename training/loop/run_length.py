@@ -10,10 +10,10 @@ steps than that is warned about with what to change.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
-from training.config import TrainingConfig
+from ingestion.reader import batches_per_rank
+from training.config import TrainingConfig, Workers
 
 SMALLEST_PER_PROCESS = 32
 
@@ -25,26 +25,25 @@ class RunLength:
     note: str | None  # what was changed, or what to change, for the log; None: nothing to say
 
 
-def steps_of(rows: int, batch_size: int, world_size: int, epochs: int) -> int:
-    """Optimizer steps over `rows` training rows: every rank takes ⌈⌈rows / W⌉ / (B / W)⌉ a
-    epoch (the last batch may be partial)."""
-    per_rank = batch_size // world_size
-    return math.ceil(math.ceil(rows / world_size) / per_rank) * epochs if rows else 0
+def steps_of(rows: int, batch_size: int, workers: Workers, epochs: int) -> int:
+    """Optimizer steps over `rows` training rows: the reader's batches per rank, each epoch."""
+    return batches_per_rank(rows, workers.per_rank_batch(batch_size), workers.world_size) * epochs if rows else 0
 
 
-def fit_run_length(training: TrainingConfig, rows: int, world_size: int) -> RunLength:
+def fit_run_length(training: TrainingConfig, rows: int, workers: Workers) -> RunLength:
     """`training` with its batch halved until the run has `min_steps` steps (see module)."""
-    steps = steps_of(rows, training.batch_size, world_size, training.epochs)
+    world_size = workers.world_size
+    steps = steps_of(rows, training.batch_size, workers, training.epochs)
     wanted = training.min_steps
     if not wanted or steps >= wanted:
         return RunLength(training, steps, None)
     batch, floor = training.batch_size, SMALLEST_PER_PROCESS * world_size
     while steps < wanted and batch // 2 >= floor and (batch // 2) % world_size == 0:
         batch //= 2
-        steps = steps_of(rows, batch, world_size, training.epochs)
+        steps = steps_of(rows, batch, workers, training.epochs)
     if batch == training.batch_size:
         return RunLength(training, steps, _few_steps(steps, rows, training))
-    note = (f"training.batch_size {training.batch_size:,} would train {steps_of(rows, training.batch_size, world_size, training.epochs)} "
+    note = (f"training.batch_size {training.batch_size:,} would train {steps_of(rows, training.batch_size, workers, training.epochs)} "
             f"steps on {rows:,} rows (fewer than training.min_steps = {wanted}): training at batch {batch:,} "
             f"({steps} steps); set training.batch_size, or training.min_steps = 0 to keep it")  # fmt: skip
     if steps < wanted:

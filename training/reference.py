@@ -32,7 +32,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from evaluation.metrics import binary_state, compute_ne
 from ingestion.reader import PAD_LABEL, build_reader, example_of_values
-from training.stock_dlrm import DENSE_FEATURES
+from training.model.stock_dlrm import DENSE_FEATURES
 
 # Candidate inverse L2 strengths (scikit-learn's C: C·Σ loss + ½‖w‖²), half a decade apart.
 # Salts the row sample of `max_rows`, so it is not the validation slice (salted by the seed).

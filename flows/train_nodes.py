@@ -3,7 +3,7 @@
 Each trainer host serves its part as a deployment, `train-node/node-R`
 (`dlrm serve --trainer-node R`, with PREFECT_API_URL naming the shared server). The stage
 writes the job into the shared run folder, starts one flow run per host and waits for them
-all: every host trains its ranks of the same job (training/hosts.py), node 0 writes the
+all: every host trains its ranks of the same job (training/launch/host_role.py), node 0 writes the
 summary, and the stage reads it from the folder. A host that fails stops the others
 (through the run folder, as `dlrm train` does); a stop of the stage cancels every host's run.
 """
@@ -21,9 +21,9 @@ from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelling
 
 from flows.stopped_runs import cancel_when_stopped
-from training.hosts import HostRole
 from training.job import TrainJob
-from training.launcher import TrainingFailed, launch
+from training.launch.host_role import HostRole
+from training.launch.launcher import TrainingFailed, launch
 
 FLOW_NAME = "train-node"
 POLL_S = 2.0
@@ -34,9 +34,10 @@ def node_deployment(node_rank: int) -> str:
 
 
 @flow(name=FLOW_NAME, on_crashed=[cancel_when_stopped])
-def train_node(job_file: str, nnodes: int, node_rank: int, rdzv_endpoint: str, join_timeout_s: int = 300) -> None:
+def train_node(job_file: str, node_rank: int, rdzv_endpoint: str, join_timeout_s: int = 300) -> None:
     """This host's part of a multi-host training job the pipeline started."""
     job = TrainJob.load(Path(job_file))
+    nnodes = job.hosts
     role = HostRole(nnodes, node_rank, rdzv_endpoint, join_timeout_s=join_timeout_s).resolved()
     logger = get_run_logger()
     logger.info("node %d of %d: rendezvous at %s, this host as %s on %s", node_rank, nnodes, rdzv_endpoint,
@@ -44,14 +45,14 @@ def train_node(job_file: str, nnodes: int, node_rank: int, rdzv_endpoint: str, j
     launch(job, on_line=logger.info, role=role)
 
 
-def train_on_hosts(job: TrainJob, nnodes: int, rdzv_endpoint: str, say: Callable[[str], None],
-                   join_timeout_s: int = 300) -> None:  # fmt: skip
-    """Run `job` on the `nnodes` hosts that serve `train-node/node-R`; return once all are done."""
+def train_on_hosts(job: TrainJob, rdzv_endpoint: str, say: Callable[[str], None], join_timeout_s: int = 300) -> None:
+    """Run `job` on its hosts, each serving `train-node/node-R`; return once all are done."""
+    nnodes = job.hosts
     job.out.mkdir(parents=True, exist_ok=True)
-    job_file = job.out / "job-hosts.json"  # in the shared run folder: every host reads this one job
+    job_file = job.folder.hosts_job_file  # in the shared run folder: every host reads this one job
     job.save(job_file)
     with get_client(sync_client=True) as client:
-        runs = [_start_node(client, job_file, nnodes, node, rdzv_endpoint, join_timeout_s) for node in range(nnodes)]
+        runs = [_start_node(client, job_file, node, rdzv_endpoint, join_timeout_s) for node in range(nnodes)]
         say(f"[train] started the job on {nnodes} hosts: flow runs {', '.join(str(run) for run in runs)}")
         try:
             _wait_for_nodes(client, runs, join_timeout_s)
@@ -63,7 +64,7 @@ def train_on_hosts(job: TrainJob, nnodes: int, rdzv_endpoint: str, say: Callable
             raise
 
 
-def _start_node(client: SyncPrefectClient, job_file: Path, nnodes: int, node: int, endpoint: str,
+def _start_node(client: SyncPrefectClient, job_file: Path, node: int, endpoint: str,
                 join_timeout_s: int) -> UUID:  # fmt: skip
     name = f"{FLOW_NAME}/{node_deployment(node)}"
     try:
@@ -71,7 +72,7 @@ def _start_node(client: SyncPrefectClient, job_file: Path, nnodes: int, node: in
     except ObjectNotFound:
         raise TrainingFailed(f"no host serves {name}: run `dlrm serve --trainer-node {node} --config …` on the "
                              "host of that node rank, with PREFECT_API_URL naming this server", node, 1) from None  # fmt: skip
-    parameters = {"job_file": str(job_file), "nnodes": nnodes, "node_rank": node, "rdzv_endpoint": endpoint,
+    parameters = {"job_file": str(job_file), "node_rank": node, "rdzv_endpoint": endpoint,
                   "join_timeout_s": join_timeout_s}  # fmt: skip
     return client.create_flow_run_from_deployment(deployment.id, parameters=parameters).id
 

@@ -5,7 +5,7 @@
   The kernels would draw every column from U(±1/√rows): on a 3-value feature that adds
   about ±1 to every logit before any training.
 - "logistic_regression": they start at a fitted logistic regression's weights on the same
-  hashed features (training/baselines.py), and the top MLP's last layer at zero with the
+  hashed features (training/reference.py), and the top MLP's last layer at zero with the
   regression's bias, so the model starts as that regression and its deep part learns what
   the regression leaves. On small data the ids' own weights are what the rows can teach,
   and L-BFGS with a validated L2 finds them better than a few epochs of SGD do.
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from training.baselines import HashedLogisticRegression
-from training.stock_dlrm import WIDE_COLUMNS, WideDLRM, table_name
+from training.model.stock_dlrm import WIDE_COLUMNS, WideDLRM, table_name
+from training.reference import HashedLogisticRegression
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,15 @@ class RealRowsDLRMTrain(DLRMTrain):
         return loss, (loss.detach(), logits.detach(), batch.labels.detach())
 
 
+def real_rows(labels: torch.Tensor) -> torch.Tensor:
+    """Each row's weight: 1 for a real row, 0 for padding (a weight, not a mask, so no
+    step waits for the device to count the rows)."""
+    return (labels != PAD_LABEL).float()
+
+
 def real_rows_log_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean binary cross entropy over the rows whose label is not `PAD_LABEL` (0 if none)."""
-    real = labels != PAD_LABEL
-    summed = F.binary_cross_entropy_with_logits(logits.float(), labels.float().clamp(min=0.0), weight=real.float(),
+    real = real_rows(labels)
+    summed = F.binary_cross_entropy_with_logits(logits.float(), labels.float().clamp(min=0.0), weight=real,
                                                 reduction="sum")  # fmt: skip
     return summed / real.sum().clamp(min=1)

@@ -1,4 +1,5 @@
-"""Before training: look up the coming run's tuning key and decide what it trains with.
+"""Before training: look up the coming run's tuning key and decide which hyperparameters it
+trains with (the resolved run applies them: flows/resolve.py).
 
 The decision and its reason go to the flow's log and to the run's MLflow tags. Under
 `retune_first` the retune runs here, before training; under `scale_and_schedule` a retune
@@ -14,12 +15,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 
-from flows.config import PipelineConfig, trainer_cluster
-from flows.features import Features
-from flows.retune import run_logger, run_retune
+from flows.config import ConfigSource, PipelineConfig
+from flows.features import Features, run_logger
+from flows.resolve import ResolvedRun
+from flows.retune import run_retune
 from flows.trainer_slots import waits_for
-from training.tuning.key import tuning_key
-from training.tuning.space import Params, apply_params, params_of
+from training.tuning.space import params_of
 from training.tuning.study import open_storage, tuned_keys
 from training.tuning.trigger import TuningDecision, decide
 
@@ -27,18 +28,18 @@ from training.tuning.trigger import TuningDecision, decide
 RETUNE_DEPLOYMENT = "retune/retune"
 
 
-def choose_hyperparameters(
-    config: PipelineConfig, features: Features, config_path: str, overrides: list[str]
-) -> TuningDecision:
-    log = run_logger("flows.tuning")
-    key = tuning_key(config.training, config.orchestration.trainer_hosts, trainer_cluster(config))
+def choose_hyperparameters(lookup: ResolvedRun, features: Features, source: ConfigSource) -> TuningDecision:
+    """The decision for the run `lookup` resolves to before tuning (its key names the batch
+    and workers it would train with): a tuned key's best, the nearest key's scaled, a retune
+    first, or the configured values; a retune scheduled when the policy says so."""
+    config, log = lookup.config, run_logger("flows.hyperparameters")
     storage = open_storage(config.optuna_storage, config.tuning.heartbeat_s)
     configured = params_of(config.training, config.model, config.tuning)
-    decision = decide(config.tuning.policy, key, tuned_keys(storage, config.name), configured,
+    decision = decide(config.tuning.policy, lookup.key, tuned_keys(storage, config.name), configured,
                       config.tuning.scaling_rule)  # fmt: skip
     log.info("tuning: %s", decision.reason)
     if decision.action == "retune_first":
-        result = run_retune(config, features)
+        result = run_retune(lookup, features)
         if result.best is None:
             log.warning("tuning: the retune finished no trial; training with the configured values")
         else:
@@ -47,21 +48,17 @@ def choose_hyperparameters(
                 reason=f"{decision.reason}; retuned to NE {result.best.ne:.5f} (trial #{result.best.trial_number})",
             )  # fmt: skip
     if decision.schedule_retune:
-        scheduled = schedule_retune(config, config_path, overrides)
+        scheduled = schedule_retune(config, source)
         decision = dataclasses.replace(decision, reason=f"{decision.reason} ({scheduled})")
     _publish(decision)
     return decision
 
 
-def with_params(config: PipelineConfig, params: Params) -> PipelineConfig:
-    training, model = apply_params(config.training, config.model, params)
-    return dataclasses.replace(config, training=training, model=model)
-
-
-def schedule_retune(config: PipelineConfig, config_path: str, overrides: list[str]) -> str:
+def schedule_retune(config: PipelineConfig, source: ConfigSource) -> str:
     """Create a `retune` flow run on the served deployment; say what happened and when the
     retune will train (after this run's training: flows/trainer_slots.py)."""
-    log = run_logger("flows.tuning")
+    log = run_logger("flows.hyperparameters")
+    config_path, overrides = source.path, list(source.overrides)
     try:
         run = run_deployment(
             RETUNE_DEPLOYMENT, parameters={"config_path": config_path, "overrides": overrides},

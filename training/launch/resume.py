@@ -22,11 +22,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from training.checkpoint import latest_checkpoint
 from training.job import TrainJob
+from training.loop.checkpoint import latest_checkpoint
 
 FINISHED = "FINISHED"
-JOB_FILE = "job.json"  # what the fingerprint covers, kept beside the checkpoints
+FINGERPRINT_FILE = "fingerprint.json"  # what the fingerprint covers, kept beside the checkpoints
 FOOTER_BYTES = 65_536  # a Parquet file's footer: its schema, row groups and statistics
 # Settings that change how often a job saves or retries, not what it learns
 NOT_FINGERPRINTED = {"checkpoint_every", "keep_checkpoints", "max_restarts", "torchrun_args"}
@@ -64,7 +64,7 @@ def prepare_checkpoints(job: TrainJob) -> str:
     else:
         reason = _fresh_start_reason(job, root)
     root.mkdir(parents=True, exist_ok=True)
-    (root / JOB_FILE).write_text(json.dumps(fingerprinted(job), sort_keys=True, indent=1, default=str))
+    (root / FINGERPRINT_FILE).write_text(json.dumps(fingerprinted(job), sort_keys=True, indent=1, default=str))
     os.utime(root)  # the newest folder: the one retention keeps first
     _keep_newest(root.parent, job.training.keep_checkpoints)
     return reason
@@ -104,7 +104,7 @@ def _differences(before: dict[str, Any], now: dict[str, Any], prefix: str = "") 
 
 def _read_job(folder: Path) -> dict[str, Any]:
     try:
-        return json.loads((folder / JOB_FILE).read_text())
+        return json.loads((folder / FINGERPRINT_FILE).read_text())
     except (OSError, ValueError):
         return {}
 

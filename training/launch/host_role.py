@@ -16,7 +16,6 @@ import ipaddress
 import socket
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 
 _SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
 
@@ -109,30 +108,3 @@ def interface_of(address: str) -> str:
                 return name
     raise HostNetworkError(f"no network interface holds {address}: set --socket-ifname to the interface "
                            "the hosts reach each other over")  # fmt: skip
-
-
-# A host whose part of the job fails leaves a mark in the shared run folder: the other hosts'
-# workers would otherwise wait for it in a collective until their timeout (torchrun's static
-# rendezvous tells no host of another's failure). Each host clears its own mark before it
-# launches, and heeds the others' only once the rendezvous has completed, that is once
-# every host has launched (and cleared its mark from an earlier attempt).
-def failure_mark(folder: Path, node_rank: int) -> Path:
-    return folder / f"failed-node-{node_rank}.txt"
-
-
-def clear_failure(folder: Path, role: HostRole) -> None:
-    failure_mark(folder, role.node_rank).unlink(missing_ok=True)
-
-
-def record_failure(folder: Path, role: HostRole, message: str) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    failure_mark(folder, role.node_rank).write_text(message)
-
-
-def peer_failure(folder: Path, role: HostRole) -> str | None:
-    """Another host's failure, in its words (None while every other host runs)."""
-    for node in range(role.nnodes):
-        mark = failure_mark(folder, node)
-        if node != role.node_rank and mark.is_file():
-            return f"node {node}: {mark.read_text(errors='replace').strip()}"
-    return None

@@ -6,7 +6,7 @@
 
 The model is TorchRec's own `DLRM` / `DLRM_DCN`: `forward` reads as the paper does (dense
 arch → sparse arch → interaction → over arch). It knows nothing of processes, devices or
-kernels: sharding (training/sharding.py), precision (training/precision.py) and the CPU
+kernels: sharding (training/sharding/plan.py), precision (training/model/precision.py) and the CPU
 speed work (training/cpu/) are applied to a built model from outside.
 """
 
@@ -21,10 +21,10 @@ from torchrec.models.dlrm import DLRM
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from training.config import ModelConfig
-from training.objective import RealRowsDLRMTrain
-from training.stock_dlrm import DENSE_FEATURES, DLRMSpec, build_stock_dlrm, table_name
-from training.stock_dlrm import embedding_tables as stock_embedding_tables
-from training.stock_dlrm import row_width as stock_row_width
+from training.model.objective import RealRowsDLRMTrain
+from training.model.stock_dlrm import DENSE_FEATURES, DLRMSpec, build_stock_dlrm, table_name
+from training.model.stock_dlrm import embedding_tables as stock_embedding_tables
+from training.model.stock_dlrm import row_width as stock_row_width
 
 __all__ = ["build_dlrm", "build_train_model", "dlrm_spec", "embedding_tables", "row_width", "table_name"]
 
@@ -55,7 +55,7 @@ def build_dlrm(config: ModelConfig, table_sizes: Mapping[str, int], device: torc
 
 def build_train_model(config: ModelConfig, table_sizes: Mapping[str, int], device: torch.device,
                       dense_features: int = DENSE_FEATURES) -> RealRowsDLRMTrain:  # fmt: skip
-    """The DLRM wrapped with its loss (training/objective.py): forward(Batch) → (loss, (loss,
+    """The DLRM wrapped with its loss (training/model/objective.py): forward(Batch) → (loss, (loss,
     logits, labels))."""
     return RealRowsDLRMTrain(build_dlrm(config, table_sizes, device, dense_features))
 

@@ -1,6 +1,6 @@
 """Training progress: console lines for people, and the metrics file for programs.
 
-The metrics file (`<out>/metrics.jsonl`, written by rank 0) holds one JSON object a line,
+The metrics file (`JobFolder.metrics`, written by rank 0) holds one JSON object a line,
 appended as training goes; it is how progress and held-out NE reach the flows (the
 Prefect progress artifact, the tuner's pruner, MLflow's history). Its records:
 
@@ -9,8 +9,8 @@ Prefect progress artifact, the tuner's pruner, MLflow's history). Its records:
 - `HeldoutRecord` (`"kind": "heldout"`), every `evaluation.heldout_every_steps` steps and
   at the last step: NE on a fixed sample of the held-out days.
 
-Both carry `step` and `total_steps` (percent done = 100 · step / total_steps) and
-`samples_seen`. A resumed run rewrites the file to the records up to its checkpoint's step
+Both carry `step`, `total_steps` (percent done = 100 · step / total_steps),
+`steps_per_epoch` (an epoch ends at each multiple) and `samples_seen`. A resumed run rewrites the file to the records up to its checkpoint's step
 (replacing it: a new file), then appends again from there. `MetricsFollower` reads the
 records appended since its last call; the console lines are for people and nobody parses them.
 """
@@ -21,12 +21,12 @@ import json
 import os
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from evaluation.metrics import BinaryState, MetricError, compute_ne
-from training.summary import SchemaError, from_json
+from training.codec import SchemaError, decode, encode
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class TrainRecord:
     train_lifetime_ne: float  # NE over every training sample of this launch
     samples_per_s: float  # since the previous logged step
     elapsed_s: float  # since this launch's training loop started
+    steps_per_epoch: int = field(kw_only=True)  # an epoch ends at each multiple
     kind: Literal["train"] = "train"
 
 
@@ -52,6 +53,7 @@ class HeldoutRecord:
     total_steps: int
     samples_seen: int
     heldout_ne: float  # NaN when it cannot be computed (e.g. NaN predictions)
+    steps_per_epoch: int = field(kw_only=True)
     kind: Literal["heldout"] = "heldout"
 
 
@@ -61,7 +63,7 @@ RECORD_KINDS: dict[str, type[MetricsRecord]] = {"train": TrainRecord, "heldout":
 
 def record_line(record: MetricsRecord) -> str:
     """The record as one line of the metrics file (`kind` first, for people reading it)."""
-    fields = asdict(record)
+    fields = encode(record)
     return json.dumps({"kind": fields.pop("kind"), **fields}) + "\n"
 
 
@@ -74,7 +76,7 @@ def parse_record(line: str, where: str = "metrics record") -> MetricsRecord:
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind not in RECORD_KINDS:
         raise SchemaError(f"{where}: unknown record kind {kind!r} (expected one of {list(RECORD_KINDS)})")
-    return from_json(RECORD_KINDS[kind], data, where)
+    return decode(RECORD_KINDS[kind], data, where)
 
 
 def read_records(path: Path) -> list[MetricsRecord]:
@@ -84,8 +86,8 @@ def read_records(path: Path) -> list[MetricsRecord]:
 
 def metric_values(record: MetricsRecord) -> dict[str, float]:
     """The record's measurements by name, with `step` and `samples_seen` (as MLflow logs them)."""
-    values = asdict(record)
-    del values["kind"], values["total_steps"]
+    values = encode(record)
+    del values["kind"], values["total_steps"], values["steps_per_epoch"]
     return values
 
 
@@ -119,8 +121,10 @@ class MetricsFollower:
 class Progress:
     """Windowed and lifetime NE from summed states; one record per logged step (rank 0)."""
 
-    def __init__(self, total_steps: int, global_batch: int, window: int, metrics_path: Path | None) -> None:
-        self.total_steps, self.global_batch, self.window = total_steps, global_batch, window
+    def __init__(self, total_steps: int, steps_per_epoch: int, global_batch: int, window: int,
+                 metrics_path: Path | None) -> None:  # fmt: skip
+        self.total_steps, self.steps_per_epoch = total_steps, steps_per_epoch
+        self.global_batch, self.window = global_batch, window
         self.metrics_file = metrics_path.open("a") if metrics_path else None
         self.started = time.perf_counter()
         self.interval_started = self.started
@@ -141,7 +145,8 @@ class Progress:
     def add_heldout(self, step: int, state: BinaryState) -> None:
         """NE on a fixed sample of the held-out days at this step (rank 0 writes it)."""
         if self.metrics_file:
-            record = HeldoutRecord(step, self.total_steps, step * self.global_batch, _ne_or_nan(state))
+            record = HeldoutRecord(step, self.total_steps, step * self.global_batch, _ne_or_nan(state),
+                                   steps_per_epoch=self.steps_per_epoch)  # fmt: skip
             self._write(record)
             print(f"[train] step {step}/{self.total_steps} held-out NE {record.heldout_ne:.6f}", flush=True)
 
@@ -161,6 +166,7 @@ class Progress:
             train_lifetime_ne=_ne_or_nan(self.lifetime),
             samples_per_s=samples_per_s,
             elapsed_s=elapsed,
+            steps_per_epoch=self.steps_per_epoch,
         )
         print(
             f"[train] step {step}/{self.total_steps} ({100 * step / max(self.total_steps, 1):.0f}%) "

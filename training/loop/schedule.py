@@ -9,7 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from torch import nn
 from torch.optim import Optimizer
+
+from training.config import TrainingConfig
 
 
 def warmup_length(warmup_steps: int, warmup_fraction: float, total_steps: int) -> int:
@@ -59,3 +62,10 @@ class LRSchedule:
         if self.push is not None:
             self.push()
         return factor
+
+
+def build_schedule(model: nn.Module, optimizer: Optimizer, config: TrainingConfig) -> LRSchedule:
+    """The learning-rate schedule over both optimizers (build it before loading a checkpoint)."""
+    fused = model.fused_optimizer  # type: ignore[attr-defined]
+    return LRSchedule(optimizer, config.warmup_steps, config.lr_decay, config.min_lr_fraction, push=fused.step,
+                      warmup_fraction=config.warmup_fraction)

@@ -37,7 +37,7 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from training.config import ClusterConfig, ShardingConfig
-from training.device import device_memory_bytes, host_memory_bytes
+from training.launch.device import device_memory_bytes, host_memory_bytes
 
 CUDA_ONLY_SHARDING = {"row_wise", "table_row_wise"}
 CUDA_ONLY_KERNELS = {"fused_uvm", "fused_uvm_caching"}
@@ -131,7 +131,7 @@ def cluster_topology(cluster: ClusterConfig) -> Topology:
     """A topology for a declared cluster (or this job's, `this_job_cluster`); host memory is
     shared by the devices of a host."""
     return Topology(
-        world_size=cluster.world_size,
+        world_size=cluster.workers.world_size,
         local_world_size=cluster.devices_per_host,
         compute_device=cluster.compute_device,
         hbm_cap=int(cluster.device_memory_gb * 2**30) if cluster.compute_device == "cuda" else None,

@@ -43,7 +43,7 @@ try:  # the copies bundled with the model (MLflow puts code_paths on sys.path)
     from stock_dlrm import SERVING_FORMAT, build_stock_dlrm
 except ModuleNotFoundError:  # this file imported from within the project
     from ingestion.id_hash import hash_texts
-    from training.stock_dlrm import SERVING_FORMAT, build_stock_dlrm
+    from training.model.stock_dlrm import SERVING_FORMAT, build_stock_dlrm
 
 log = logging.getLogger(__name__)
 DENSE = tuple(f"I{i}" for i in range(1, 14))

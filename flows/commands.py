@@ -1,0 +1,287 @@
+"""What each `dlrm` command does: read its config once, run, and emit its typed report
+(`flows/reports.py`) as JSON or for people. Heavy modules are imported by the command that
+needs them, so `dlrm --help` and a bad config answer at once."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from flows.reports import for_people
+from training.codec import encode
+
+
+class UserError(Exception):
+    """A problem with the user's input, shown as one line."""
+
+
+# Errors the user can act on (a bad config, path or file): the command prints their one line,
+# and no traceback (matched by class name, so no heavy module loads to check)
+USER_FACING_ERRORS = {"UserError", "ConfigError", "PreprocessError", "ShardingError", "MetricError", "FileNotFoundError",
+                      "ServerStartError", "EmptyDayError", "HostNetworkError", "SchemaChangeError", "SourceReadError",
+                      "IngestError"}  # fmt: skip
+
+
+def _prefect_console_quiet() -> None:
+    """Prefect's console shows no traceback of an error the command reports in one line."""
+    from flows.prefect_defaults import console_without_tracebacks_of
+
+    console_without_tracebacks_of(USER_FACING_ERRORS)
+
+
+def emit(report: Any, as_json: bool, config: Any = None) -> None:
+    """A command's report: one JSON object (`--json`), or text for people."""
+    print(json.dumps(encode(report)) if as_json else for_people(report, config), flush=True)
+
+
+def load(args: argparse.Namespace, extra: list[str] | None = None):
+    """The command's config: its file read once, with `--set` (and `extra`) overrides."""
+    from flows.config import load_config
+
+    return load_config(args.config, [*args.overrides, *(extra or [])])
+
+
+def run(args: argparse.Namespace) -> int:
+    from flows.recurring import resolve_as_of
+    from flows.sources import raw_sources
+
+    config = load(args)  # fail fast, before Prefect starts
+    if resolve_as_of(config, args.as_of) is None:
+        raw_sources(config)  # a recurring run's days are known once its champion is
+    from flows.local_server import prefect_api
+    from flows.pipeline import run_pipeline
+    from flows.reports import run_report
+
+    _prefect_console_quiet()
+    with prefect_api():
+        summary = run_report(run_pipeline(args.config, args.overrides, args.as_of, config))
+    emit(summary, args.json, config)
+    return 0
+
+
+def backfill(args: argparse.Namespace) -> int:
+    """`dlrm run --as-of N` for each day N in order; stops at the first night that fails."""
+    from flows.sources import complete_days
+    from ingestion.days import DayError, parse_day
+
+    config = load(args)
+    try:
+        first, last = parse_day(args.first), parse_day(args.last)
+    except DayError as error:
+        raise UserError(f"--from/--to: {error}") from None
+    if last < first:
+        raise UserError(f"--to {args.last} is before --from {args.first}")
+    days = range(first, last + 1)
+    if config.data.source != "synthetic":  # nights only for the days that have data
+        days = [day for day in complete_days(config) if first <= day <= last]
+    from flows.local_server import prefect_api
+    from flows.pipeline import run_pipeline
+    from flows.reports import BackfillReport, night_line, run_report
+
+    nights = []
+    _prefect_console_quiet()
+    with prefect_api():
+        for day in days:
+            nights.append(run_report(run_pipeline(args.config, args.overrides, config.data.day_label(day), config)))
+            if not args.json:
+                print(night_line(nights[-1]), flush=True)
+    if args.json:
+        emit(BackfillReport(nights), as_json=True)
+    return 0
+
+
+def train(args: argparse.Namespace) -> int:
+    from flows.train_stage import train_on_this_host
+    from training.launch.host_role import HostRole
+    from training.launch.launcher import TrainingFailed
+
+    hosts = []  # the hosts are the config's (orchestration.*); the command line may set them
+    if args.nnodes is not None:
+        hosts.append(f"orchestration.trainer_hosts={args.nnodes}")
+        if args.nnodes > 1 and not args.rdzv_endpoint:
+            raise UserError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's address and a free port)")
+    if args.rdzv_endpoint:
+        hosts.append(f'orchestration.rdzv_endpoint="{args.rdzv_endpoint}"')
+    config = load(args, hosts)
+    orchestration = config.orchestration
+    role = HostRole(orchestration.trainer_hosts, args.node_rank, orchestration.rdzv_endpoint or "127.0.0.1:29400",
+                    args.local_addr, args.socket_ifname, args.join_timeout)  # fmt: skip
+    try:
+        report = train_on_this_host(config, role, Path(args.out) if args.out else None)
+    except TrainingFailed as failure:
+        print(f"dlrm: {failure}", file=sys.stderr)
+        return 1
+    emit(report, args.json, config)
+    return 0
+
+
+def retune(args: argparse.Namespace) -> int:
+    from flows.sources import raw_sources
+
+    raw_sources(load(args))  # fail fast, before Prefect starts
+    from flows.local_server import prefect_api
+    from flows.reports import RetuneReport
+    from flows.retune import retune as retune_flow
+    from training.codec import decode
+
+    _prefect_console_quiet()
+    with prefect_api():
+        result = retune_flow(config_path=args.config, overrides=args.overrides, n_trials=args.trials,
+                             timeout_s=args.timeout)  # fmt: skip
+    emit(decode(RetuneReport, result, "the retune's result"), args.json)
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    config = load(args)  # fail fast, before Prefect starts
+    if not args.with_server and not os.environ.get("PREFECT_API_URL"):
+        raise UserError(
+            "dlrm serve needs a Prefect server that stays, for the UI to list its deployments: add "
+            f"--with-server, or start one with `dlrm server` and export PREFECT_API_URL=http://127.0.0.1:{args.port}/api"
+        )
+    from flows.local_server import persistent_server, prefect_api
+    from flows.serve import serve_deployments
+    from training.launch.processes import raise_if_stopped
+
+    with prefect_api(persistent_server(args.port) if args.with_server else None):
+        serve_deployments(config, args.config, args.overrides, args.limit, args.trainer_node)
+    raise_if_stopped()  # Prefect's runner ends quietly on Ctrl-C: the exit code still says so
+    return 0
+
+
+def server(args: argparse.Namespace) -> int:
+    import time
+
+    if os.environ.get("PREFECT_API_URL"):
+        raise UserError(f"PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): that server is the dashboard; "
+                        "unset it to start one here")  # fmt: skip
+    from flows.local_server import persistent_server, prefect_api, server_answers
+
+    with prefect_api(persistent_server(args.port)) as url:
+        print(f"Prefect UI: {url.removesuffix('/api')}   (state in {os.environ['PREFECT_HOME']})\n"
+              f"In another shell: export PREFECT_API_URL={url}; then dlrm serve, dlrm run, … show here. "
+              "Ctrl-C stops the server.", flush=True)  # fmt: skip
+        while server_answers(url):
+            time.sleep(5)
+    raise UserError(f"the Prefect server on {url} stopped answering")
+
+
+def generate(args: argparse.Namespace) -> int:
+    from ingestion.synthetic import GroundTruth, generate_day
+
+    config = load(args)
+    out = Path(args.out) if args.out else config.path(config.data.raw_dir)
+    truth = GroundTruth(config.data.synthetic, config.data.multi_hot)
+    for day in args.days if args.days is not None else config.data.all_days:
+        stats = generate_day(config.data.synthetic, day, out, truth)
+        print(f"day {day}: {stats.rows:,} rows, click rate {stats.click_rate:.3f}, "
+              f"Bayes-optimal NE {stats.bayes_ne:.4f} → {out / f'day_{day}.tsv.gz'}")
+    return 0
+
+
+def preprocess(args: argparse.Namespace) -> int:
+    from flows.reports import PreprocessReport
+    from ingestion.days import DayError, parse_day
+    from ingestion.preprocess import apply_state, fit_state
+
+    config = load(args)
+    data = config.data
+    warehouse, features = config.path(data.warehouse_dir), config.path(config.preprocess.features_dir)
+    try:
+        days = [parse_day(day) for day in args.days] if args.days is not None else list(data.all_days)
+    except DayError as error:
+        raise UserError(f"--days: {error}") from None
+    state = fit_state(config.preprocess, warehouse, features, data.train_days)
+    written = {data.day_label(day): str(apply_state(config.preprocess, state, warehouse, features, day)) for day in days}
+    emit(PreprocessReport(state.state_id, state.table_sizes, state.train_rows, written,
+                          data.shown_days(state.train_days), state.train_click_rate), args.json)  # fmt: skip
+    return 0
+
+
+def plan(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from flows.config import load_cluster
+    from flows.planning import plan_report
+    from training.launch.device import runtime_device
+    from training.sharding.plan import this_job_cluster
+
+    config = load(args)
+    if args.cluster:
+        cluster = load_cluster(args.cluster)
+    else:
+        device = runtime_device(config.training.device, 0)  # as the workers will choose it
+        cluster = replace(this_job_cluster(device, config.training.nproc, config.training.nproc), name="this machine")
+    emit(plan_report(config, cluster), args.json)
+    return 0
+
+
+def ingest(args: argparse.Namespace) -> int:
+    from flows.reports import IngestTotals
+    from ingestion.schema import check_multi_hot
+    from ingestion.warehouse import day_of, ingest_day
+    from ingestion.warehouse import log as ingest_log
+
+    # a failed file is reported below as one "dlrm: error:" line: not also as its log record
+    ingest_log.addFilter(lambda record: record.levelno < logging.ERROR)
+    _check_ingest_paths(args.sources, args.warehouse)
+    try:
+        multi_hot = check_multi_hot([name.strip() for name in args.multi_hot.split(",") if name.strip()])
+    except ValueError as error:
+        raise UserError(f"--multi-hot: {str(error).removeprefix('multi_hot: ')}") from None
+    by_day: dict[int, list[str]] = {}
+    for index, source in enumerate(args.sources):
+        by_day.setdefault(args.day if args.day is not None else day_of(source, index), []).append(source)
+    read = written = quarantined = 0
+    failed: list[str] = []
+    for day, sources in sorted(by_day.items()):
+        report = ingest_day(sources, day, Path(args.warehouse), force=args.force, multi_hot=multi_hot,
+                            allow_empty=args.allow_empty)  # fmt: skip
+        read, written, quarantined = read + report.rows_read, written + report.rows_written, quarantined + report.rows_quarantined
+        failed += [f.error for f in report.files_failed]
+        if not args.json:
+            print(f"day {day}: {report.rows_read:,} read, {report.rows_written:,} written, "
+                  f"{report.rows_quarantined:,} quarantined" + (" (unchanged, skipped)" if report.skipped else ""))
+    for error in failed:
+        print(f"dlrm: error: {error}", file=sys.stderr)
+    if args.json:
+        emit(IngestTotals(read, written, quarantined, failed, partial=bool(failed)), as_json=True)
+    return 1 if failed else 0
+
+
+def _check_ingest_paths(sources: list[str], warehouse: str) -> None:
+    for source in sources:
+        if "://" not in source and not Path(source).exists():
+            raise UserError(f"{source}: no such file; pass existing Criteo files (plain or .gz)")
+        if "://" not in source and Path(source).is_dir():
+            raise UserError(f"{source}: a folder; pass Criteo files (plain or .gz), e.g. {source.rstrip('/')}/day_*.gz")
+    if Path(warehouse).exists() and not Path(warehouse).is_dir():
+        raise UserError(f"--warehouse {warehouse}: a file, not a folder; pass the warehouse folder (created if missing)")
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from evaluation.metrics import summarize
+    from flows.reports import EvaluateReport
+
+    path = Path(args.predictions)
+    if not path.exists():
+        raise UserError(f"{path}: no such file; pass a Parquet file with label and prediction columns")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as error:
+        raise UserError(f"{path}: not a readable Parquet file or folder ({str(error).splitlines()[0]}); pass the "
+                        "predictions Parquet a run wrote, e.g. runs/demo/train/predictions/day=2/") from None
+    missing = {"label", "prediction"} - set(table.column_names)
+    if missing:
+        raise UserError(f"{path}: missing column(s) {sorted(missing)}; needs label, prediction[, weight]")
+    weights = table["weight"].to_numpy() if "weight" in table.column_names else None
+    emit(EvaluateReport(**summarize(table["label"].to_numpy(), table["prediction"].to_numpy(), weights)), args.json)
+    return 0

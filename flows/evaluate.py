@@ -1,0 +1,165 @@
+"""After training: the model judged on the evaluation days beside the reference predictors,
+its files for serving, and the promotion that compares it with the champion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import torch
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from prefect import flow, get_run_logger, task
+from prefect.tasks import exponential_backoff
+
+from evaluation.metrics import BinaryState, binary_state, compute_ne
+from evaluation.promotion import PromotionDecision, QualityEvidence, QualityGate, quality_failure
+from evaluation.report import EvalReport, Scores, build_report
+from flows.config import PipelineConfig
+from flows.features import STAGE, Features
+from flows.registry import decision_tag, promote_if_better, promotion_lock
+from flows.stopped_runs import cancel_when_stopped
+from flows.tracking import logged_state
+from flows.train_stage import TrainedModel, build_job
+from ingestion.preprocess import PreprocessState, apply_state
+from ingestion.synthetic import read_day_stats
+from training.job import JobFolder
+from training.reference import fit_logistic_regression
+from training.serving.export import ServingModel, write_serving_model
+from training.serving.scoring import dlrm_logits, score_files
+
+DayScores = dict[int | str, Scores]  # day as the config writes it → its scores
+
+
+@flow(name="evaluate", on_crashed=[cancel_when_stopped])
+def evaluate_model(config: PipelineConfig, features: Features, folder: JobFolder) -> tuple[EvalReport, DayScores]:
+    """The model's held-out report against the reference predictors, on the eval days."""
+    lr_scores = baseline_task(config, features)
+    return evaluate_task(config, features.state, folder, lr_scores)
+
+
+@task(name="baseline-logistic-regression", **STAGE)
+def baseline_task(config: PipelineConfig, features: Features) -> DayScores:
+    """The hashed logistic regression on the DLRM's features: L2 chosen on a held-out slice of
+    the training rows, refit on all of them to convergence, scored on the same rows as the
+    model (training/reference.py)."""
+    torch.set_num_threads(max(1, config.training.nproc * config.training.threads_per_proc))
+    data = config.data
+    fit = fit_logistic_regression(features.state.table_sizes, list(features.train_files(data.train_days)),
+                                  seed=config.training.seed, max_rows=config.evaluation.reference_max_rows)  # fmt: skip
+    get_run_logger().info(
+        "logistic regression: L2 chosen on %s held-out training rows (C %.4g, validation NE %.4f), refit on %s; %s",
+        f"{fit.validation_rows:,}", fit.c, fit.validation_ne,
+        f"all {fit.train_rows:,}" if fit.train_rows == fit.rows_available else
+        f"{fit.train_rows:,} of {fit.rows_available:,} (a hashed sample: evaluation.reference_max_rows)",
+        "converged" if fit.converged else f"stopped after {fit.iterations} iterations without converging",
+    )  # fmt: skip
+    slice_feature = config.evaluation.slice_feature
+    return {data.shown(day): score_files(fit.model, features.files[day], slice_feature) for day in data.eval_days}
+
+
+@task(name="evaluate", **STAGE)
+def evaluate_task(config: PipelineConfig, state: PreprocessState, folder: JobFolder,
+                  lr_scores: DayScores) -> tuple[EvalReport, DayScores]:  # fmt: skip
+    """The model's report on the held-out days, beside the reference predictors; and the
+    model's scores per day (read once, also used for the plots)."""
+    data = config.data
+    scores = {data.shown(day): folder.read_predictions(data.day_label(day)) for day in data.eval_days}
+    constant = {
+        day: Scores(s.labels, np.full(s.labels.shape, state.train_click_rate)) for day, s in scores.items()
+    }  # every example gets the training days' click rate
+    bayes = _bayes_state(config)
+    report = build_report(
+        scores,
+        config.evaluation.slice_top_k,
+        reference_scores={"baseline_constant": constant, "logistic_regression": lr_scores},
+        reference_states={"bayes": bayes} if bayes else None,
+    )
+    get_run_logger().info(
+        "eval days %s: NE %.4f  AUC %.4f  calibration %.3f | logistic regression NE %.4f | Bayes-optimal NE %s",
+        list(scores), report.overall["ne"], report.overall["auc"], report.overall["calibration"],
+        report.references["logistic_regression_ne"],
+        f"{report.references['bayes_ne']:.4f}" if bayes else "n/a",
+    )  # fmt: skip
+    return report, scores
+
+
+def _bayes_state(config: PipelineConfig) -> BinaryState | None:
+    """The generator's Bayes-optimal predictions on the eval days, as a summed state."""
+    if config.data.source != "synthetic":
+        return None
+    raw = config.path(config.data.raw_dir)
+    stats = [read_day_stats(raw, day) for day in config.data.eval_days]
+    if any(s is None for s in stats):
+        return None
+    return BinaryState(
+        count=sum(s.rows for s in stats),
+        label_sum=sum(s.clicks for s in stats),
+        cross_entropy_sum=sum(s.bayes_log_loss * s.rows for s in stats),
+    )
+
+
+@task(name="export-model", **STAGE)
+def export_task(config: PipelineConfig, features: Features, trained: TrainedModel) -> ServingModel:
+    """The registered model's files: weights, shape and preprocessing state (the job folder's `serving`)."""
+    return write_serving_model(build_job(config, features), Path(trained.summary.checkpoint), features.state,
+                               config.path(config.preprocess.features_dir), trained.folder.serving,
+                               config.tracking.serving_device)  # fmt: skip
+
+
+@task(name="promote", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5), **STAGE)
+def promote_task(config: PipelineConfig, run_id: str, version: str, report: EvalReport) -> PromotionDecision:
+    """Make the new version the champion if it beats the current one on the same days."""
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    name = config.tracking.registered_model
+    evidence = QualityEvidence(report.references["baseline_constant_ne"], report.references["logistic_regression_ne"],
+                               report.overall["calibration"])  # fmt: skip
+    gate = QualityGate.from_config(config.evaluation)
+    decision = promote_if_better(
+        client, name, version, report.overall["ne"], tuple(config.data.shown_days(config.data.eval_days)),
+        config.evaluation.promotion_margin,
+        champion_ne_on_days=lambda champion: champion_ne(config, champion),
+        lock=promotion_lock(config.tracking_uri, config.tracking.promotion_lock, name),
+        evidence=evidence, gate=gate,
+    )  # fmt: skip
+    client.log_dict(run_id, decision.as_dict(), "promotion/decision.json")
+    refused = quality_failure(report.overall["ne"], evidence, gate) is not None
+    client.set_tag(run_id, "promotion.decision", decision_tag(decision, refused))
+    client.set_tag(run_id, "promotion.reason", decision.reason)
+    if decision.champion_ne is not None:
+        client.log_metric(run_id, "champion_ne_same_days", decision.champion_ne)
+    get_run_logger().info("promotion: %s (%s)", "promoted" if decision.promote else "not promoted", decision.reason)
+    return decision
+
+
+def registered_dlrm(model_uri: str) -> torch.nn.Module:
+    """The DLRM of a registered version, on CPU: inside this project's pyfunc, or the module
+    itself for versions logged before it (the `pytorch` flavour)."""
+    if "pytorch" in mlflow.models.get_model_info(model_uri).flavors:
+        return mlflow.pytorch.load_model(model_uri, map_location="cpu")
+    return mlflow.pyfunc.load_model(model_uri).unwrap_python_model().dlrm.cpu()
+
+
+def champion_ne(config: PipelineConfig, champion: ModelVersion) -> float | None:
+    """The champion's NE on this run's eval days, with its own preprocessing state."""
+    try:
+        state = logged_state(config.tracking_uri, champion.run_id)
+    except MlflowException:
+        return None  # a champion without its preprocessing state cannot score new days
+    mlflow.set_tracking_uri(config.tracking_uri)
+    try:
+        model = registered_dlrm(f"models:/{config.tracking.registered_model}/{champion.version}")
+    except Exception as error:  # noqa: BLE001 - e.g. a version pickled with classes this release no longer has
+        get_run_logger().warning("champion version %s cannot be loaded (%s): it cannot be compared, so nothing "
+                                 "is promoted; set the alias by hand to move on", champion.version, error)  # fmt: skip
+        return None
+    warehouse, features_root = config.path(config.data.warehouse_dir), config.path(config.preprocess.features_dir)
+    parts = []
+    for day in config.data.eval_days:
+        folder = apply_state(config.preprocess, state, warehouse, features_root, day)
+        files = [str(p) for p in sorted(folder.glob("*.parquet"))]
+        parts.append(score_files(dlrm_logits(model), files, config.evaluation.slice_feature))
+    joined = Scores.concat(parts)
+    return compute_ne(binary_state(joined.labels, joined.predictions))

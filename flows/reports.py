@@ -1,0 +1,320 @@
+"""What each command reports: one dataclass per result, one JSON form (`training.codec`),
+and one formatter for people (`for_people`).
+
+The `--json` output of a command is `encode(report)`; the flows return the same JSON form
+(what Prefect stores and shows), and the command reads it back with `decode`. Days are
+shown as the config writes them (ISO dates for a dated warehouse, else integers).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evaluation.promotion import reference_line
+from training.codec import FLATTENED, NOT_IN_JSON, decode
+
+Day = int | str  # as the config writes it
+
+
+@dataclass(frozen=True)
+class IngestDay:
+    """One day of the ingest stage (each file: read = written + quarantined)."""
+
+    day: int
+    rows_read: int
+    rows_written: int
+    rows_quarantined: int
+    files_failed: list[str]
+    skipped: bool  # already ingested from the same files: nothing redone
+    files: list[dict[str, Any]] = field(default_factory=list)  # source, rows_read, rows_written, rows_quarantined
+
+
+@dataclass(frozen=True)
+class IngestTotals:
+    """`dlrm ingest`: every day's rows together."""
+
+    rows_read: int = 0
+    rows_written: int = 0
+    rows_quarantined: int = 0
+    files_failed: list[str] = field(default_factory=list)
+    partial: bool = False  # a file failed: its day holds the other files' rows only
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """`dlrm run`: a pipeline run that trained."""
+
+    as_of: Day | None  # a recurring run's day; None for a run of the configured days
+    eval_days: list[Day]
+    days_trained: list[Day]
+    lineage_days: list[Day]  # every day the model has seen, this run's included
+    warm_start_version: str | None  # the registered version it continued
+    rows_ingested: int
+    rows_quarantined: int
+    files_failed: list[str]
+    days_already_ingested: list[Day]
+    # eval_ne, eval_auc, eval_calibration, eval_log_loss, eval_ne_day_<day>,
+    # eval_ne_slice_rank_<k>, <reference>_ne, ne_gain_vs_<reference>_pct
+    metrics: dict[str, float] = field(default_factory=dict, metadata=FLATTENED)
+    train_samples_per_s: float = 0.0  # the pipeline's name for samples_per_s, kept for scripts
+    samples_per_s: float = 0.0  # the name `dlrm train --json` reports it by
+    rows_trained: int = 0
+    resumed_from_step: int = 0
+    steps: int = 0
+    world_size: int = 0
+    global_batch_size: int = 0  # the batch the run trained at (after the run-length rule)
+    mlflow_run_id: str = ""
+    mlflow_run_url: str | None = None
+    model_version: str | None = None
+    promoted: bool = False
+    promotion_reason: str = ""
+    champion_ne_same_days: float | None = None
+    tuning_key: str = ""  # the key of the batch and hardware the run trained at
+    tuning_decision: str = ""
+    tuning_reason: str = ""
+    skipped: bool = False
+
+    def __getitem__(self, key: str) -> Any:
+        """`summary["eval_ne"]`: a field, or a metric."""
+        return getattr(self, key) if key in self.__dataclass_fields__ else self.metrics[key]
+
+
+@dataclass(frozen=True)
+class SkippedNight:
+    """`dlrm run --as-of N` for a night already covered: nothing trained."""
+
+    as_of: Day
+    skip_reason: str
+    lineage_days: list[Day]
+    eval_ne: float | None  # the covering version's NE on this day, when judged on it
+    model_version: str | None  # the version that covers the night
+    promotion_reason: str
+    champion_version: str | None
+    skipped: bool = True
+    days_trained: list[Day] = field(default_factory=list)
+    warm_start_version: str | None = None
+    rows_trained: int = 0
+    promoted: bool = False
+
+
+def run_report(data: dict[str, Any]) -> RunSummary | SkippedNight:
+    """A flow's returned summary, typed again."""
+    return decode(SkippedNight if data.get("skipped") else RunSummary, data, "the pipeline's summary")
+
+
+@dataclass(frozen=True)
+class BackfillReport:
+    """`dlrm backfill`: each night's summary, in order."""
+
+    nights: list[Any]  # RunSummary | SkippedNight
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """`dlrm train` on node 0 (or one host): the job's figures and its NE on the eval days."""
+
+    world_size: int
+    global_batch_size: int
+    steps: int
+    rows_trained: int
+    samples_per_s: float
+    eval_ne: float
+    eval_days: list[Day]
+    resumed_from_step: int
+    device: str
+    checkpoint: str
+    out_dir: str
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """`dlrm train` on another node: its part is done; node 0 reports the job."""
+
+    node_rank: int
+    nnodes: int
+    out_dir: str
+    report: str = "node 0 prints the job's summary"
+
+
+@dataclass(frozen=True)
+class PreprocessReport:
+    """`dlrm preprocess`: the fitted state and each day's feature folder."""
+
+    state_id: str
+    table_sizes: dict[str, int]
+    train_rows: int
+    days: dict[str, str]  # day as written → its feature folder
+    train_days: list[Day] = field(default_factory=list)
+    click_rate: float = 0.0
+
+
+@dataclass(frozen=True)
+class RetuneReport:
+    """`dlrm retune`: the study's best trial so far."""
+
+    study: str
+    tuning_key: str
+    best_ne: float | None
+    best_params: dict[str, Any] | None
+    best_trial: int | None
+    trials_run_here: list[int]
+    stopped_by: str
+    warm_start_trials: int
+    mlflow_parent_run_id: str
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """`dlrm plan`: where each table goes on a cluster, and the planner's estimates."""
+
+    tables: int
+    embedding_gib: float
+    sharding_types: dict[str, int]
+    compute_kernels: dict[str, int]
+    row_wise_tables: list[str]
+    host_memory_tables: list[str]
+    per_rank: list[dict[str, Any]]  # rank, hbm_bytes, ddr_bytes, perf_ms
+    plan: list[dict[str, Any]]  # a row per table: sharding_type, compute_kernel, ranks, bytes_per_rank
+    planner_seconds: float = 0.0
+    text: str = field(default="", metadata=NOT_IN_JSON)  # the plan as a table, for people
+
+
+@dataclass(frozen=True)
+class EvaluateReport:
+    """`dlrm evaluate`: every metric of a predictions file."""
+
+    ne: float
+    auc: float
+    calibration: float
+    log_loss: float
+    ctr: float
+    count: float
+
+
+# -- for people ---------------------------------------------------------------------------
+
+
+@functools.singledispatch
+def for_people(report: Any, config: Any = None) -> str:
+    """The report as a person reads it on the console (`config`: the run's, where the text
+    names its folders and UIs)."""
+    raise TypeError(f"no text form for {type(report).__name__}")
+
+
+@for_people.register
+def _(report: IngestTotals, config: Any = None) -> str:
+    return (f"{report.rows_read:,} read, {report.rows_written:,} written, {report.rows_quarantined:,} quarantined"
+            + (f"; {len(report.files_failed)} file(s) failed" if report.partial else ""))  # fmt: skip
+
+
+@for_people.register
+def _(report: SkippedNight, config: Any = None) -> str:
+    return "\n".join(["", night_line(report), (f"  champion             version {report.champion_version}, lineage days "
+                      f"{report.lineage_days}")])  # fmt: skip
+
+
+@for_people.register
+def _(report: BackfillReport, config: Any = None) -> str:
+    return "\n".join(night_line(night) for night in report.nights)
+
+
+def night_line(summary: RunSummary | SkippedNight) -> str:
+    """One line per night of a backfill."""
+    if isinstance(summary, SkippedNight):
+        return f"as of day {summary.as_of}: skipped: {summary.skip_reason}"
+    start = f"from version {summary.warm_start_version}" if summary.warm_start_version else "from scratch"
+    return (f"as of day {summary.as_of}: trained days {summary.days_trained} {start} "
+            f"({summary.rows_trained:,} rows), NE {summary['eval_ne']:.4f}, version {summary.model_version} "
+            f"{'promoted' if summary.promoted else 'not promoted'}")  # fmt: skip
+
+
+@for_people.register
+def _(report: RunSummary, config: Any = None) -> str:
+    metrics, ne = report.metrics, report["eval_ne"]
+
+    def reference(name: str, label: str) -> list[str]:
+        if f"{name}_ne" not in metrics:
+            return []
+        # no "% better" against a reference that is itself no better than the constant
+        constant = metrics.get("baseline_constant_ne") if name != "baseline_constant" else None
+        return ["  " + reference_line(label, ne, metrics[f"{name}_ne"], constant)]
+
+    bayes = ([(f"  Bayes-optimal NE     {metrics['bayes_ne']:.4f}   (the best reachable; the model is "
+              f"{-metrics['ne_gain_vs_bayes_pct']:.1f} % above it)")] if "bayes_ne" in metrics else [])  # fmt: skip
+    champion = report.champion_ne_same_days
+    lineage = ("from version " + str(report.warm_start_version)) if report.warm_start_version else "from scratch"
+    lines = [
+        "",
+        f"DLRM pipeline '{config.name}' finished",
+        f"  rows ingested        {report.rows_ingested:,}  (quarantined: {report.rows_quarantined:,})",
+        *([f"  PARTIAL: {len(report.files_failed)} file(s) failed: " + "; ".join(report.files_failed)]
+          if report.files_failed else []),
+        f"  held-out days        {report.eval_days}  ({int(metrics['eval_count']):,} examples)",
+        *([(f"  lineage              trained days {report.days_trained} {lineage}; the model has seen days "
+           f"{report.lineage_days}")] if report.as_of is not None else []),
+        f"  NE                   {ne:.4f}",
+        *bayes, *reference("logistic_regression", "logistic regression"), *reference("baseline_constant", "constant click rate"),
+        f"  AUC                  {metrics['eval_auc']:.4f}",
+        f"  calibration          {metrics['eval_calibration']:.3f}",
+        f"  log loss             {metrics['eval_log_loss']:.4f}",
+        (f"  training throughput  {report.samples_per_s:,.0f} samples/s ({report.world_size} processes, "
+        f"{config.sharding.sharding_type})"),
+        f"  hyperparameters      {report.tuning_decision}: {report.tuning_reason}",
+        f"  MLflow run           {report.mlflow_run_url or report.mlflow_run_id}  (model version {report.model_version})",
+        f"  champion             {'promoted: ' if report.promoted else 'not promoted: '}{report.promotion_reason}"
+        + (f" (champion NE on these days {champion:.4f})" if champion is not None and not report.promoted else ""),
+        "",
+        "Open the UIs on this run's data:",
+        f"  MLflow:  .venv/bin/mlflow ui --backend-store-uri {config.tracking_uri} --port 5000",
+        "           then http://127.0.0.1:5000",
+        f"  Prefect: PREFECT_HOME={os.environ.get('PREFECT_HOME', '~/.prefect')} .venv/bin/dlrm server",
+        "           then http://127.0.0.1:4200",
+        f"  Files:   {Path(config.run_dir).resolve()}",
+    ]  # fmt: skip
+    return "\n".join(lines)
+
+
+@for_people.register
+def _(report: TrainReport, config: Any = None) -> str:
+    return (f"trained {report.steps} steps on {report.world_size} processes (global batch "
+            f"{report.global_batch_size:,}): {report.rows_trained:,} rows, {report.samples_per_s:,.0f} samples/s; "
+            f"NE on days {report.eval_days}: {report.eval_ne:.4f} → {report.out_dir}")  # fmt: skip
+
+
+@for_people.register
+def _(report: NodeReport, config: Any = None) -> str:
+    return f"node {report.node_rank} of {report.nnodes} done; node 0 prints the job's summary"
+
+
+@for_people.register
+def _(report: PreprocessReport, config: Any = None) -> str:
+    lines = [(f"preprocessing state {report.state_id}: fitted on days {report.train_days} "
+             f"({report.train_rows:,} rows, click rate {report.click_rate:.4f})")]  # fmt: skip
+    return "\n".join([*lines, *(f"day {day} → {folder}" for day, folder in report.days.items())])
+
+
+@for_people.register
+def _(report: RetuneReport, config: Any = None) -> str:
+    if report.best_ne is None:
+        return f"study {report.study}: no finished trial yet"
+    lines = [f"study {report.study}: best NE {report.best_ne:.5f} (trial #{report.best_trial})"]
+    for name, value in (report.best_params or {}).items():
+        lines.append(f"  --set {name}={value!r}" if isinstance(value, str) else f"  --set {name}={value}")
+    return "\n".join(lines)
+
+
+@for_people.register
+def _(report: PlanReport, config: Any = None) -> str:
+    return f"{report.text}\n\nplanned in {report.planner_seconds:.1f} s"
+
+
+@for_people.register
+def _(report: EvaluateReport, config: Any = None) -> str:
+    values = {"ne": report.ne, "auc": report.auc, "calibration": report.calibration, "log_loss": report.log_loss,
+              "ctr": report.ctr, "count": report.count}  # fmt: skip
+    return "\n".join(f"{key:<12} {value:.6f}" if key != "count" else f"{key:<12} {value:,.0f}"
+                     for key, value in values.items())  # fmt: skip

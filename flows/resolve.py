@@ -1,0 +1,97 @@
+"""A run resolved once: the settings every later step of a run reads, in one frozen object.
+
+The configured run changes here and nowhere else, in this order, each change said with its
+reason:
+
+1. the night (`dlrm run --as-of N`): its training days, day N as the evaluation day, and no
+   second warm-up for a warm start (flows/recurring.py);
+2. the hyperparameters the tuning decision chose (flows/hyperparameters.py);
+3. the champion's model shape, which a warm start keeps whatever the config or the tuner say;
+4. the run length, fitted last so that it sees any tuned batch: the global batch is halved
+   until the run has `training.min_steps` steps (training/loop/run_length.py).
+
+The tuning key is then taken from the result, so the key, the training job, the summary and
+MLflow all name the batch and the workers the run trains with. A run is resolved in stages
+as its inputs become known: the night's days (to prepare the data), then with the
+preprocessing state (the key the tuning decision looks up), then with the decision (the run).
+Each stage is this same function from the configured values, never a rewrite of a result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from flows.config import PipelineConfig, trainer_cluster
+from flows.recurring import Night, night_config, with_champion_shape
+from ingestion.preprocess import PreprocessState
+from training.config import Workers
+from training.loop.run_length import fit_run_length
+from training.tuning.key import TuningKey, tuning_key
+from training.tuning.space import apply_params
+from training.tuning.trigger import TuningDecision
+
+
+@dataclass(frozen=True)
+class Change:
+    """One rewrite of the configured run: which step made it, and what it changed and why."""
+
+    step: str  # "night", "tuning", "champion shape", "run length", "tuning key"
+    note: str
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    config: PipelineConfig  # what every later step reads
+    night: Night
+    key: TuningKey  # of the batch, workers and hardware the run trains with
+    steps: int | None  # optimizer steps; None before the data is known
+    tuning: TuningDecision | None  # None before the decision is made (or for a run that takes none)
+    changes: tuple[Change, ...]
+
+    @property
+    def workers(self) -> Workers:
+        return self.config.workers
+
+    def change_lines(self) -> list[str]:
+        """Each change to the configured run, as a line of the log."""
+        return [f"resolved run: {change.step}: {change.note}" for change in self.changes]
+
+
+def resolve_run(config: PipelineConfig, night: Night | None = None, state: PreprocessState | None = None,
+                tuning: TuningDecision | None = None) -> ResolvedRun:  # fmt: skip
+    """The run of the configured `config` (see the module for the order)."""
+    night = night or Night.plain(config)
+    changes: list[Change] = []
+
+    def apply(step: str, changed: tuple[PipelineConfig, str | None]) -> PipelineConfig:
+        result, note = changed
+        if note:
+            changes.append(Change(step, note))
+        return result
+
+    config = apply("night", night_config(config, night))
+    if tuning is not None:
+        config = apply("tuning", _with_tuned(config, tuning))
+    if night.warm_start is not None:
+        config = apply("champion shape", with_champion_shape(config, night.warm_start))
+    steps = None
+    if state is not None:
+        fitted = fit_run_length(config.training, state.train_rows, config.workers)
+        config = apply("run length", (dataclasses.replace(config, training=fitted.training), fitted.note))
+        steps = fitted.steps
+    key = tuning_key(config.training, config.workers, trainer_cluster(config))
+    if tuning is not None and key != tuning.key:
+        changes.append(Change("tuning key", f"the run trains at batch {key.global_batch_size:,}, so its key is "
+                              f"{key.fingerprint} (its parameters came by key {tuning.key.fingerprint})"))  # fmt: skip
+    return ResolvedRun(config, night, key, steps, tuning, tuple(changes))
+
+
+def _with_tuned(config: PipelineConfig, tuning: TuningDecision) -> tuple[PipelineConfig, str]:
+    training, model = apply_params(config.training, config.model, tuning.params)
+    tuned = dataclasses.replace(config, training=training, model=model)
+    changed = [f"{section}.{f.name} {getattr(getattr(config, section), f.name)!r} → "
+               f"{getattr(getattr(tuned, section), f.name)!r}"
+               for section in ("training", "model") for f in dataclasses.fields(getattr(config, section))
+               if getattr(getattr(config, section), f.name) != getattr(getattr(tuned, section), f.name)]  # fmt: skip
+    return tuned, f"{tuning.action}: {'; '.join(changed)}" if changed else ""

@@ -1,0 +1,156 @@
+"""The training stage: a resolved run's job, trained on this host or on every trainer host,
+and what it reports.
+
+Several hosts come one way: `orchestration.trainer_hosts` (which `dlrm train --nnodes`
+sets). The pipeline's stage then starts each host's part through its served deployment
+(flows/train_nodes.py); `dlrm train` is run by hand on each host. Both build the job here
+(`build_job`), and every host launches its part of the same job with `launch(job, role)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+
+from evaluation.metrics import binary_state, compute_ne
+from flows.config import PipelineConfig
+from flows.features import STAGE, Features, prepared_features
+from flows.reports import NodeReport, TrainReport
+from flows.resolve import ResolvedRun, resolve_run
+from flows.stopped_runs import cancel_when_stopped
+from flows.train_nodes import train_on_hosts
+from flows.trainer_slots import trainer_slot
+from training.job import JobFolder, TrainJob, TrainSummary
+from training.launch.host_role import HostRole
+from training.launch.launcher import launch
+from training.launch.resume import job_fingerprint
+from training.loop.progress import MetricsRecord
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """A finished training job: its summary, and the folder of its outputs (checkpoints,
+    predictions of the eval days, metrics, plan)."""
+
+    summary: TrainSummary
+    folder: JobFolder
+
+
+def build_job(config: PipelineConfig, features: Features, warm_start: str = "", run_id: str | None = None) -> TrainJob:
+    """The job of the config's training stage. Its checkpoints go to `run_id`'s folder; by
+    default, the job's fingerprint, so the same command resumes an interrupted run.
+    `warm_start`: start from that checkpoint's weights and optimizer state."""
+    state, data = features.state, config.data
+    job = TrainJob(
+        model=config.model,
+        sharding=config.sharding,
+        training=config.training,
+        evaluation=config.evaluation,
+        table_sizes=state.table_sizes,
+        train_files=features.train_files(data.train_days),
+        eval_files={data.day_label(day): tuple(features.files[day]) for day in data.eval_days},
+        out_dir=str(config.path("train")),
+        run_id=run_id or "",
+        hosts=config.orchestration.trainer_hosts,
+        pooling_factors=dict(state.multi_hot),
+        dense_features=len(state.dense),
+        initial_click_rate=state.train_click_rate if config.training.start_at_click_rate else 0.0,
+        init_checkpoint=warm_start,
+        init_optimizer=bool(warm_start),
+    )
+    return job if run_id else dataclasses.replace(job, run_id=job_fingerprint(job))
+
+
+@flow(name="train", on_crashed=[cancel_when_stopped])
+def train_model(config: PipelineConfig, features: Features, warm_start: str = "") -> TrainedModel:
+    """Sharded training with torchrun on a resolved run's training days (from `warm_start`'s
+    checkpoint when given); the job's summary and outputs."""
+    return train_task(config, features, warm_start)
+
+
+@task(name="train", retries=1, retry_delay_seconds=2, **STAGE)
+def train_task(config: PipelineConfig, features: Features, warm_start: str = "") -> TrainedModel:
+    """Sharded training with torchrun; returns the job's summary and where its outputs are.
+
+    A retry of this task, or the same command after an interruption, resumes from the
+    job's last checkpoint; a job that ran to its end trains again (training/launch/resume.py).
+    `warm_start`: a checkpoint to continue (weights and optimizer state).
+    """
+    job = build_job(config, features, warm_start)
+    logger = get_run_logger()
+    progress = create_progress_artifact(0.0, key="training-progress", description="Training steps done (%)")
+    shown = [0.0]
+
+    def on_progress(record: MetricsRecord) -> None:
+        done = 100.0 * record.step / max(1, record.total_steps)
+        if done >= shown[0] + 1:  # at most ~100 updates a run
+            shown[0] = done
+            update_progress_artifact(progress, done)
+
+    hosts = config.orchestration
+    with trainer_slot(config, logger):
+        if hosts.trainer_hosts > 1:
+            train_on_hosts(job, hosts.rdzv_endpoint, logger.info)
+        else:
+            launch(job, on_line=logger.info, on_progress=on_progress)
+    update_progress_artifact(progress, 100.0)
+    _publish_plan(job.folder)
+    return TrainedModel(job.folder.read_summary(), job.folder)
+
+
+def _publish_plan(folder: JobFolder) -> None:
+    """The sharding plan as a Prefect table: table → sharding type → ranks → bytes per rank."""
+    rows = [
+        {"table": row["table"], "sharding_type": row["sharding_type"], "compute_kernel": row["compute_kernel"],
+         "ranks": ",".join(map(str, row["ranks"])),
+         "bytes_per_rank": ", ".join(f"{rank}: {size:,}" for rank, size in row["bytes_per_rank"].items())}
+        for row in folder.read_plan()
+    ]  # fmt: skip
+    if rows:
+        create_table_artifact(key="sharding-plan", table=rows, description="Where each embedding table lives")
+
+
+def train_on_this_host(config: PipelineConfig, role: HostRole, out: Path | None,
+                       say: Callable[[str], None] = print) -> TrainReport | NodeReport:  # fmt: skip
+    """`dlrm train`: this host's part of the config's job (`orchestration.trainer_hosts`
+    hosts, this one `role.node_rank`), on the features the run folder holds. Node 0 returns
+    the job's report, the others their part's."""
+    features = prepared_features(config)
+    run = resolve_run(config, state=features.state)
+    for line in run.change_lines():
+        say(f"[train] {line}")
+    job = build_job(run.config, features)
+    if out is not None:
+        job = dataclasses.replace(job, out_dir=str(out))
+    several = role.nnodes > 1
+    role = role.resolved() if several else role
+    if several:
+        say(f"[train] node {role.node_rank} of {role.nnodes}: rendezvous at {role.endpoint}, this host as "
+            f"{role.local_addr} on {role.socket_ifname}; writing into {job.out}")  # fmt: skip
+    launch(job, on_line=say, role=role if several else None)
+    if not role.leads:
+        return NodeReport(role.node_rank, role.nnodes, str(job.out))
+    return job_report(run, job.folder.read_summary(), job.folder)
+
+
+def job_report(run: ResolvedRun, summary: TrainSummary, folder: JobFolder) -> TrainReport:
+    """What `dlrm train --json` prints (and `dlrm run --json` shares)."""
+    data = run.config.data
+    scores = folder.read_predictions(*(data.day_label(day) for day in data.eval_days))
+    return TrainReport(
+        world_size=summary.world_size, global_batch_size=summary.global_batch_size, steps=summary.steps,
+        rows_trained=summary.rows_trained, samples_per_s=summary.samples_per_s,
+        eval_ne=compute_ne(binary_state(scores.labels, scores.predictions)), eval_days=data.shown_days(data.eval_days),
+        resumed_from_step=summary.resumed_from_step, device=summary.device, checkpoint=summary.checkpoint,
+        out_dir=str(folder.root),
+    )  # fmt: skip
+

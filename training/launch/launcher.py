@@ -1,0 +1,211 @@
+"""Launch a training job with torchrun as a subprocess and surface failures clearly.
+
+torchrun starts `nproc` workers (`training.worker`), tees each rank's output into the job
+folder's logs, and on failure prints which rank died first. The launcher streams the output,
+less the libraries' warnings, to `on_line` (so a Prefect task logs progress live), hands the
+records of the job's metrics file to `on_progress` as they are written (progress, held-out
+NE: what a program acts on, e.g. a pruner), and turns a failure into one `TrainingFailed`
+naming the rank, its exit code (or signal) and the end of its traceback (launch/output.py).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from training.job import TrainJob
+from training.launch.host_role import HostRole
+from training.launch.output import ConsoleFilter, TrainingFailed, failure_of
+from training.launch.processes import forget_group, raise_if_stopped, start_group, stop_group
+from training.launch.resume import mark_finished, prepare_checkpoints
+from training.loop.checkpoint import latest_checkpoint
+from training.loop.progress import MetricsFollower, MetricsRecord
+
+__all__ = ["PeerFailed", "TrainingFailed", "launch", "torchrun_command"]
+
+
+def torchrun_command(job: TrainJob, job_path: Path, role: HostRole | None = None) -> list[str]:
+    """torchrun for this host: alone (`--standalone`), or its part of a multi-host job."""
+    config = job.training
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        *(role.torchrun_args() if role is not None else ["--standalone"]),
+        f"--nproc-per-node={config.nproc}",
+        "--max-restarts=0",  # restarts are fresh launches, see `launch`
+        f"--log-dir={job.folder.logs(_node(role))}",
+        "--tee=3",
+        *config.torchrun_args,
+        "-m", "training.worker", str(job_path),
+    ]  # fmt: skip
+
+
+def _node(role: HostRole | None) -> int | None:
+    return role.node_rank if role is not None else None
+
+
+def launch(
+    job: TrainJob,
+    on_line: Callable[[str], None] = print,
+    on_progress: Callable[[MetricsRecord], None] | None = None,
+    poll_s: float = 1.0,
+    role: HostRole | None = None,
+) -> None:
+    """Run the job to completion; raise `TrainingFailed` if it still fails after its restarts.
+
+    `role`: this host's part of a multi-host job. Every host writes into the same (shared)
+    `job.out`; node 0 alone prepares and clears what the hosts share (checkpoint folders,
+    predictions, the summary). A multi-host job is never relaunched on one host (a lone
+    torchrun would wait for peers that have stopped): it fails, and the same command on
+    every host resumes it.
+
+    `on_line` gets the output worth showing a person (`ConsoleFilter`); `on_progress` gets
+    each record of the job's metrics file (`training.loop.progress`), checked as output arrives
+    and at least every `poll_s` seconds. An exception raised by either callback stops the
+    job (every worker) and propagates: that is how a pruned trial ends early.
+
+    A failed attempt is relaunched as a fresh torchrun (a new rendezvous) up to
+    `training.max_restarts` times; each relaunch resumes from the run's last checkpoint.
+    A new launch of an interrupted job resumes too; of a finished one, trains again
+    (training/launch/resume.py).
+    torchrun's own in-place restart is not used: with gloo it can rejoin a dead peer's
+    stale address and hang.
+    """
+    if job.hosts != (role.nnodes if role is not None else 1):
+        raise TrainingFailed(f"the job spans {job.hosts} host(s), but this launch is "
+                             f"{'node ' + str(role.node_rank) + ' of ' + str(role.nnodes) if role else 'one host'}", None, 2)  # fmt: skip
+    poll = _progress_poller(MetricsFollower(job.folder.metrics), on_progress)
+    if role is not None and role.nnodes > 1:
+        _launch_on_hosts(job, on_line, poll, poll_s, role)
+        return
+    attempts = job.training.max_restarts + 1
+    on_line(f"[train] {prepare_checkpoints(job)}")
+    for attempt in range(1, attempts + 1):
+        try:
+            _launch_once(job, on_line, poll, poll_s)
+            mark_finished(job)
+            return
+        except TrainingFailed as failure:
+            if attempt == attempts:
+                raise
+            on_line(f"[train] {failure}")
+            on_line(f"[train] relaunching (restart {attempt} of {job.training.max_restarts}); "
+                    "it resumes from the last checkpoint")  # fmt: skip
+
+
+class PeerFailed(TrainingFailed):
+    """Another host of the job failed or was stopped; this host stopped its part too."""
+
+
+def _launch_on_hosts(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[], None], poll_s: float,
+                     role: HostRole) -> None:  # fmt: skip
+    """One attempt of this host's part: a failure anywhere fails every host (the failure
+    marks of `JobFolder`)."""
+    folder = job.folder
+    folder.clear_failure(role.node_rank)
+    if role.leads:
+        on_line(f"[train] {prepare_checkpoints(job)}")
+    started = folder.logs(role.node_rank)
+
+    def poll_and_watch_peers() -> None:
+        poll()
+        if any(started.glob("*/attempt_*")) and (failure := folder.peer_failure(role.node_rank, role.nnodes)):
+            raise PeerFailed(f"training failed on another host ({failure}); this host stopped its part", None, 1)
+
+    where = f"node {role.node_rank} of {role.nnodes}"
+    try:
+        _launch_once(job, on_line, poll_and_watch_peers, poll_s, role)
+    except PeerFailed as failure:
+        failure.args = (f"{failure} ({where}; run the same command on every host to resume)",)
+        raise
+    except TrainingFailed as failure:
+        folder.record_failure(role.node_rank, str(failure).splitlines()[0])
+        resume = f"{where}; run the same command on every host to resume from the last checkpoint"
+        failure.args = (f"{failure} ({resume})",)
+        raise
+    except KeyboardInterrupt:  # stopped here (Ctrl-C, SIGTERM): the other hosts stop too
+        folder.record_failure(role.node_rank, "stopped by a signal")
+        raise
+    if role.leads:
+        mark_finished(job)
+
+
+def _progress_poller(metrics: MetricsFollower, on_progress: Callable[[MetricsRecord], None] | None
+                     ) -> Callable[[], None]:  # fmt: skip
+    """Hands the records appended since the last call to `on_progress` (across relaunches:
+    a resumed run replaces the file, and its records are read again from the start)."""
+
+    def poll() -> None:
+        if on_progress is not None:
+            for record in metrics.read_new():
+                on_progress(record)
+
+    return poll
+
+
+def _launch_once(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[], None], poll_s: float,
+                 role: HostRole | None = None) -> None:  # fmt: skip
+    job.out.mkdir(parents=True, exist_ok=True)
+    # Checkpoints, and the metrics of the steps they hold, stay: a relaunch of the same run
+    # resumes from them. What the hosts share is node 0's to clear.
+    leads = role is None or role.leads
+    job.folder.clear_for_launch(_node(role), leads, fresh=latest_checkpoint(job.checkpoint_root) is None)
+    job_path = job.folder.job_file(_node(role))
+    job.save(job_path)
+    env = {**os.environ, "OMP_NUM_THREADS": str(job.training.threads_per_proc), "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_project_root()), env.get("PYTHONPATH")]))
+    env.update(role.environment() if role is not None else {})
+    # its own process group (a stop reaches every worker), ended with this process
+    process = start_group(torchrun_command(job, job_path, role), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, env=env)  # fmt: skip
+    try:
+        output = follow(process, on_line, poll, poll_s)
+    except BaseException:
+        # A callback stopped the job (a pruned trial), or Ctrl-C: no orphaned workers.
+        stop_group(process)
+        raise
+    code = process.wait()
+    forget_group(process)
+    raise_if_stopped()  # ended by a stop (SIGINT/SIGTERM to the program): not a failure to retry
+    if code != 0:
+        raise failure_of("\n".join(output), code, job.folder.logs(_node(role)))
+
+
+def follow(process: subprocess.Popen, on_line: Callable[[str], None], poll: Callable[[], None],
+           poll_s: float = 1.0) -> list[str]:  # fmt: skip
+    """Stream `process`'s output until it ends: each line worth showing to `on_line`; `poll()`
+    after each line and after every `poll_s` seconds without one, and once at the end.
+    Returns every line (for the failure report)."""
+    assert process.stdout is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read(stdout) -> None:  # a thread: a silent job still gets polled
+        for line in stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, args=(process.stdout,), name="launcher-output", daemon=True).start()
+    shown, output = ConsoleFilter(), []
+    while True:
+        try:
+            line = lines.get(timeout=poll_s)
+        except queue.Empty:
+            poll()
+            continue
+        if line is None:
+            break
+        line = line.rstrip("\n")
+        output.append(line)
+        if shown(line):
+            on_line(line)
+        poll()
+    poll()
+    return output
+
+
+def _project_root() -> Path:
+    return Path(__file__).resolve().parents[2]

@@ -1,0 +1,107 @@
+"""This rank's training batches, read in order from a position, with what the row ledger
+and the checkpoint position need to know of each."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torchrec.datasets.utils import Batch
+
+from ingestion.reader import PAD_LABEL, BatchReader, build_reader, example_of_values
+from training.config import TrainingConfig
+from training.job import TrainJob
+from training.loop.checkpoint import TrainPosition
+
+
+def reader_prefetch(config: TrainingConfig) -> int:
+    """Batches to decode ahead in a background thread: only when a core is free for it.
+
+    Measured on 2 cores with 2 compute threads: a reader thread beside them cut training
+    throughput from 38.8k to 29.8k samples/s; reading in the training thread kept 38.8k.
+    """
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", config.nproc))
+    spare_cores = (os.cpu_count() or 1) - local_processes * config.threads_per_proc
+    return 4 if spare_cores >= 1 else 0
+
+
+def row_hashes(batch: Batch) -> torch.Tensor:
+    """A 64-bit hash per row of a batch (ids and label), for the trained-rows fingerprint."""
+    kjt = batch.sparse_features
+    # each id weighted by its feature, summed per example (multi-hot bags included)
+    feature_weights = torch.arange(1, len(kjt.keys()) + 1, dtype=torch.int64).mul_(0x9E3779B1)
+    ids = kjt.values().cpu().to(torch.int64)  # the batch's own tensor when int64 on CPU: never in place
+    lengths = kjt.lengths()
+    if ids.numel() == lengths.numel() and bool(lengths.eq(1).all()):
+        # one id per feature and example (values are feature-major): a [F, B] product, no
+        # per-value scatter (0.48 → 0.15 ms at batch 2048); the same sums, wrapping alike
+        summed = (ids.view(len(kjt.keys()), -1) * feature_weights.unsqueeze(1)).sum(0)
+    else:
+        weights = torch.repeat_interleave(feature_weights, torch.tensor(kjt.length_per_key()))
+        summed = torch.zeros(len(batch.labels), dtype=torch.int64).index_add_(
+            0, example_of_values(kjt).cpu(), ids * weights
+        )
+    return summed * 31 + batch.labels.cpu().to(torch.int64)  # wraps mod 2**64
+
+
+@dataclass(frozen=True)
+class ReadBatch:
+    """Where a batch read for training came from, and its rows' hashes for the ledger."""
+
+    epoch: int
+    index: int  # within the epoch
+    row_hashes: torch.Tensor
+
+
+class TrainBatches:
+    """This rank's training batches from `start` to the end of the last epoch.
+
+    The sparse-dist pipeline reads up to two batches ahead of the one it trains, and the
+    batches train in the order they were read: so the oldest batch read and not yet trained
+    (`pop_trained`) is the one a step just trained. The ledger and the checkpoint position
+    follow trained batches, never the ones in flight (a resume reads those again).
+    """
+
+    def __init__(self, job: TrainJob, device: torch.device, start: TrainPosition) -> None:
+        self.job, self.device, self.start = job, device, start
+        self.prefetch = reader_prefetch(job.training)
+        self.steps_per_epoch = self._reader(0).num_batches
+        self._read: deque[ReadBatch] = deque()
+        self.last_trained: ReadBatch | None = None
+        self.stream = self._batches()
+
+    def pop_trained(self) -> ReadBatch:
+        """The batch the step that just ran trained: the oldest one read and not yet trained."""
+        self.last_trained = self._read.popleft()
+        return self.last_trained
+
+    def position(self, step: int) -> TrainPosition:
+        """Where training stands after step `step`, which trained `last_trained`."""
+        trained = self.last_trained
+        assert trained is not None, "no batch trained yet"
+        if trained.index + 1 < self.steps_per_epoch:
+            return TrainPosition(step, trained.epoch, trained.index + 1)
+        return TrainPosition(step, trained.epoch + 1, 0)
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def _reader(self, epoch: int, first_batch: int = 0) -> BatchReader:
+        config = self.job.training
+        # every row trained: the last batch of an epoch is padded, and padding weighs nothing
+        # (training/model/objective.py)
+        return build_reader(self.job.train_files, self.job.workers.per_rank_batch(config.batch_size), dist.get_rank(),
+                            dist.get_world_size(), shuffle_seed=config.seed, epoch=epoch, start_batch=first_batch,
+                            drop_remainder=False, prefetch=self.prefetch)  # fmt: skip
+
+    def _batches(self) -> Iterator[Batch]:
+        for epoch in range(self.start.epoch, self.job.training.epochs):
+            first = self.start.batch if epoch == self.start.epoch else 0
+            for index, batch in enumerate(self._reader(epoch, first), start=first):
+                self._read.append(ReadBatch(epoch, index, row_hashes(batch)[batch.labels != PAD_LABEL]))
+                # page-locked, so the copy to the GPU is asynchronous and overlaps the step
+                yield batch.pin_memory() if self.device.type == "cuda" else batch
