@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from flows.config import PipelineConfig, load_config
-from flows.features import Features
+from flows.feature_files import Features
 from flows.retune import run_retune, train_and_score
 from ingestion.preprocess import apply_state, fit_state
 from ingestion.synthetic import GroundTruth, generate_day

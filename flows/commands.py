@@ -47,10 +47,9 @@ def load(args: argparse.Namespace, extra: list[str] | None = None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from flows.recurring import resolve_as_of
-    from flows.sources import raw_sources
+    config = load(args)  # fail fast, before Prefect starts (and before the heavy imports)
+    from flows.sources import raw_sources, resolve_as_of
 
-    config = load(args)  # fail fast, before Prefect starts
     if resolve_as_of(config, args.as_of) is None:
         raw_sources(config)  # a recurring run's days are known once its champion is
     from flows.local_server import prefect_api
@@ -96,9 +95,8 @@ def backfill(args: argparse.Namespace) -> int:
 
 
 def train(args: argparse.Namespace) -> int:
-    from flows.train_stage import train_on_this_host
+    from flows.feature_files import prepared_features
     from training.launch.host_role import HostRole
-    from training.launch.launcher import TrainingFailed
 
     hosts = []  # the hosts are the config's (orchestration.*); the command line may set them
     if args.nnodes is not None:
@@ -111,8 +109,12 @@ def train(args: argparse.Namespace) -> int:
     orchestration = config.orchestration
     role = HostRole(orchestration.trainer_hosts, args.node_rank, orchestration.rdzv_endpoint or "127.0.0.1:29400",
                     args.local_addr, args.socket_ifname, args.join_timeout)  # fmt: skip
+    features = prepared_features(config)  # checked before torch and Prefect load
+    from flows.train_stage import train_on_this_host
+    from training.launch.launcher import TrainingFailed
+
     try:
-        report = train_on_this_host(config, role, Path(args.out) if args.out else None)
+        report = train_on_this_host(config, features, role, Path(args.out) if args.out else None)
     except TrainingFailed as failure:
         print(f"dlrm: {failure}", file=sys.stderr)
         return 1
@@ -207,17 +209,19 @@ def plan(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from flows.config import load_cluster
+    from flows.feature_files import table_sizes_for
+
+    config = load(args)
+    cluster = load_cluster(args.cluster) if args.cluster else None
+    sizes = table_sizes_for(config)  # checked before torch loads
     from flows.planning import plan_report
     from training.launch.device import runtime_device
     from training.sharding.plan import this_job_cluster
 
-    config = load(args)
-    if args.cluster:
-        cluster = load_cluster(args.cluster)
-    else:
+    if cluster is None:
         device = runtime_device(config.training.device, 0)  # as the workers will choose it
         cluster = replace(this_job_cluster(device, config.training.nproc, config.training.nproc), name="this machine")
-    emit(plan_report(config, cluster), args.json)
+    emit(plan_report(config, cluster, sizes), args.json)
     return 0
 
 
@@ -270,6 +274,7 @@ def evaluate(args: argparse.Namespace) -> int:
 
     from evaluation.metrics import summarize
     from flows.reports import EvaluateReport
+    from training.job import JobFolder
 
     path = Path(args.predictions)
     if not path.exists():
@@ -277,8 +282,9 @@ def evaluate(args: argparse.Namespace) -> int:
     try:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as error:
+        example = JobFolder(Path("runs/demo/train")).predictions("2")
         raise UserError(f"{path}: not a readable Parquet file or folder ({str(error).splitlines()[0]}); pass the "
-                        "predictions Parquet a run wrote, e.g. runs/demo/train/predictions/day=2/") from None
+                        f"predictions Parquet a run wrote, e.g. {example}/") from None
     missing = {"label", "prediction"} - set(table.column_names)
     if missing:
         raise UserError(f"{path}: missing column(s) {sorted(missing)}; needs label, prediction[, weight]")

@@ -1,6 +1,6 @@
 """MLflow outages: training never waits for the tracking server, and no run is lost to one.
 
-Training writes its metrics locally (metrics.jsonl) and the run is logged once it is done.
+Training writes its metrics locally (the job folder's metrics file) and the run is logged once it is done.
 If the tracking server is unreachable then, the pipeline warns and waits for it (up to
 `tracking.outage_wait_s`); if it stays away, the whole record (metrics, history, params,
 artifacts, model) is written to `<run_dir>/mlflow-pending/`, and the next run uploads it

@@ -18,7 +18,8 @@ from evaluation.metrics import BinaryState, binary_state, compute_ne
 from evaluation.promotion import PromotionDecision, QualityEvidence, QualityGate, quality_failure
 from evaluation.report import EvalReport, Scores, build_report
 from flows.config import PipelineConfig
-from flows.features import STAGE, Features
+from flows.feature_files import Features
+from flows.features import STAGE
 from flows.registry import decision_tag, promote_if_better, promotion_lock
 from flows.stopped_runs import cancel_when_stopped
 from flows.tracking import logged_state

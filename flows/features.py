@@ -4,7 +4,7 @@ validate into the warehouse) and `preprocess` (DuckDB) subflows, and their tasks
 Shared by the `pipeline`, `retrain` and `retune` flows. Each stage skips a day whose
 inputs did not change (by its manifest) and logs that it did, so a second flow on the
 same days does no work. Days fan out over a thread pool of `orchestration.max_workers`,
-or a Dask cluster. `prepared_features` reads what an earlier run prepared (`dlrm train`).
+or a Dask cluster.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -25,6 +25,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.tasks import exponential_backoff
 
 from flows.config import ConfigError, PipelineConfig
+from flows.feature_files import Features
 from flows.reports import IngestDay
 from flows.sources import raw_sources
 from flows.stopped_runs import cancel_when_stopped
@@ -33,9 +34,8 @@ from ingestion.preprocess import (
     PreprocessState,
     apply_state,
     continue_state,
-    features_dir,
+    feature_rows,
     fit_state,
-    state_id_for,
 )
 from ingestion.synthetic import GroundTruth, existing_day, generate_day
 from ingestion.warehouse import ingest_day
@@ -50,16 +50,6 @@ class IngestError(RuntimeError):
     """No readable rows for a day the run needs."""
 
 
-@dataclass(frozen=True)
-class Features:
-    state: PreprocessState
-    files: dict[int, list[str]]  # day → feature files
-    ingest: list[IngestDay]  # one report per day (none: prepared by an earlier run)
-
-    def train_files(self, days: tuple[int, ...]) -> tuple[str, ...]:
-        return tuple(f for day in days for f in self.files[day])
-
-
 def prepare_features(config: PipelineConfig, parent: PreprocessState | None = None) -> Features:
     """Ingest and preprocess the config's days; `parent`: the preprocessing state of the
     model this run continues, extended instead of fitting a new one."""
@@ -69,29 +59,6 @@ def prepare_features(config: PipelineConfig, parent: PreprocessState | None = No
     ingest = ingest_days.with_options(**runner)(config, days)
     state, files = preprocess_days.with_options(**runner)(config, days, parent)
     return Features(state, files, ingest)
-
-
-def prepared_features(config: PipelineConfig) -> Features:
-    """The fitted state and feature files of the config's days, as an earlier `dlrm run` or
-    `dlrm preprocess` left them in the (shared) run folder."""
-    warehouse, root = config.path(config.data.warehouse_dir), config.path(config.preprocess.features_dir)
-    again = "run `dlrm preprocess --config …` (or `dlrm run`) with this config on the shared run folder first"
-    days = config.data.shown_days(config.data.train_days)
-    try:
-        state_id = state_id_for(config.preprocess, warehouse, config.data.train_days)
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"no warehouse for the training days under {warehouse} ({error}): {again}") from None
-    state_path = root / state_id / "state.json"
-    if not state_path.is_file():
-        raise ConfigError(f"no preprocessing state {state_id} for days {days} in {root}: {again}")
-    state = PreprocessState.load(state_path)
-    files = {}
-    for day in config.data.all_days:
-        folder = features_dir(root, state, day)
-        if not (folder / "_done.json").is_file():
-            raise ConfigError(f"no features of day {config.data.shown(day)} in {folder}: {again}")
-        files[day] = [str(path) for path in sorted(folder.glob("*.parquet"))]
-    return Features(state, files, [])
 
 
 def day_task_runner(config: PipelineConfig):
@@ -159,10 +126,10 @@ def generate_task(config: PipelineConfig, day: int) -> dict[str, Any]:
     raw = config.path(config.data.raw_dir)
     existing = existing_day(config.data.synthetic, raw, day, config.data.multi_hot)
     if existing:
-        get_run_logger().info("day %d: generated earlier with the same settings, reusing it", day)
+        get_run_logger().info("day %s: generated earlier with the same settings, reusing it", day)
         return asdict(existing)
     stats = generate_day(config.data.synthetic, day, raw, GroundTruth(config.data.synthetic, config.data.multi_hot))
-    get_run_logger().info("day %d: generated %s rows, Bayes-optimal NE %.4f", day, f"{stats.rows:,}", stats.bayes_ne)
+    get_run_logger().info("day %s: generated %s rows, Bayes-optimal NE %.4f", day, f"{stats.rows:,}", stats.bayes_ne)
     return asdict(stats)
 
 
@@ -207,9 +174,14 @@ def fit_task(config: PipelineConfig, parent: PreprocessState | None = None) -> P
     """Fit the state on the training days; for a run continuing a model, extend the
     model's own state (`parent`) with them instead."""
     warehouse, features_root = config.path(config.data.warehouse_dir), config.path(config.preprocess.features_dir)
+    days = config.data.train_days
     if parent is not None:
-        return continue_state(config.preprocess, parent, warehouse, features_root, config.data.train_days)
-    return fit_state(config.preprocess, warehouse, features_root, config.data.train_days)
+        state = continue_state(config.preprocess, parent, warehouse, features_root, days)
+    else:
+        state = fit_state(config.preprocess, warehouse, features_root, days)
+    get_run_logger().info("preprocessing state %s: days %s, %s rows, click rate %.4f", state.state_id,
+                          config.data.shown_days(days), f"{state.train_rows:,}", state.train_click_rate)  # fmt: skip
+    return state
 
 
 @task(name="preprocess-day", **STAGE)
@@ -217,6 +189,7 @@ def preprocess_task(config: PipelineConfig, state: PreprocessState, day: int) ->
     folder = apply_state(
         config.preprocess, state, config.path(config.data.warehouse_dir), config.path(config.preprocess.features_dir), day
     )
+    get_run_logger().info("day %s: %s feature rows → %s", config.data.shown(day), f"{feature_rows(folder):,}", folder)
     return [str(p) for p in sorted(folder.glob("*.parquet"))]
 
 

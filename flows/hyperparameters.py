@@ -16,7 +16,8 @@ from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 
 from flows.config import ConfigSource, PipelineConfig
-from flows.features import Features, run_logger
+from flows.feature_files import Features
+from flows.features import run_logger
 from flows.resolve import ResolvedRun
 from flows.retune import run_retune
 from flows.trainer_slots import waits_for

@@ -32,7 +32,8 @@ from flows.config import (
 )
 from flows.deferred import track_or_defer, wait_for_tracking
 from flows.evaluate import DayScores, evaluate_model, export_task, promote_task
-from flows.features import Features, prepare_features
+from flows.feature_files import Features
+from flows.features import prepare_features
 from flows.hyperparameters import choose_hyperparameters
 from flows.recurring import (
     Night,
@@ -40,12 +41,12 @@ from flows.recurring import (
     lineage_tags,
     plan_night,
     prune_lineage,
-    resolve_as_of,
     skipped_summary,
 )
 from flows.registry import current_champion
 from flows.reports import RunSummary, SkippedNight
 from flows.resolve import ResolvedRun, resolve_run
+from flows.sources import resolve_as_of
 from flows.stopped_runs import cancel_when_stopped
 from flows.tracking import (
     RunRecord,

@@ -10,7 +10,6 @@ import torch
 
 from flows.config import ClusterConfig, ConfigError, PipelineConfig
 from flows.reports import PlanReport
-from ingestion.preprocess import PreprocessState
 from training.model.build import build_train_model, row_width, table_name
 from training.sharding.plan import (
     cluster_topology,
@@ -23,23 +22,10 @@ from training.sharding.plan import (
 HOST_MEMORY_KERNELS = {"fused_uvm", "fused_uvm_caching"}
 
 
-def table_sizes_for(config: PipelineConfig) -> dict[str, int]:
-    """Declared tables if the config declares them, else the run's fitted preprocessing state."""
-    declared = config.model.declared_tables.table_sizes()
-    if declared:
-        return declared
-    states = sorted(config.path(config.preprocess.features_dir).glob("*/state.json"), key=lambda p: p.stat().st_mtime)
-    if not states:
-        raise ConfigError(
-            "model.declared_tables: no tables to plan; declare them in the config or run the pipeline first"
-        )
-    return PreprocessState.load(states[-1]).table_sizes
-
-
-def plan_report(config: PipelineConfig, cluster: ClusterConfig) -> PlanReport:
-    """Plan the config's model for `cluster` on the meta device (nothing is allocated)."""
+def plan_report(config: PipelineConfig, cluster: ClusterConfig, sizes: dict[str, int]) -> PlanReport:
+    """Plan the config's model, over tables of `sizes` rows (`table_sizes_for`), for
+    `cluster` on the meta device (nothing is allocated)."""
     started = time.perf_counter()
-    sizes = table_sizes_for(config)
     model = build_train_model(config.model, sizes, torch.device("meta"))
     try:
         per_rank_batch = cluster.workers.per_rank_batch(config.training.batch_size)

@@ -23,8 +23,12 @@ def apply_prefect_defaults() -> None:
 
 def quiet_library_output() -> None:
     """Settings that keep a normal run's console to what a person needs: no MLflow download
-    progress bars (a champion's files are a few MB, fetched in a blink)."""
+    progress bars (a champion's files are a few MB, fetched in a blink) or notes on creating
+    its database, and not torch.fx's notice (torchrec asks whether it is being traced, which
+    it never is here)."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    logging.getLogger("torch.fx._symbolic_trace").addFilter(lambda record: "is_fx_tracing" not in record.getMessage())
 
 
 class WithoutTracebacksOf(logging.Filter):
@@ -46,6 +50,6 @@ def console_without_tracebacks_of(error_names: set[str]) -> None:
     """Install `WithoutTracebacksOf` on Prefect's console handler (after Prefect set up its logging)."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    for handler in logging.getLogger("prefect").handlers:
+    for handler in [*logging.getLogger().handlers, *logging.getLogger("prefect").handlers]:
         if isinstance(handler, PrefectConsoleHandler):
             handler.addFilter(WithoutTracebacksOf(error_names))

@@ -36,7 +36,7 @@ from flows.registry import current_champion
 from flows.reports import SkippedNight
 from flows.sources import complete_days
 from flows.tracking import logged_state
-from ingestion.days import DayError, parse_day
+from ingestion.days import parse_day
 from ingestion.preprocess import PreprocessState
 from training.codec import decode
 from training.config import ModelConfig
@@ -47,7 +47,6 @@ TAG_PARENT = "lineage.parent_version"
 TAG_CHECKPOINT = "lineage.checkpoint"
 TAG_STATE = "preprocessing.state_id"
 LINEAGE_TAGS = (TAG_AS_OF, TAG_DAYS, TAG_PARENT, TAG_CHECKPOINT, TAG_STATE)
-NEWEST = "newest"
 
 
 @dataclass(frozen=True)
@@ -87,21 +86,6 @@ class Night:
     def lineage_days(self) -> tuple[int, ...]:
         before = self.warm_start.lineage_days if self.warm_start else ()
         return tuple(sorted({*before, *self.train_days}))
-
-
-def resolve_as_of(config: PipelineConfig, as_of: str | int | None) -> int | None:
-    """`--as-of`: a day, "newest" (the newest complete day), or None for a plain run."""
-    if as_of is None or as_of == "":
-        return None
-    if str(as_of) == NEWEST:
-        days = complete_days(config)
-        if not days:
-            raise ConfigError("--as-of newest: no complete day yet (data.files, data.complete_marker)")
-        return days[-1]
-    try:
-        return parse_day(as_of)
-    except DayError as error:
-        raise ConfigError(f"--as-of: {error}, or 'newest'") from None
 
 
 def plan_night(config: PipelineConfig, as_of: int, client: MlflowClient) -> Night:

@@ -28,7 +28,8 @@ from prefect.exceptions import MissingContextError
 
 from evaluation.metrics import MetricError, binary_state, compute_ne
 from flows.config import PipelineConfig, load_flow_config
-from flows.features import Features, prepare_features, run_logger
+from flows.feature_files import Features
+from flows.features import prepare_features, run_logger
 from flows.reports import RetuneReport
 from flows.resolve import ResolvedRun, resolve_run
 from flows.stopped_runs import cancel_when_stopped

@@ -31,8 +31,8 @@ from prefect.states import Cancelled
 
 from flows.config import PipelineConfig, load_config
 from flows.pipeline import pipeline, retrain
-from flows.recurring import NEWEST
 from flows.retune import retune
+from flows.sources import NEWEST
 from flows.train_nodes import node_deployment, train_node
 
 log = logging.getLogger("flows.serve")

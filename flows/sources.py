@@ -130,3 +130,21 @@ def _expanded(entries: tuple[str, ...]) -> list[tuple[int, str]]:
             raise ConfigError(f"data.files[{index}]: the pattern {entry} matches no file; fix it or remove it")
         files += [(index, match) for match in matches]
     return files
+
+
+NEWEST = "newest"  # `--as-of newest`: the newest complete day
+
+
+def resolve_as_of(config: PipelineConfig, as_of: str | int | None) -> int | None:
+    """`--as-of`: a day, "newest" (the newest complete day), or None for a plain run."""
+    if as_of is None or as_of == "":
+        return None
+    if str(as_of) == NEWEST:
+        days = complete_days(config)
+        if not days:
+            raise ConfigError("--as-of newest: no complete day yet (data.files, data.complete_marker)")
+        return days[-1]
+    try:
+        return parse_day(as_of)
+    except DayError as error:
+        raise ConfigError(f"--as-of: {error}, or 'newest'") from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,8 +135,15 @@ def log_pipeline_run(
 
 
 def log_serving_model(model: ServingModel, registered_model: str | None) -> ModelInfo:
-    """The pyfunc of training/serving/champion_pyfunc.py, from its code: raw Criteo rows → click
-    probabilities, loadable where only its requirements are installed."""
+    """The pyfunc of training/serving/champion_pyfunc.py, from its code: raw Criteo rows →
+    click probabilities, loadable where only its requirements are installed. Its signature
+    is given; an input example would only have MLflow score it once more at logging time."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
+        return _log_pyfunc(model, registered_model)
+
+
+def _log_pyfunc(model: ServingModel, registered_model: str | None) -> ModelInfo:
     return mlflow.pyfunc.log_model(
         name="model",
         python_model=str(CHAMPION_CODE),

@@ -23,7 +23,8 @@ from prefect.artifacts import (
 
 from evaluation.metrics import binary_state, compute_ne
 from flows.config import PipelineConfig
-from flows.features import STAGE, Features, prepared_features
+from flows.feature_files import Features
+from flows.features import STAGE
 from flows.reports import NodeReport, TrainReport
 from flows.resolve import ResolvedRun, resolve_run
 from flows.stopped_runs import cancel_when_stopped
@@ -119,12 +120,11 @@ def _publish_plan(folder: JobFolder) -> None:
         create_table_artifact(key="sharding-plan", table=rows, description="Where each embedding table lives")
 
 
-def train_on_this_host(config: PipelineConfig, role: HostRole, out: Path | None,
+def train_on_this_host(config: PipelineConfig, features: Features, role: HostRole, out: Path | None,
                        say: Callable[[str], None] = print) -> TrainReport | NodeReport:  # fmt: skip
     """`dlrm train`: this host's part of the config's job (`orchestration.trainer_hosts`
-    hosts, this one `role.node_rank`), on the features the run folder holds. Node 0 returns
-    the job's report, the others their part's."""
-    features = prepared_features(config)
+    hosts, this one `role.node_rank`), on the features the run folder holds
+    (`prepared_features`). Node 0 returns the job's report, the others their part's."""
     run = resolve_run(config, state=features.state)
     for line in run.change_lines():
         say(f"[train] {line}")

@@ -194,7 +194,7 @@ def fit_state(config: PreprocessConfig, warehouse: Path, features_root: Path, tr
     state = PreprocessState(state_id, buckets, tuple(sorted(train_days)), rows, click_rate, config.categorical_mode,
                             mean_ids, table_rows, dense=layout.dense, id_types=dict(layout.id_types))  # fmt: skip
     state.save(state_path)  # written last: a state without its vocabularies is never seen
-    log.info("fitted preprocessing state %s on %s rows of days %s", state_id, f"{rows:,}", list(train_days))
+    log.debug("fitted preprocessing state %s on %s rows of days %s", state_id, f"{rows:,}", list(train_days))
     return state
 
 
@@ -273,8 +273,7 @@ def continue_state(config: PreprocessConfig, parent: PreprocessState, warehouse:
         added, left_out = added + min(free, candidates), left_out + max(0, candidates - free)
     state = dataclasses.replace(continued, state_id=state_id, buckets=sizes, parent=parent.state_id)
     state.save(state_path)  # last: a state without its vocabularies is never seen
-    log.info("preprocessing state %s continues %s on days %s: %s new ids in free rows%s", state_id,
-             parent.state_id, list(days), f"{added:,}",
+    log.info("preprocessing state %s continues %s: %s new ids in free rows%s", state_id, parent.state_id, f"{added:,}",
              f", {left_out:,} more share the out-of-vocabulary row (tables full)" if left_out else "")  # fmt: skip
     return state
 
@@ -360,5 +359,10 @@ def apply_state(config: PreprocessConfig, state: PreprocessState, warehouse: Pat
         staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    log.info("day %d: %s feature rows → %s", day, f"{rows:,}", target)
+    log.debug("day %d: %s feature rows → %s", day, f"{rows:,}", target)
     return target
+
+
+def feature_rows(folder: Path) -> int:
+    """The rows of a day's features (`apply_state`'s folder)."""
+    return int(json.loads((folder / "_done.json").read_text())["rows"])

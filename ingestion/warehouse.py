@@ -120,7 +120,7 @@ def ingest_day(
     multi_hot = check_multi_hot(multi_hot)
     warehouse.mkdir(parents=True, exist_ok=True)
     if not force and _already_ingested(sources, day, warehouse, multi_hot):
-        log.info("day %d: already ingested from the same sources, skipping", day)
+        log.debug("day %d: already ingested from the same sources, skipping", day)
         manifest = read_manifest(warehouse, day) or {}
         return DayReport(day, [FileReport(**f) for f in manifest.get("files", [])], multi_hot, skipped=True)
     staging = warehouse / "_tmp" / f"day={day}-{uuid.uuid4().hex[:8]}"

@@ -1,7 +1,7 @@
 """One JSON codec for the project's records: dataclasses to JSON-ready data and back.
 
 Every record that crosses a file or a process goes through it: the run config (from
-TOML), the training job (`job.json`), the job's summary and metrics records, and the
+TOML), the training job's file, the job's summary and metrics records, and the
 commands' `--json` reports. Decoding checks each field against its type hint and says
 which key is wrong in one line (`training.batch_size: expected int, got str 'big'`).
 

@@ -14,10 +14,12 @@ import pytest
 import torch
 
 from evaluation.config import EvaluationConfig
+from training.codec import encode
 from training.config import CpuConfig, ModelConfig, ShardingConfig, TrainingConfig
 from training.job import TrainJob
 from training.launch.launcher import TrainingFailed, launch
 from training.loop.checkpoint import latest_checkpoint
+from training.loop.progress import read_records
 from training.serving.export import export_model
 
 pytestmark = pytest.mark.slow
@@ -58,7 +60,7 @@ def _worker_of_rank(job_path: Path, rank: int) -> int | None:
 
 
 def _logged_step(metrics: str) -> int:
-    """The last step in metrics.jsonl; a line still being written is not counted yet."""
+    """The last step in the job's metrics file; a line still being written is not counted yet."""
     steps = [0]
     for line in metrics.splitlines(keepends=True):
         if line.endswith("\n"):
@@ -69,11 +71,11 @@ def _logged_step(metrics: str) -> int:
 def _kill_one_worker_after(job: TrainJob, step: int) -> threading.Thread:
     """SIGKILL rank 1's process once the run has logged `step`."""
     def watch() -> None:
-        metrics = job.out / "metrics.jsonl"
+        metrics = job.folder.metrics
         deadline = time.time() + 120
         while time.time() < deadline:
             if metrics.is_file() and _logged_step(metrics.read_text()) >= step:
-                pid = _worker_of_rank(job.out / "job.json", rank=1)
+                pid = _worker_of_rank(job.folder.job_file(), rank=1)
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
                     return
@@ -91,7 +93,7 @@ def _params(job: TrainJob) -> dict[str, torch.Tensor]:
 def test_killed_worker_resumes_to_the_same_parameters(tiny_features, tmp_path: Path) -> None:
     reference = _job(tiny_features, tmp_path / "uninterrupted")
     launch(reference, on_line=lambda line: None)
-    expected = json.loads((reference.out / "summary.json").read_text())
+    expected = encode(reference.folder.read_summary())
 
     job = _job(tiny_features, tmp_path / "killed")
     watcher = _kill_one_worker_after(job, step=25)
@@ -104,7 +106,7 @@ def test_killed_worker_resumes_to_the_same_parameters(tiny_features, tmp_path: P
 
     lines: list[str] = []
     launch(job, on_line=lines.append)  # the relaunch of the same run resumes
-    resumed = json.loads((job.out / "summary.json").read_text())
+    resumed = encode(job.folder.read_summary())
     assert any("resuming from" in line for line in lines)
     assert resumed["resumed_from_step"] == survived
     assert resumed["steps"] == expected["steps"]
@@ -121,7 +123,7 @@ def test_a_failed_launch_is_relaunched_and_resumes(tiny_features, tmp_path: Path
     lines: list[str] = []
     launch(job, on_line=lines.append)
     watcher.join()
-    summary = json.loads((job.out / "summary.json").read_text())
+    summary = encode(job.folder.read_summary())
     assert any("rank 1 was killed by SIGKILL" in line for line in lines), "the failure is reported"
     assert any("relaunching (restart 1 of 1)" in line for line in lines)
     assert summary["resumed_from_step"] >= 20 and any("resuming from" in line for line in lines)
@@ -155,7 +157,7 @@ def test_the_sparse_dist_pipeline_trains_what_plain_steps_train_and_resumes(tiny
     evaluation = EvaluationConfig(batch_size=1024, ne_window=2048, heldout_every_steps=7, heldout_batches=1)
     plain = replace(_job(tiny_features, tmp_path / "plain", pipeline="plain"), evaluation=evaluation)
     launch(plain, on_line=lambda line: None)
-    expected = json.loads((plain.out / "summary.json").read_text())
+    expected = encode(plain.folder.read_summary())
 
     job = replace(_job(tiny_features, tmp_path / "pipelined", pipeline="sparse_dist"), evaluation=evaluation)
     watcher = _kill_one_worker_after(job, step=25)
@@ -163,16 +165,16 @@ def test_the_sparse_dist_pipeline_trains_what_plain_steps_train_and_resumes(tiny
         launch(job, on_line=lambda line: None)
     watcher.join()
     launch(job, on_line=lambda line: None)
-    resumed = json.loads((job.out / "summary.json").read_text())
+    resumed = encode(job.folder.read_summary())
     assert resumed["pipeline"] == "sparse_dist" and expected["pipeline"] == "plain"
     assert resumed["resumed_from_step"] >= 20
     assert resumed["rows_trained"] == expected["rows_trained"]
     assert resumed["rows_fingerprint"] == expected["rows_fingerprint"]
     for name, value in _params(plain).items():
         assert torch.allclose(_params(job)[name], value, atol=1e-6), name
-    heldout = [json.loads(line) for line in (job.out / "metrics.jsonl").read_text().splitlines()]
-    expected_heldout = [json.loads(line) for line in (plain.out / "metrics.jsonl").read_text().splitlines()]
-    assert [m.get("heldout_ne") for m in heldout] == pytest.approx([m.get("heldout_ne") for m in expected_heldout])
+    heldout = [getattr(r, "heldout_ne", None) for r in read_records(job.folder.metrics)]
+    expected_heldout = [getattr(r, "heldout_ne", None) for r in read_records(plain.folder.metrics)]
+    assert heldout == pytest.approx(expected_heldout)
 
 
 def test_this_projects_embedding_updates_train_what_fbgemms_kernel_trains(tiny_features, tmp_path: Path) -> None:
@@ -184,7 +186,7 @@ def test_this_projects_embedding_updates_train_what_fbgemms_kernel_trains(tiny_f
     for kernel in ("fbgemm", "vectorized", "native"):
         job = _job(tiny_features, tmp_path / kernel, CpuConfig(embedding_update=kernel), epochs=1, dense_lr=1e-12)
         launch(job, on_line=lambda line: None)
-        assert json.loads((job.out / "summary.json").read_text())["cpu"]["embedding_update"] == kernel
+        assert encode(job.folder.read_summary())["cpu"]["embedding_update"] == kernel
         runs[kernel] = _params(job)
     embedding_names = [name for name in runs["fbgemm"] if "embedding_bags" in name]
     assert embedding_names

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from training.job import JobFolder
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.slow,
@@ -35,6 +37,6 @@ def test_dlrm_trains_on_cuda_with_nccl_and_the_sparse_pipeline(tmp_path: Path) -
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["device"] == "cuda" and report["world_size"] == nproc and report["eval_ne"] < 0.95
-    summary = json.loads((tmp_path / "gpu" / "summary.json").read_text())
-    assert (summary["backend"], summary["pipeline"]) == ("nccl", "sparse_dist")
-    assert summary["cpu"] == {}, "no CPU kernel on a GPU host"
+    summary = JobFolder(tmp_path / "gpu").read_summary()
+    assert (summary.backend, summary.pipeline) == ("nccl", "sparse_dist")
+    assert summary.cpu == {}, "no CPU kernel on a GPU host"

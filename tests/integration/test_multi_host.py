@@ -19,6 +19,8 @@ import pytest
 
 from flows.config import load_config
 from ingestion.preprocess import apply_state, fit_state
+from training.job import JobFolder
+from training.loop.progress import read_records
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +74,13 @@ def prepared_run(tiny_warehouse: Path, tmp_path_factory: pytest.TempPathFactory)
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def one_host_two_processes(prepared_run: Path) -> dict:
+    """The reference every multi-host job of 2 processes is compared with: one host running
+    both (its `dlrm train --json` report)."""
+    return _alone(prepared_run, "one-host-2", 2)
+
+
 def _train(run_dir: Path, out: str, nproc: int, *extra: str, host: str | None = None) -> subprocess.Popen:
     command = [DLRM, "train", "--config", str(ROOT / "configs" / "tiny.toml"), "--set", f'run_dir="{run_dir}"',
                "--set", f"training.nproc={nproc}", "--set", "training.checkpoint_every=10",
@@ -106,8 +115,9 @@ def _alone(run_dir: Path, out: str, nproc: int) -> dict:
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_two_hosts_train_as_one_host_with_every_process(two_hosts: list[str], prepared_run: Path, nproc: int) -> None:
-    one_host = _alone(prepared_run, f"one-host-{nproc}", 2 * nproc)
+def test_two_hosts_train_as_one_host_with_every_process(two_hosts: list[str], prepared_run: Path, nproc: int,
+                                                        one_host_two_processes: dict) -> None:  # fmt: skip
+    one_host = one_host_two_processes if nproc == 1 else _alone(prepared_run, f"one-host-{2 * nproc}", 2 * nproc)
     (leader, *_), (follower, *_) = results = _on_two_hosts(prepared_run, f"two-hosts-{nproc}", nproc, two_hosts)
     assert leader == follower == 0, [stderr[-3000:] for *_, stderr in results]
     report, other = _report(results[0][1]), _report(results[1][1])
@@ -116,8 +126,9 @@ def test_two_hosts_train_as_one_host_with_every_process(two_hosts: list[str], pr
     assert report["global_batch_size"] == one_host["global_batch_size"] == 256, "the batch is global, not per host"
     assert report["steps"] == one_host["steps"] and report["rows_trained"] == one_host["rows_trained"] == 12_000
     assert abs(report["eval_ne"] - one_host["eval_ne"]) <= 1e-6
-    logs = sorted(p.name for p in (prepared_run / f"two-hosts-{nproc}" / "logs").iterdir())
-    assert logs == ["node-0", "node-1"], "each host keeps its own logs in the shared folder"
+    folder = JobFolder(prepared_run / f"two-hosts-{nproc}")
+    assert folder.logs(0).is_dir() and folder.logs(1).is_dir(), "each host keeps its own logs in the shared folder"
+    assert {p.name for p in folder.logs().iterdir()} == {folder.logs(0).name, folder.logs(1).name}
 
 
 def _is_worker(pid: int) -> bool:
@@ -127,17 +138,15 @@ def _is_worker(pid: int) -> bool:
         return False
 
 
-def _kill_rank_after(out: Path, job_file: str, step: int) -> threading.Thread:
-    """SIGKILL the worker started with `job_file` once the job has logged `step`."""
+def _kill_rank_after(folder: JobFolder, node_rank: int, step: int) -> threading.Thread:
+    """SIGKILL the worker that node `node_rank`'s launch started once the job has logged `step`."""
 
     def watch() -> None:
         deadline = time.time() + 120
         while time.time() < deadline:
-            metrics = out / "metrics.jsonl"
-            steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines(keepends=True)
-                     if line.endswith("\n")] if metrics.is_file() else []  # fmt: skip
+            steps = [record.step for record in read_records(folder.metrics)]
             if steps and max(steps) >= step:
-                found = subprocess.run(["pgrep", "-f", f"training.worker {out / job_file}"], capture_output=True,
+                found = subprocess.run(["pgrep", "-f", f"training.worker {folder.job_file(node_rank)}"], capture_output=True,
                                        text=True, check=False).stdout.split()  # fmt: skip
                 workers = [pid for pid in map(int, found) if _is_worker(pid)]  # not torchrun itself
                 if workers:
@@ -151,10 +160,10 @@ def _kill_rank_after(out: Path, job_file: str, step: int) -> threading.Thread:
 
 
 def test_a_killed_worker_fails_the_job_on_both_hosts_and_the_same_commands_resume_it(
-    two_hosts: list[str], prepared_run: Path
+    two_hosts: list[str], prepared_run: Path, one_host_two_processes: dict
 ) -> None:
     out = prepared_run / "killed"
-    watcher = _kill_rank_after(out, "job-node-1.json", step=25)
+    watcher = _kill_rank_after(JobFolder(out), node_rank=1, step=25)
     results = _on_two_hosts(prepared_run, "killed", 1, two_hosts)
     watcher.join(timeout=10)
     (leader, _, leader_err), (follower, _, follower_err) = results
@@ -166,7 +175,7 @@ def test_a_killed_worker_fails_the_job_on_both_hosts_and_the_same_commands_resum
     assert [code for code, *_ in again] == [0, 0], [stderr[-3000:] for *_, stderr in again]
     resumed = _report(again[0][1])
     assert resumed["resumed_from_step"] >= 20
-    uninterrupted = _alone(prepared_run, "uninterrupted", 2)
+    uninterrupted = one_host_two_processes
     assert resumed["steps"] == uninterrupted["steps"] and resumed["rows_trained"] == uninterrupted["rows_trained"]
     assert abs(resumed["eval_ne"] - uninterrupted["eval_ne"]) <= 1e-6
 
@@ -179,7 +188,7 @@ def test_ctrl_c_on_one_host_stops_every_host(two_hosts: list[str], prepared_run:
         for rank, name in enumerate(two_hosts)
     ]
     deadline = time.time() + 120
-    while not (out / "metrics.jsonl").is_file() and time.time() < deadline:
+    while not JobFolder(out).metrics.is_file() and time.time() < deadline:
         time.sleep(0.1)
     hosts[1].send_signal(signal.SIGINT)  # `ip netns exec` passes it on to the dlrm process
     results = [process.communicate(timeout=120) for process in hosts]
@@ -207,7 +216,7 @@ def _wait_until_answers(host: str, url: str, process: subprocess.Popen, log: Pat
 
 
 def test_the_pipeline_trains_across_hosts_served_as_trainer_nodes(
-    two_hosts: list[str], prepared_run: Path, tmp_path: Path
+    two_hosts: list[str], prepared_run: Path, tmp_path: Path, one_host_two_processes: dict
 ) -> None:
     """A Prefect server on host 0, `dlrm serve --trainer-node R` on each host, and the pipeline
     (on host 0) whose training stage runs on both: the same model as one host with both processes."""
@@ -238,7 +247,7 @@ def test_the_pipeline_trains_across_hosts_served_as_trainer_nodes(
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
     assert summary["world_size"] == 2 and summary["rows_trained"] == 12_000
-    one_host = _alone(prepared_run, "one-host-reference", 2)
+    one_host = one_host_two_processes
     assert summary["steps"] == one_host["steps"]
     assert abs(summary["eval_ne"] - one_host["eval_ne"]) <= 1e-6
-    assert (prepared_run / "train" / "logs" / "node-1").is_dir(), "host 1 trained its part"
+    assert JobFolder(prepared_run / "train").logs(1).is_dir(), "host 1 trained its part"

@@ -18,6 +18,7 @@ from evaluation.metrics import binary_state, compute_ne
 from ingestion.days import parse_day
 from ingestion.sample_warehouse import DENSE, SPARSE, write_sample_warehouse
 from ingestion.warehouse import partition_dir, read_manifest
+from training.job import JobFolder
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +99,7 @@ def test_the_tables_are_the_columns_and_the_served_model_scores_the_users_rows_a
     served_ne = compute_ne(binary_state(frame["clicked"].to_numpy(np.float64), scores))
     assert len(scores) == read_manifest(run_dir / "warehouse", parse_day(DATES[3]))["rows_written"]
     assert served_ne == pytest.approx(summary["eval_ne"], abs=2e-4)
-    plan = json.loads((run_dir / "train" / "plan.json").read_text())
+    plan = JobFolder(run_dir / "train").read_plan()
     assert sorted(row["table"] for row in plan) == sorted(f"t_{name}" for name in SPARSE)
 
 

@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.config import load_config
 from ingestion.warehouse import read_manifest
+from training.job import JobFolder
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +101,8 @@ def test_mlflow_run_has_metrics_params_plan_and_plots(pipeline_run) -> None:
     assert len(heldout) >= 2 and all(0 < m.value < 2 for m in heldout)
     assert client.get_metric_history(run.info.run_id, "train_total_steps") == [], "a record's total is no metric"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "training")}
-    assert {"training/plan.txt", "training/plan.json", "training/summary.json"} <= artifacts
+    folder = JobFolder(config.path("train"))
+    assert {f"training/{path.name}" for path in (*folder.plan_files, folder.summary_file)} <= artifacts
     tags = run.data.tags
     assert (tags["training.world_size"], tags["training.device"]) == ("2", "cpu")
     assert tags["training.precision"] in ("fp32", "bf16")
@@ -141,8 +143,7 @@ def test_model_is_registered_loads_and_becomes_champion(pipeline_run) -> None:
 
 def _run_predictions(config, day: int) -> np.ndarray:
     """The run's own predictions of the day, in row order (rank r scored the r-th share)."""
-    folder = next(config.path("train").glob(f"**/predictions/day={day}"))
-    return pq.read_table(sorted(folder.glob("*.parquet")), partitioning=None)["prediction"].to_numpy()
+    return JobFolder(config.path("train")).read_predictions(str(day)).predictions
 
 
 def _raw_lines(config, day: int) -> list[str]:
@@ -294,7 +295,7 @@ def test_a_killed_worker_fails_the_train_task_which_prefect_retries_from_the_che
     from prefect import flow
     from test_checkpoint_recovery import _kill_one_worker_after
 
-    from flows.features import Features
+    from flows.feature_files import Features
     from flows.train_stage import TrainedModel, build_job, train_task
 
     state, files = tiny_features

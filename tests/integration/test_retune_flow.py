@@ -15,6 +15,7 @@ from prefect.client.orchestration import get_client
 from flows.config import load_config
 from flows.features import prepare_features
 from flows.retune import validation_ne
+from training.job import JobFolder
 from training.tuning.key import tuning_key
 from training.tuning.study import study_name
 
@@ -69,7 +70,7 @@ def test_a_trial_scores_the_mean_ne_of_its_seeds(tuned_run) -> None:
         assert per_seed[seeds[0]] != per_seed[seeds[1]]
         # ... and the trial's value is their mean, each recomputed from its own predictions.
         trial_dir = config.path("tuning") / study.study_name / f"trial-{trial.number:04d}"
-        recomputed = [validation_ne(trial_dir / f"seed-{s}" / "predictions") for s in seeds]
+        recomputed = [validation_ne(JobFolder(trial_dir / f"seed-{s}")) for s in seeds]
         assert recomputed == pytest.approx([per_seed[s] for s in seeds], abs=1e-9)
         assert trial.value == pytest.approx(sum(recomputed) / 2, abs=1e-9)
         metrics = children[str(trial.number)].data.metrics
@@ -126,7 +127,9 @@ def test_scale_and_schedule_scales_the_nearest_key_and_creates_a_retune_run(tune
     decision = _decide(CONFIG, bigger)
     best = _study(config).best_params
     assert decision.action == "scale_and_schedule" and decision.source is not None
-    assert decision.params["training.embedding_lr"] == pytest.approx(best["training.embedding_lr"] * math.sqrt(4))
+    # 1,024 would train 12 steps on 12,000 rows (min_steps 20): the run, and so its key, is at batch 512
+    assert decision.key.global_batch_size == 512
+    assert decision.params["training.embedding_lr"] == pytest.approx(best["training.embedding_lr"] * math.sqrt(2))
     assert "scheduled as flow run" in decision.reason
 
     async def runs():
@@ -162,7 +165,7 @@ def test_early_stopping_trials_choose_the_epochs_the_tuned_run_trains(prefect_se
     client = MlflowClient(config.tracking_uri)
     for trial in complete:
         folder = config.path("tuning") / study.study_name / f"trial-{trial.number:04d}"
-        heldout = [r for r in read_records(folder / "metrics.jsonl") if isinstance(r, HeldoutRecord)]
+        heldout = [r for r in read_records(JobFolder(folder).metrics) if isinstance(r, HeldoutRecord)]
         per_epoch = heldout[0].total_steps // 3
         assert heldout[0].total_steps == 3 * per_epoch, "every trial may train up to 3 epochs"
         ends = [r.heldout_ne for r in heldout if r.step % per_epoch == 0]

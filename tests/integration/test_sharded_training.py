@@ -1,17 +1,16 @@
 """Real torchrun jobs: 2 gloo processes on CPU, on the tiny generated days."""
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
 
 from evaluation.config import EvaluationConfig
 from evaluation.metrics import summarize
 from ingestion.reader import build_reader
+from training.codec import encode
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.cpu import memory as cpu_memory
 from training.job import TrainJob
@@ -54,11 +53,11 @@ def test_two_process_training_converges(tiny_features, tmp_path: Path, sharding:
     lines: list[str] = []
     launch(job, on_line=lines.append)
     assert any("samples/s" in line for line in lines), "progress is streamed"
-    predictions = pq.read_table(sorted((tmp_path / "predictions" / "day=2").glob("*.parquet")))
-    assert predictions.num_rows == 6000, "every eval row is scored once, padding dropped"
-    metrics = summarize(predictions["label"].to_numpy(), predictions["prediction"].to_numpy())
+    predictions = job.folder.read_predictions("2")
+    assert len(predictions.labels) == 6000, "every eval row is scored once, padding dropped"
+    metrics = summarize(predictions.labels, predictions.predictions)
     assert metrics["ne"] < 0.93 and metrics["auc"] > 0.7
-    plan = (tmp_path / "plan.txt").read_text()
+    plan = job.folder.plan_files[0].read_text()
     assert sharding.sharding_type in plan and "rank 1:" in plan
 
 
@@ -68,9 +67,9 @@ def test_bf16_training_converges_like_fp32(tiny_features, tmp_path: Path) -> Non
         job = _job(tiny_features, tmp_path / precision, ShardingConfig(), precision=precision)
         lines: list[str] = []
         launch(job, on_line=lines.append)
-        table = pq.read_table(sorted((job.out / "predictions" / "day=2").glob("*.parquet")))
-        results[precision] = summarize(table["label"].to_numpy(), table["prediction"].to_numpy())["ne"]
-        summary = json.loads((job.out / "summary.json").read_text())
+        scores = job.folder.read_predictions("2")
+        results[precision] = summarize(scores.labels, scores.predictions)["ne"]
+        summary = encode(job.folder.read_summary())
         assert summary["precision"] == precision
         # fp32 products on CPU run in oneDNN's fused layers (the default); bf16 ones in torch's
         assert summary["cpu"]["matmul"] == ("onednn" if precision == "fp32" else "aten")
@@ -92,7 +91,7 @@ def test_auto_precision_resolves_for_this_cpu(tiny_features, tmp_path: Path) -> 
     lines: list[str] = []
     launch(job, on_line=lines.append)
     expected = "bf16" if native_bf16(torch.device("cpu")) else "fp32"
-    assert json.loads((job.out / "summary.json").read_text())["precision"] == expected
+    assert job.folder.read_summary().precision == expected
     assert not [line for line in lines if "no native bf16" in line]
 
 
@@ -106,7 +105,7 @@ def test_exported_model_reproduces_the_sharded_predictions(tiny_features, tmp_pa
             for b in build_reader(job.eval_files["2"], 1000, drop_remainder=False)
         ])[:6000]  # fmt: skip
     # Rank files hold consecutive slices of the eval rows, in order.
-    sharded = pq.read_table(sorted((tmp_path / "predictions" / "day=2").glob("*.parquet")))["prediction"].to_numpy()
+    sharded = job.folder.read_predictions("2").predictions
     assert np.allclose(unsharded, sharded, atol=1e-5)
 
 
@@ -141,18 +140,18 @@ def test_a_caller_that_stops_the_job_leaves_no_worker_behind(tiny_features, tmp_
         launch(job, on_line=lambda line: None, on_progress=stop_at_first_heldout)
     # 6,000 rows a rank at 128: 46 full batches and a partial one, which trains too
     assert [(r.kind, r.step, r.total_steps) for r in seen] == [("train", 5, 47), ("heldout", 10, 47)]
-    survivors = subprocess.run(["pgrep", "-f", str(job.out / "job.json")], check=False, capture_output=True, text=True)
+    survivors = subprocess.run(["pgrep", "-f", str(job.folder.job_file())], check=False, capture_output=True, text=True)
     assert survivors.stdout.strip() == "", "no worker survives its stopped launch"
-    assert not (job.out / "summary.json").exists(), "the job did not run to its end"
+    assert not job.folder.summary_file.exists(), "the job did not run to its end"
 
 
 def test_multi_hot_bags_train_and_score(multi_hot_features, tmp_path: Path) -> None:
     state, _files = multi_hot_features
     job = replace(_job(multi_hot_features, tmp_path, ShardingConfig("column_wise", "fused")), pooling_factors=state.multi_hot)
     launch(job, on_line=lambda line: None)
-    predictions = pq.read_table(sorted((tmp_path / "predictions" / "day=2").glob("*.parquet")))
-    assert predictions.num_rows == 4000
-    metrics = summarize(predictions["label"].to_numpy(), predictions["prediction"].to_numpy())
+    predictions = job.folder.read_predictions("2")
+    assert len(predictions.labels) == 4000
+    metrics = summarize(predictions.labels, predictions.predictions)
     assert metrics["ne"] < 0.95 and metrics["auc"] > 0.65
     # The exported (unsharded) model scores the same bags the same way.
     model = export_model(job, latest_checkpoint(job.checkpoint_root))
@@ -161,7 +160,7 @@ def test_multi_hot_bags_train_and_score(multi_hot_features, tmp_path: Path) -> N
             torch.sigmoid(model(b.dense_features, b.sparse_features).squeeze(-1)).numpy()
             for b in build_reader(job.eval_files["2"], 1000, drop_remainder=False)
         ])  # fmt: skip
-    assert np.allclose(np.sort(unsharded), np.sort(predictions["prediction"].to_numpy()), atol=1e-5)
+    assert np.allclose(np.sort(unsharded), np.sort(predictions.predictions), atol=1e-5)
 
 
 def test_compiled_training_in_two_processes_trains_what_eager_trains(tiny_features, tmp_path: Path) -> None:
@@ -173,7 +172,7 @@ def test_compiled_training_in_two_processes_trains_what_eager_trains(tiny_featur
     for compiled in (False, True):
         job = _job(tiny_features, tmp_path / str(compiled), ShardingConfig(), compile=compiled, epochs=1)
         launch(job, on_line=lambda line: None)
-        assert json.loads((job.out / "summary.json").read_text())["compiled"] is compiled
+        assert encode(job.folder.read_summary())["compiled"] is compiled
         params[compiled] = export_model(job, latest_checkpoint(job.checkpoint_root)).state_dict()
     for name, value in params[False].items():
         assert torch.allclose(params[True][name], value, atol=1e-5), name

@@ -62,7 +62,7 @@ def test_the_logistic_regression_reference_is_within_1_percent_of_scikit_learns(
     from evaluation.metrics import binary_state, compute_ne
     from ingestion.preprocess import PreprocessState
     from ingestion.schema import SPARSE_COLUMNS
-    from tests.unit.training.test_baselines import _one_hot, one_blas_thread
+    from tests.unit.training.test_reference import _one_hot, one_blas_thread
     from training.reference import DEFAULT_C_GRID, row_id_hash, validation_rows
 
     config, summary = small_run

@@ -1,6 +1,7 @@
 """Ctrl-C and SIGTERM on a real `dlrm run`: every process it started ends within seconds,
 its Prefect flow runs end Cancelled (none left Running), the exit code names the signal,
-and the same command afterwards resumes from the interrupted run's checkpoint."""
+and the same command afterwards resumes from the interrupted run's checkpoint (twice
+stopped, one run folder: each stop is tested on the command that resumed the one before)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from training.job import JobFolder
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -65,12 +68,17 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _start_and_wait_for_a_checkpoint(run_dir: Path, home: Path, log: Path) -> subprocess.Popen:
+def _checkpoint_steps(run_dir: Path) -> list[int]:
+    return [int(meta.parent.name.split("-")[1]) for meta in run_dir.glob("train/checkpoints/*/step-*/meta.json")]
+
+
+def _start_and_wait_for_a_checkpoint(run_dir: Path, home: Path, log: Path, after_step: int = 0) -> subprocess.Popen:
+    """`dlrm run`, once it has saved a checkpoint past `after_step` (it is training then)."""
     process = subprocess.Popen(_command(run_dir), cwd=ROOT, env=_environment(home), stdout=subprocess.DEVNULL,
                                stderr=log.open("w"), start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 300
-    while not list(run_dir.glob("train/checkpoints/*/step-*/meta.json")):
-        assert process.poll() is None, f"the run ended before its first checkpoint:\n{log.read_text()[-3000:]}"
+    while max(_checkpoint_steps(run_dir), default=0) <= after_step:
+        assert process.poll() is None, f"the run ended before its checkpoint:\n{log.read_text()[-3000:]}"
         assert time.monotonic() < deadline, "no checkpoint within 300 s"
         time.sleep(0.2)
     return process
@@ -95,42 +103,54 @@ def _stop(process: subprocess.Popen, signum: int, times: int = 1) -> tuple[int, 
     return code, time.monotonic() - began, started
 
 
-def test_ctrl_c_twice_stops_everything_marks_the_runs_and_the_same_command_resumes(tmp_path: Path) -> None:
-    run_dir, home, log = tmp_path / "run", tmp_path / "prefect", tmp_path / "stderr.log"
-    process = _start_and_wait_for_a_checkpoint(run_dir, home, log)
-    code, seconds, started = _stop(process, signal.SIGINT, times=2)
+@pytest.fixture(scope="module")
+def stopped_twice_then_finished(tmp_path_factory: pytest.TempPathFactory):
+    """One run folder: `dlrm run` stopped by Ctrl-C twice, the same command stopped by SIGTERM
+    (to the process only, as a supervisor stops it) once it has trained on past the first
+    stop, then the same command to its end. What each stop and the last run left."""
+    tmp_path = tmp_path_factory.mktemp("stopping")
+    run_dir, home = tmp_path / "run", tmp_path / "prefect"
+    stops = {}
+    process = _start_and_wait_for_a_checkpoint(run_dir, home, tmp_path / "ctrl-c.log")
+    stops["SIGINT"] = (*_stop(process, signal.SIGINT, times=2), (tmp_path / "ctrl-c.log").read_text(),
+                       _flow_run_states(home))  # fmt: skip
+    first_stop = max(_checkpoint_steps(run_dir))
+    process = _start_and_wait_for_a_checkpoint(run_dir, home, tmp_path / "sigterm.log", after_step=first_stop)
+    started = _descendants(process.pid)
+    began = time.monotonic()
+    os.kill(process.pid, signal.SIGTERM)
+    stops["SIGTERM"] = (process.wait(timeout=60), time.monotonic() - began, started,
+                        (tmp_path / "sigterm.log").read_text(), _flow_run_states(home))  # fmt: skip
+    second_stop = max(_checkpoint_steps(run_dir))
+    again = subprocess.run(_command(run_dir), check=False, cwd=ROOT, env=_environment(home), capture_output=True,
+                           text=True, timeout=600)  # fmt: skip
+    return stops, (first_stop, second_stop), again
 
-    assert code == 130, log.read_text()[-3000:]
+
+@pytest.mark.parametrize(("signame", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_stop_ends_everything_the_run_started_and_marks_its_flow_runs(stopped_twice_then_finished, signame: str,
+                                                                         code: int) -> None:  # fmt: skip
+    stops, _, _ = stopped_twice_then_finished
+    exit_code, seconds, started, log, states = stops[signame]
+    assert exit_code == code, log[-3000:]
     assert seconds < 30, f"stopping took {seconds:.0f} s"
     time.sleep(1.0)
+    assert started, "the command had started processes (a Prefect server, torchrun, workers)"
     assert not [pid for pid in started if _alive(pid)], "no process the command started outlives it"
-    lines = log.read_text().splitlines()
-    assert lines[-1] == "dlrm: stopped by SIGINT" and "Traceback" not in log.read_text()
-    states = _flow_run_states(home)
+    assert log.splitlines()[-1] == f"dlrm: stopped by {signame}" and "Traceback" not in log
     assert "RUNNING" not in states.values(), states
-    assert states["pipeline"] == "CANCELLED" and states["train"] == "CANCELLED", states
+    if signame == "SIGINT":
+        assert states["pipeline"] == "CANCELLED" and states["train"] == "CANCELLED", states
 
-    again = subprocess.run(_command(run_dir), check=False, cwd=ROOT, env=_environment(home), capture_output=True, text=True,
-                           timeout=600)  # fmt: skip
+
+def test_the_same_command_resumes_from_the_last_stop_and_trains_every_row(stopped_twice_then_finished) -> None:
+    _, (first_stop, second_stop), again = stopped_twice_then_finished
+    assert 20 <= first_stop < second_stop, "the second run trained on from the first stop's checkpoint"
     assert again.returncode == 0, again.stderr[-3000:]
     summary = json.loads(again.stdout.strip().splitlines()[-1])
-    assert summary["resumed_from_step"] >= 20, "the same command resumes the interrupted run"
-    assert summary["rows_trained"] == 12_000 * EPOCHS, "every training row once an epoch, across the resume"
+    assert summary["resumed_from_step"] == second_stop, "the same command resumes the interrupted run"
+    assert summary["rows_trained"] == 12_000 * EPOCHS, "every training row once an epoch, across both resumes"
     assert "resuming the interrupted run from step-" in again.stderr
-
-
-def test_sigterm_stops_the_run_with_exit_code_143(tmp_path: Path) -> None:
-    run_dir, home, log = tmp_path / "run", tmp_path / "prefect", tmp_path / "stderr.log"
-    process = _start_and_wait_for_a_checkpoint(run_dir, home, log)
-    started = _descendants(process.pid)
-    os.kill(process.pid, signal.SIGTERM)  # a supervisor's stop: to the process only
-    code = process.wait(timeout=60)
-
-    assert code == 143, log.read_text()[-3000:]
-    time.sleep(1.0)
-    assert not [pid for pid in started if _alive(pid)], "no process the command started outlives it"
-    assert log.read_text().splitlines()[-1] == "dlrm: stopped by SIGTERM"
-    assert "RUNNING" not in _flow_run_states(home).values()
 
 
 def test_serve_with_server_shows_its_deployments_in_the_ui_and_ctrl_c_stops_it_and_its_retrain(
@@ -205,7 +225,7 @@ def test_ctrl_c_stops_a_retune_and_marks_its_mlflow_runs_killed(tmp_path: Path) 
     process = subprocess.Popen(command, cwd=ROOT, env=_environment(home), stdout=subprocess.DEVNULL,
                                stderr=log.open("w"), start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 300
-    while not list(run_dir.glob("tuning/*/trial-*/metrics.jsonl")):
+    while not [trial for trial in run_dir.glob("tuning/*/trial-*") if JobFolder(trial).metrics.is_file()]:
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.2)
     time.sleep(1.0)  # the trial is training

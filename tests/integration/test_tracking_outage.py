@@ -16,6 +16,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 from services import ROOT, VENV_BIN, create_database, drop_database, free_port, start_mlflow, stop
 
+from training.job import JobFolder
+from training.loop.progress import TrainRecord, read_records
+
 pytestmark = pytest.mark.slow
 
 
@@ -47,8 +50,7 @@ def _logged_history(client: MlflowClient, run_id: str) -> int:
 
 
 def _local_history(run_dir: Path) -> int:
-    lines = (run_dir / "train" / "metrics.jsonl").read_text().splitlines()
-    return sum("train_window_ne" in json.loads(line) for line in lines if line.strip())
+    return sum(isinstance(record, TrainRecord) for record in read_records(JobFolder(run_dir / "train").metrics))
 
 
 def test_mlflow_killed_during_training_gets_every_metric_when_it_returns(
@@ -113,7 +115,8 @@ def test_a_run_that_cannot_reach_mlflow_is_uploaded_by_the_next_run(
         late = [r for r in runs if r.data.tags.get("tracking.deferred") == "true"]
         assert len(late) == 1 and late[0].data.metrics["eval_ne"] == pytest.approx(deferred["eval_ne"])
         assert _logged_history(client, late[0].info.run_id) == first_history
-        assert {a.path for a in client.list_artifacts(late[0].info.run_id, "training")} >= {"training/plan.txt"}
+        plan_text = JobFolder(run_dir / "train").plan_files[0].name
+        assert {a.path for a in client.list_artifacts(late[0].info.run_id, "training")} >= {f"training/{plan_text}"}
         versions = {str(v.version) for v in client.search_model_versions("name='dlrm-ctr-tiny'")}
         assert versions == {"1", "2"}, "the deferred model is registered too"
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -106,7 +107,9 @@ def latest_checkpoint(root: Path) -> Path | None:
 def load_unsharded(model: nn.Module, checkpoint: Path) -> nn.Module:
     """Load a sharded checkpoint's model into a plain model in this one process."""
     state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+    with warnings.catch_warnings():  # one process on purpose: DCP warns that no process group is up
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
     model.load_state_dict(state["model"])
     return model
 

@@ -5,7 +5,7 @@ import logging
 import optuna
 import pytest
 
-from flows.features import Features
+from flows.feature_files import Features
 from flows.retune import EpochEnds, StopEarly, TrainingTrial
 from training.loop.progress import HeldoutRecord, TrainRecord
 

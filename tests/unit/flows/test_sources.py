@@ -74,8 +74,7 @@ def test_a_pattern_sees_the_days_that_land_later(tmp_path: Path) -> None:
 
 def test_only_marked_days_are_complete(tmp_path: Path) -> None:
     """Per-file markers ("{file}.done") and a `_SUCCESS` per day folder."""
-    from flows.recurring import resolve_as_of
-    from flows.sources import complete_days
+    from flows.sources import complete_days, resolve_as_of
 
     flat = tmp_path / "flat"
     flat.mkdir()

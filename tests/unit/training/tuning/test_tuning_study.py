@@ -36,7 +36,7 @@ from training.tuning.study import (
     tuned_keys,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 POSTGRES_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 KEY = TuningKey(2048, 2, 1, "cpu", "EPYC", 12)
 
@@ -103,7 +103,7 @@ WORKER = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, {root!r})
-    from tests.unit.training.test_tuning_study import bowl, _study
+    from tests.unit.training.tuning.test_tuning_study import bowl, _study
     from training.tuning.config import TuningConfig
     from training.tuning.study import run_worker
 

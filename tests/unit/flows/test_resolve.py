@@ -1,0 +1,82 @@
+"""A run resolved once: the rewrites of the configured run come in one order, each said, and
+the tuning key, the job and the summary name the batch the run trains at."""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from evaluation.report import EvalReport
+from flows.config import load_config
+from flows.feature_files import Features
+from flows.pipeline import run_summary
+from flows.recurring import Night, WarmStart
+from flows.reports import IngestDay
+from flows.resolve import resolve_run
+from flows.tracking import TrackedRun
+from flows.train_stage import TrainedModel, build_job
+from ingestion.preprocess import PreprocessState
+from training.job import JobFolder, TrainSummary
+from training.tuning.key import tuning_key
+from training.tuning.trigger import TuningDecision
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = ROOT / "configs" / "tiny.toml"
+# 12,000 training rows, as the tiny config's two days
+STATE = PreprocessState("s", {"C1": 10, "C2": 5}, (0, 1), 12_000, 0.25)
+
+
+def _features(config) -> Features:
+    files = {day: [f"/features/day={day}/part-0.parquet"] for day in config.data.all_days}
+    return Features(STATE, files, [IngestDay(day, 6000, 6000, 0, [], False) for day in config.data.all_days])
+
+
+def test_a_tuned_batch_is_fitted_by_the_run_length_rule_and_the_key_job_and_summary_name_it(tmp_path: Path) -> None:
+    config = load_config(TINY, [f'run_dir="{tmp_path}"'])  # nproc 2, batch 256, min_steps 20
+    lookup = resolve_run(config, state=STATE)
+    assert lookup.config.training.batch_size == 256 and lookup.key.global_batch_size == 256, "47 steps: kept"
+    tuned = TuningDecision("use_tuned", "key was tuned", lookup.key, {"training.batch_size": 4096,
+                                                                       "training.embedding_lr": 0.02})  # fmt: skip
+    run = resolve_run(config, state=STATE, tuning=tuned)
+    # 4,096 would train 3 steps on 12,000 rows: halved to 512 (24 steps), after the tuner's choice
+    assert run.config.training.batch_size == 512 and run.steps == 24
+    assert run.config.training.embedding_lr == 0.02 and config.training.batch_size == 256, "the configured config stays"
+    assert [change.step for change in run.changes] == ["tuning", "run length", "tuning key"]
+    assert "training.batch_size 256 → 4096" in run.changes[0].note
+    assert "training at batch 512 (24 steps)" in run.changes[1].note
+    assert run.key == tuning_key(run.config.training, run.workers) and run.key.global_batch_size == 512
+    assert run.key != lookup.key and lookup.key.fingerprint in run.changes[-1].note
+    job = build_job(run.config, _features(run.config))
+    assert job.training.batch_size == 512 and job.workers.per_rank_batch(job.training.batch_size) == 256
+    # the worker writes the job's batch into its summary (training/worker.py); the run's summary reads it
+    trained = TrainedModel(_summary(job.training.batch_size, job.workers.world_size), JobFolder(tmp_path))
+    report = EvalReport({"ne": 0.9}, {2: {"ne": 0.9}}, [], {})
+    summary = run_summary(run, _features(run.config), report, trained, TrackedRun("r", "", "1"), None)
+    assert summary.global_batch_size == 512 and summary.tuning_key == run.key.fingerprint
+
+
+def test_the_champion_shape_wins_over_the_tuner_and_a_warm_start_skips_the_warm_up(tmp_path: Path) -> None:
+    config = load_config(TINY, [f'run_dir="{tmp_path}"', "training.warmup_fraction=0.05"])
+    champion = dataclasses.replace(config.model, embedding_dim=16, bottom_mlp=(32, 16))
+    night = Night(3, (2,), WarmStart("4", "run", "/ckpt", (0, 1), champion, STATE))
+    tuned = TuningDecision("use_tuned", "tuned", resolve_run(config, night, STATE).key,
+                           {"model.embedding_dim": 32, "training.dense_lr": 0.01})  # fmt: skip
+    run = resolve_run(config, night, STATE, tuned)
+    assert run.config.model == champion and run.config.training.dense_lr == 0.01
+    assert (run.config.data.train_days, run.config.data.eval_days) == ((2,), (3,))
+    assert run.config.training.warmup_fraction == 0.0 and "no warm-up" in run.changes[0].note
+    assert [change.step for change in run.changes][:3] == ["night", "tuning", "champion shape"]
+    assert resolve_run(config, night, STATE, tuned) == run, "the same inputs resolve to the same run"
+
+
+def test_before_the_data_is_known_only_the_night_applies(tmp_path: Path) -> None:
+    config = load_config(TINY, [f'run_dir="{tmp_path}"'])
+    draft = resolve_run(config, Night(2, (0, 1)))
+    assert draft.steps is None and draft.config.data.eval_days == (2,) and draft.config.training == config.training
+
+
+def _summary(batch: int, world: int) -> TrainSummary:
+    return TrainSummary(steps=24, samples=1, seconds=1.0, samples_per_s=1.0, first_step_seconds=0.1, compiled=False,
+                        precision="fp32", cpu={}, rows_trained=12_000, rows_fingerprint=int(np.uint64(7)),
+                        resumed_from_step=0, world_size=world, global_batch_size=batch, device="cpu", backend="gloo",
+                        pipeline="plain", checkpoint="/c", eval_rows_rank0=3000)  # fmt: skip
