@@ -34,8 +34,13 @@ $(CHROMIUM):
 	@( apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium) ) > $(VENV)/apt.log 2>&1 \
 	|| { tail -5 $(VENV)/apt.log; echo "could not install chromium: run 'sudo apt-get install chromium'"; exit 1; }
 
+# Two test processes: much of an end-to-end test is waiting (servers starting, a stopped
+# run ending), so two share a 2-core machine well. Each test module runs whole in one of them
+# (fixtures are module-wide), the longest first (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: install $(CHROMIUM)
-	PREFECT_HOME=$(CURDIR)/.pytest-prefect $(BIN)/python -m pytest -q --durations=15
+	PREFECT_HOME=$(CURDIR)/.pytest-prefect $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
+		--no-loadscope-reorder --durations=15
 
 bench: install
 	$(BIN)/python bench/generate.py

@@ -124,17 +124,18 @@ def train(args: argparse.Namespace) -> int:
 
 def retune(args: argparse.Namespace) -> int:
     from flows.sources import raw_sources
+    from training.tuning.config import budget_overrides
 
-    raw_sources(load(args))  # fail fast, before Prefect starts
+    config = load(args, budget_overrides(args.trials, args.timeout))
+    raw_sources(config)  # fail fast, before Prefect starts
     from flows.local_server import prefect_api
     from flows.reports import RetuneReport
-    from flows.retune import retune as retune_flow
+    from flows.retune import retune_of
     from training.codec import decode
 
     _prefect_console_quiet()
     with prefect_api():
-        result = retune_flow(config_path=args.config, overrides=args.overrides, n_trials=args.trials,
-                             timeout_s=args.timeout)  # fmt: skip
+        result = retune_of(config)
     emit(decode(RetuneReport, result, "the retune's result"), args.json)
     return 0
 

@@ -51,5 +51,7 @@ def console_without_tracebacks_of(error_names: set[str]) -> None:
     from prefect.logging.handlers import PrefectConsoleHandler
 
     for handler in [*logging.getLogger().handlers, *logging.getLogger("prefect").handlers]:
-        if isinstance(handler, PrefectConsoleHandler):
+        if isinstance(handler, PrefectConsoleHandler) and not any(
+            isinstance(f, WithoutTracebacksOf) for f in handler.filters
+        ):
             handler.addFilter(WithoutTracebacksOf(error_names))

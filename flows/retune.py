@@ -42,6 +42,7 @@ from training.job import JobFolder, TrainJob
 from training.launch.launcher import launch
 from training.locking import exclusive
 from training.loop.progress import HeldoutRecord, MetricsRecord
+from training.tuning.config import budget_overrides
 from training.tuning.key import TuningKey
 from training.tuning.space import Params, apply_params, suggest
 from training.tuning.study import (
@@ -84,11 +85,15 @@ def retune(
     timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Tune the hyperparameters of the config's key; the budget may be set per call."""
-    extra = [f"tuning.n_trials={n_trials}"] if n_trials else []
-    extra += [f"tuning.timeout_s={timeout_s}"] if timeout_s else []
-    config = load_flow_config(config_path, [*(overrides or []), *extra])
+    return retune_of(load_flow_config(config_path, [*(overrides or []), *budget_overrides(n_trials, timeout_s)]))
+
+
+@flow(name="retune", log_prints=True, on_crashed=[cancel_when_stopped])
+def retune_of(config: PipelineConfig) -> dict[str, Any]:
+    """The `retune` flow on a config the caller has loaded (`dlrm retune` reads its file once)."""
     features = prepare_features(config)
     return encode(run_retune(resolve_run(config, state=features.state), features).report())
+
 
 
 def run_retune(run: ResolvedRun, features: Features) -> RetuneResult:

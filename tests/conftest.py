@@ -78,3 +78,20 @@ def multi_hot_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def multi_hot_features(multi_hot_warehouse: Path, tmp_path_factory: pytest.TempPathFactory):
     """The hash-mode state fitted on days 0–1 of the multi-hot days, and every day's files."""
     return _fit_and_apply(multi_hot_warehouse, tmp_path_factory.mktemp("mh-features"))
+
+
+# Seconds each end-to-end module took on an idle 2-core machine (measured; only an order).
+# `make test` runs modules in two processes, each taking the next module as it finishes one:
+# the longest first, so that no long module starts last and runs alone.
+MODULE_SECONDS = {
+    "test_stopping.py": 190, "test_multi_host.py": 160, "test_recurring.py": 107, "test_production_stack.py": 107,
+    "test_tracking_outage.py": 105, "test_checkpoint_recovery.py": 89, "test_sharded_training.py": 87,
+    "test_retune_flow.py": 68, "test_pipeline_flow.py": 51, "test_cli.py": 50, "test_dask_runner.py": 39,
+    "test_own_warehouse.py": 33, "test_small_real_data.py": 25, "test_tuning_study.py": 16,
+    "test_trainer_slots.py": 13,
+}  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest modules first (see MODULE_SECONDS); within a module, the order as written."""
+    items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, 0))

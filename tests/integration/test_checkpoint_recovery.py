@@ -43,6 +43,18 @@ def _job(features, out: Path, cpu: CpuConfig | None = None, **training) -> Train
     )
 
 
+HELDOUT = EvaluationConfig(batch_size=1024, ne_window=2048, heldout_every_steps=7, heldout_batches=1)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_features, tmp_path_factory: pytest.TempPathFactory) -> TrainJob:
+    """The run every interrupted one must end equal to: plain steps, never stopped (with a
+    held-out NE every 7 steps, which trains nothing)."""
+    job = replace(_job(tiny_features, tmp_path_factory.mktemp("uninterrupted"), pipeline="plain"), evaluation=HELDOUT)
+    launch(job, on_line=lambda line: None)
+    return job
+
+
 def _rows_given(job: TrainJob) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in job.train_files)
 
@@ -90,9 +102,8 @@ def _params(job: TrainJob) -> dict[str, torch.Tensor]:
     return export_model(job, latest_checkpoint(job.checkpoint_root)).state_dict()
 
 
-def test_killed_worker_resumes_to_the_same_parameters(tiny_features, tmp_path: Path) -> None:
-    reference = _job(tiny_features, tmp_path / "uninterrupted")
-    launch(reference, on_line=lambda line: None)
+def test_killed_worker_resumes_to_the_same_parameters(tiny_features, uninterrupted: TrainJob, tmp_path: Path) -> None:
+    reference = uninterrupted
     expected = encode(reference.folder.read_summary())
 
     job = _job(tiny_features, tmp_path / "killed")
@@ -117,7 +128,7 @@ def test_killed_worker_resumes_to_the_same_parameters(tiny_features, tmp_path: P
         assert torch.allclose(_params(job)[name], value, atol=1e-6), name
 
 
-def test_a_failed_launch_is_relaunched_and_resumes(tiny_features, tmp_path: Path) -> None:
+def test_a_failed_launch_is_relaunched_and_resumes(tiny_features, uninterrupted: TrainJob, tmp_path: Path) -> None:
     job = _job(tiny_features, tmp_path / "restarted", max_restarts=1)
     watcher = _kill_one_worker_after(job, step=25)
     lines: list[str] = []
@@ -131,6 +142,9 @@ def test_a_failed_launch_is_relaunched_and_resumes(tiny_features, tmp_path: Path
     # `auto` chose the same kernels for the relaunch as for the first launch, without timing
     chosen = [line for line in lines if "CPU kernels:" in line]
     assert len(chosen) == 2 and chosen[0] == chosen[1]
+    assert summary["rows_fingerprint"] == uninterrupted.folder.read_summary().rows_fingerprint
+    for name, value in _params(uninterrupted).items():
+        assert torch.allclose(_params(job)[name], value, atol=1e-6), name
 
 
 def test_checkpoints_load_across_world_sizes(tiny_features, tmp_path: Path) -> None:
@@ -150,16 +164,15 @@ def test_checkpoints_load_across_world_sizes(tiny_features, tmp_path: Path) -> N
             assert torch.allclose(params[name], value, atol=1e-4), name  # lr 1e-12: the weights barely move
 
 
-def test_the_sparse_dist_pipeline_trains_what_plain_steps_train_and_resumes(tiny_features, tmp_path: Path) -> None:
+def test_the_sparse_dist_pipeline_trains_what_plain_steps_train_and_resumes(tiny_features, uninterrupted: TrainJob,
+                                                                           tmp_path: Path) -> None:  # fmt: skip
     """TorchRec's TrainPipelineSparseDist reads two batches ahead of the one it trains.
     Killed mid-run and resumed, it must still train every row once, in the plain loop's
     order, to the same parameters; held-out evaluations pause it between steps."""
-    evaluation = EvaluationConfig(batch_size=1024, ne_window=2048, heldout_every_steps=7, heldout_batches=1)
-    plain = replace(_job(tiny_features, tmp_path / "plain", pipeline="plain"), evaluation=evaluation)
-    launch(plain, on_line=lambda line: None)
+    plain = uninterrupted
     expected = encode(plain.folder.read_summary())
 
-    job = replace(_job(tiny_features, tmp_path / "pipelined", pipeline="sparse_dist"), evaluation=evaluation)
+    job = replace(_job(tiny_features, tmp_path / "pipelined", pipeline="sparse_dist"), evaluation=HELDOUT)
     watcher = _kill_one_worker_after(job, step=25)
     with pytest.raises(TrainingFailed):
         launch(job, on_line=lambda line: None)

@@ -203,8 +203,11 @@ def _in_host(host: str, command: list[str], env: dict[str, str], log: Path) -> s
                             stderr=log.open("w"), start_new_session=True)  # fmt: skip
 
 
-def _wait_until_answers(host: str, url: str, process: subprocess.Popen, log: Path) -> None:
-    probe = f"import httpx, sys; sys.exit(0 if httpx.get('{url}/health', timeout=2).status_code == 200 else 1)"
+def _wait_until_answers(host: str, url: str, process: subprocess.Popen, log: Path, path: str = "/health",
+                        also: str = "/health") -> None:  # fmt: skip
+    """Until the server at `url` (inside `host`'s namespace) answers `path` and `also`."""
+    probe = (f"import httpx, sys; sys.exit(0 if all(httpx.get('{url}' + p, timeout=2).status_code == 200 "
+             f"for p in ({path!r}, {also!r})) else 1)")
     deadline = time.time() + 120
     while time.time() < deadline:
         assert process.poll() is None, log.read_text()[-3000:]
@@ -233,7 +236,8 @@ def test_the_pipeline_trains_across_hosts_served_as_trainer_nodes(
         for rank, host in enumerate(two_hosts):
             started.append(_in_host(host, [DLRM, "serve", *config, "--trainer-node", str(rank)], env,
                                     tmp_path / f"node-{rank}.log"))  # fmt: skip
-        time.sleep(8)  # both deployments registered
+        _wait_until_answers(two_hosts[0], api, started[0], tmp_path / "server.log",
+                            path="/deployments/name/train-node/node-1", also="/deployments/name/train-node/node-0")
         run = subprocess.run(["ip", "netns", "exec", two_hosts[0], DLRM, "run", *config, "--set", "training.nproc=1",
                               "--set", "orchestration.trainer_hosts=2", "--set", f'orchestration.rdzv_endpoint="{ENDPOINT}"',
                               "--json"], env=env, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip

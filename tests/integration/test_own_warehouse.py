@@ -62,6 +62,23 @@ def test_the_warehouse_trains_end_to_end_on_its_own_dates(warehouse_run) -> None
     assert summary["promoted"], summary["promotion_reason"]
 
 
+def test_days_are_shown_as_the_warehouse_writes_them_everywhere(warehouse_run) -> None:
+    """ISO dates in the summary's keys and values, the MLflow tags and the registry's lineage."""
+    from mlflow.tracking import MlflowClient
+
+    run_dir, _, summary = warehouse_run
+    assert summary[f"eval_ne_day_{DATES[3]}"] == pytest.approx(summary["eval_ne"])
+    assert not [key for key in summary if key.startswith("eval_ne_day_") and key[-1:].isdigit() and "-" not in key]
+    assert summary["lineage_days"] == DATES[:3] and summary["days_already_ingested"] in ([], DATES)
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.tags["evaluation.days"] == DATES[3]
+    version = client.get_model_version("dlrm-ctr-warehouse-example", summary["model_version"])
+    assert version.tags["lineage.days"] == ",".join(DATES[:3])
+    per_day = json.loads(Path(client.download_artifacts(run.info.run_id, "evaluation/per_day.json")).read_text())
+    assert list(per_day) == [DATES[3]]
+
+
 def test_rows_read_equal_rows_written_plus_quarantined_per_file(warehouse_run) -> None:
     run_dir, _, summary = warehouse_run
     total = sum(pq.ParquetFile(f).metadata.num_rows for date in DATES for f in source_files(run_dir, date))

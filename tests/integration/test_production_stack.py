@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -125,19 +125,20 @@ def served(stack: Stack, first_run: dict) -> Iterator[dict]:
             server.wait()
 
 
-def test_retrain_through_the_api_completes_and_registers_a_new_version(stack: Stack, served: dict) -> None:
-    # What the UI's Run → Quick run sends: a flow run of the deployment, default parameters.
+def test_the_api_creates_a_retrain_with_the_deployments_parameters(stack: Stack, served: dict) -> None:
+    """What the UI's Run → Quick run sends, from a script: a flow run of the deployment with
+    its default parameters (scheduled a day ahead, so the trainer leaves it; the UI test
+    below runs one to the end)."""
+    tomorrow = (datetime.now(UTC) + timedelta(days=1)).isoformat()
     created = httpx.post(f"{stack.prefect_api}/deployments/{served['id']}/create_flow_run",
-                         json={"state": {"type": "SCHEDULED"}}, timeout=10)  # fmt: skip
+                         json={"state": {"type": "SCHEDULED", "state_details": {"scheduled_time": tomorrow}}},
+                         timeout=10)  # fmt: skip
     assert created.status_code == 201, created.text
-    state = _wait_for_flow_run(stack, created.json()["id"], seconds=420)
-    assert state == "COMPLETED", served["log"].read_text()[-4000:]
-    client = MlflowClient(stack.mlflow_uri)
-    run = client.search_runs([client.get_experiment_by_name("dlrm-tiny").experiment_id],
-                             "tags.`pipeline.config` = 'tiny'", order_by=["attributes.start_time DESC"])[0]  # fmt: skip
-    assert "eval_ne" in run.data.metrics
-    versions = {str(v.version) for v in client.search_model_versions("name='dlrm-ctr-tiny'")}
-    assert {"1", "2"} <= versions, "a new model version beside the first run's"
+    run = created.json()
+    assert run["parameters"]["config_path"] == "configs/tiny.toml" and run["state"]["type"] == "SCHEDULED"
+    assert run["parameters"]["overrides"] == served["parameters"]["overrides"]
+    deleted = httpx.delete(f"{stack.prefect_api}/flow_runs/{run['id']}", timeout=10)
+    assert deleted.status_code == 204, deleted.text
 
 
 def test_the_server_schedules_the_nightly_deployments_runs(stack: Stack, served: dict) -> None:
@@ -155,7 +156,7 @@ def test_the_server_schedules_the_nightly_deployments_runs(stack: Stack, served:
         assert run["parameters"]["as_of"] == "newest", "each night runs as of the newest complete day"
 
 
-def test_the_prefect_ui_run_button_starts_a_retrain_that_completes(stack: Stack, served: dict, tmp_path: Path) -> None:
+def test_the_prefect_ui_run_button_starts_a_retrain_that_completes_and_registers_a_new_version(stack: Stack, served: dict, tmp_path: Path) -> None:
     """Headless Debian Chromium, driven by Playwright: open the deployment, press Run."""
     from playwright.sync_api import sync_playwright
 
@@ -178,6 +179,12 @@ def test_the_prefect_ui_run_button_starts_a_retrain_that_completes(stack: Stack,
     assert len(new) == 1, "one press of Run, one flow run"
     state = _wait_for_flow_run(stack, new[0]["id"], seconds=420)
     assert state == "COMPLETED", served["log"].read_text()[-4000:]
+    client = MlflowClient(stack.mlflow_uri)
+    run = client.search_runs([client.get_experiment_by_name("dlrm-tiny").experiment_id],
+                             "tags.`pipeline.config` = 'tiny'", order_by=["attributes.start_time DESC"])[0]  # fmt: skip
+    assert "eval_ne" in run.data.metrics
+    versions = {str(v.version) for v in client.search_model_versions("name='dlrm-ctr-tiny'")}
+    assert {"1", "2"} <= versions, "a new model version beside the first run's"
 
 
 # As the machine's probe ran it: no background networking (this host has no internet).

@@ -163,7 +163,8 @@ def test_serve_with_server_shows_its_deployments_in_the_ui_and_ctrl_c_stops_it_a
     run_dir, home, log = tmp_path / "run", tmp_path / "prefect", tmp_path / "stderr.log"
     port = _free_port()
     command = [sys.executable, "-m", "flows.cli", "serve", "--config", str(ROOT / "configs" / "tiny.toml"),
-               "--set", f'run_dir="{run_dir}"', "--set", "training.epochs=30", "--with-server", "--port", str(port)]  # fmt: skip
+               "--set", f'run_dir="{run_dir}"', "--set", "training.epochs=30", "--set", "training.checkpoint_every=20",
+               "--with-server", "--port", str(port)]  # fmt: skip
     process = subprocess.Popen(command, cwd=ROOT, env=_environment(home), stdout=log.open("w"),
                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 240

@@ -117,3 +117,9 @@ class TuningConfig:
         if any(d <= 0 or d % 4 for d in self.embedding_dims) or any(f <= 0 for f in self.mlp_width_factors):
             raise ValueError("embedding_dims: dimensions must be positive multiples of 4 and width factors positive, "
                              f"got {list(self.embedding_dims)} and {list(self.mlp_width_factors)}")
+
+
+def budget_overrides(n_trials: int | None, timeout_s: float | None) -> list[str]:
+    """A study's budget given per call (`dlrm retune --trials/--timeout`, the retune
+    deployment's fields), as config overrides."""
+    return [*([f"tuning.n_trials={n_trials}"] if n_trials else []), *([f"tuning.timeout_s={timeout_s}"] if timeout_s else [])]
