@@ -36,6 +36,7 @@ from ingestion.parquet_source import ingest_parquet_day
 from ingestion.preprocess import apply_state, fit_state
 from ingestion.sample_warehouse import DENSE, SPARSE, write_sample_warehouse
 from ingestion.warehouse import partition_dir
+from training.codec import decode
 
 DAYS = 4
 ROWS_PER_DAY = 250_000
@@ -43,8 +44,8 @@ DATES = [(dt.date(2026, 11, 17) + dt.timedelta(days=i)).isoformat() for i in ran
 
 
 def source_config(source: Path) -> DataConfig:
-    return DataConfig(source="parquet", path=str(source), label="clicked", dense=tuple(DENSE), sparse=SPARSE,
-                      train_days=tuple(DATES[:-1]), eval_days=(DATES[-1],))  # fmt: skip
+    return decode(DataConfig, {"source": "parquet", "path": str(source), "label": "clicked", "dense": list(DENSE),
+                               "sparse": list(SPARSE), "train_days": DATES[:-1], "eval_days": DATES[-1:]})  # fmt: skip
 
 
 def stream_rows(files: list[Path], columns: list[str] | None = None) -> tuple[int, float]:

@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from flows.config import PipelineConfig, load_config
 from flows.feature_files import Features
+from flows.reports import IngestDay
+from flows.resolve import resolve_run
 from flows.retune import run_retune, train_and_score
 from ingestion.preprocess import apply_state, fit_state
 from ingestion.synthetic import GroundTruth, generate_day
@@ -47,7 +49,7 @@ def build_features(config: PipelineConfig) -> Features:
     for day in config.data.all_days:
         generate_day(config.data.synthetic, day, raw, truth)
         report = ingest_day([str(raw / f"day_{day}.tsv.gz")], day, warehouse, multi_hot=config.data.multi_hot)
-        ingest.append({"day": day, "rows_written": report.rows_written})
+        ingest.append(IngestDay(day, report.rows_read, report.rows_written, report.rows_quarantined, [], report.skipped))
     state = fit_state(config.preprocess, warehouse, features_root, config.data.train_days)
     files = {
         day: [str(p) for p in sorted(apply_state(config.preprocess, state, warehouse, features_root, day).glob("*.parquet"))]
@@ -71,8 +73,9 @@ def main() -> None:
 
     run_dir = ROOT / "runs" / "bench-retune-gap"
     shutil.rmtree(run_dir, ignore_errors=True)  # fresh studies: the figures are this run's
+    # min_steps 0: both studies at exactly the batch sizes compared (no run-length rule)
     common = [*args.overrides, f'run_dir="{run_dir}"', f"tuning.n_trials={args.trials}",
-              f"tuning.seeds_per_trial={args.seeds}"]
+              f"tuning.seeds_per_trial={args.seeds}", "training.min_steps=0"]
     small = load_config(args.config, [*common, f"training.batch_size={args.batch}"])
     # Held-out NE for the pruner at the same samples seen in both studies.
     every = max(1, small.evaluation.heldout_every_steps // args.factor)
@@ -81,7 +84,7 @@ def main() -> None:
     features = build_features(small)
 
     started = time.perf_counter()
-    tuned = run_retune(small, features)
+    tuned = run_retune(resolve_run(small, state=features.state), features)
     small_seconds = time.perf_counter() - started
     assert tuned.best is not None, "the study at batch B finished no trial"
     print(f"batch {args.batch}: tuned NE {tuned.best.ne:.5f} in {small_seconds:.0f} s ({tuned.best.params})", flush=True)
@@ -90,7 +93,7 @@ def main() -> None:
     print(f"batch {args.batch * args.factor}, same parameters: NE {large_ne:.5f}", flush=True)
 
     started = time.perf_counter()
-    retuned = run_retune(large, features)
+    retuned = run_retune(resolve_run(large, state=features.state), features)
     large_seconds = time.perf_counter() - started
     assert retuned.best is not None, "the study at batch 8·B finished no trial"
     print(f"batch {args.batch * args.factor}, retuned: NE {retuned.best.ne:.5f} in {large_seconds:.0f} s "
@@ -102,8 +105,7 @@ def main() -> None:
         "large_batch_size": args.batch * args.factor,
         "trials_per_study": args.trials,
         "seeds_per_trial": args.seeds,
-        "train_rows": sum(features.ingest[i]["rows_written"] for i, d in enumerate(small.data.all_days)
-                          if d in small.data.train_days),
+        "train_rows": sum(r.rows_written for r in features.ingest if r.day in small.data.train_days),
         "baseline_ne": round(baseline, 6),
         "large_batch_ne": round(large_ne, 6),
         "retuned_ne": round(retuned.best.ne, 6),

@@ -147,9 +147,8 @@ def test_a_failed_launch_is_relaunched_and_resumes(tiny_features, uninterrupted:
         assert torch.allclose(_params(job)[name], value, atol=1e-6), name
 
 
-def test_checkpoints_load_across_world_sizes(tiny_features, tmp_path: Path) -> None:
-    two = _job(tiny_features, tmp_path / "two", epochs=1, checkpoint_every=0)
-    launch(two, on_line=lambda line: None)
+def test_checkpoints_load_across_world_sizes(tiny_features, uninterrupted: TrainJob, tmp_path: Path) -> None:
+    two = uninterrupted  # two processes
     two_params = _params(two)
     # 2 → 1: a one-process run starts from the two-process checkpoint's weights.
     one = replace(_job(tiny_features, tmp_path / "one", epochs=1, checkpoint_every=0, nproc=1, embedding_lr=1e-12,

@@ -39,6 +39,15 @@ def _job(features, out: Path, sharding: ShardingConfig, **training) -> TrainJob:
     )
 
 
+@pytest.fixture(scope="module")
+def table_wise(tiny_features, tmp_path_factory: pytest.TempPathFactory) -> tuple[TrainJob, list[str]]:
+    """The default job (table-wise, fp32) trained once; its output lines. Several tests read it."""
+    job = _job(tiny_features, tmp_path_factory.mktemp("table-wise"), ShardingConfig("table_wise", "fused"))
+    lines: list[str] = []
+    launch(job, on_line=lines.append)
+    return job, lines
+
+
 @pytest.mark.parametrize(
     "sharding",
     [
@@ -48,10 +57,12 @@ def _job(features, out: Path, sharding: ShardingConfig, **training) -> TrainJob:
     ],
     ids=lambda s: s.sharding_type,
 )
-def test_two_process_training_converges(tiny_features, tmp_path: Path, sharding: ShardingConfig) -> None:
-    job = _job(tiny_features, tmp_path, sharding)
-    lines: list[str] = []
-    launch(job, on_line=lines.append)
+def test_two_process_training_converges(tiny_features, table_wise, tmp_path: Path, sharding: ShardingConfig) -> None:
+    if sharding == table_wise[0].sharding:
+        job, lines = table_wise
+    else:
+        job, lines = _job(tiny_features, tmp_path, sharding), []
+        launch(job, on_line=lines.append)
     assert any("samples/s" in line for line in lines), "progress is streamed"
     predictions = job.folder.read_predictions("2")
     assert len(predictions.labels) == 6000, "every eval row is scored once, padding dropped"
@@ -61,12 +72,14 @@ def test_two_process_training_converges(tiny_features, tmp_path: Path, sharding:
     assert sharding.sharding_type in plan and "rank 1:" in plan
 
 
-def test_bf16_training_converges_like_fp32(tiny_features, tmp_path: Path) -> None:
+def test_bf16_training_converges_like_fp32(tiny_features, table_wise, tmp_path: Path) -> None:
     results = {}
     for precision in ("fp32", "bf16"):
-        job = _job(tiny_features, tmp_path / precision, ShardingConfig(), precision=precision)
-        lines: list[str] = []
-        launch(job, on_line=lines.append)
+        if precision == table_wise[0].training.precision:
+            job, lines = table_wise
+        else:
+            job, lines = _job(tiny_features, tmp_path / precision, ShardingConfig(), precision=precision), []
+            launch(job, on_line=lines.append)
         scores = job.folder.read_predictions("2")
         results[precision] = summarize(scores.labels, scores.predictions)["ne"]
         summary = encode(job.folder.read_summary())
@@ -95,9 +108,8 @@ def test_auto_precision_resolves_for_this_cpu(tiny_features, tmp_path: Path) -> 
     assert not [line for line in lines if "no native bf16" in line]
 
 
-def test_exported_model_reproduces_the_sharded_predictions(tiny_features, tmp_path: Path) -> None:
-    job = _job(tiny_features, tmp_path, ShardingConfig())
-    launch(job, on_line=lambda line: None)
+def test_exported_model_reproduces_the_sharded_predictions(table_wise) -> None:
+    job, _ = table_wise
     model = export_model(job, latest_checkpoint(job.checkpoint_root))
     with torch.no_grad():
         unsharded = np.concatenate([
