@@ -85,9 +85,18 @@ def _start_and_wait_for_a_checkpoint(run_dir: Path, home: Path, log: Path, after
 
 
 def _flow_run_states(home: Path) -> dict[str, str]:
+    """Each flow's newest run's state (the module's commands share one Prefect home)."""
     with sqlite3.connect(home / "prefect.db") as db:
         return {name: state for name, state in db.execute("SELECT flow.name, flow_run.state_type FROM flow_run "
-                                                          "JOIN flow ON flow.id = flow_run.flow_id")}  # fmt: skip
+                                                          "JOIN flow ON flow.id = flow_run.flow_id "
+                                                          "ORDER BY flow_run.created")}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Prefect home of the module's commands: its database is created once, by the first
+    (each command still starts its own server on it, the one a stop must not break)."""
+    return tmp_path_factory.mktemp("prefect-home")
 
 
 def _stop(process: subprocess.Popen, signum: int, times: int = 1) -> tuple[int, float, set[int]]:
@@ -104,12 +113,12 @@ def _stop(process: subprocess.Popen, signum: int, times: int = 1) -> tuple[int, 
 
 
 @pytest.fixture(scope="module")
-def stopped_twice_then_finished(tmp_path_factory: pytest.TempPathFactory):
+def stopped_twice_then_finished(tmp_path_factory: pytest.TempPathFactory, home: Path):
     """One run folder: `dlrm run` stopped by Ctrl-C twice, the same command stopped by SIGTERM
     (to the process only, as a supervisor stops it) once it has trained on past the first
     stop, then the same command to its end. What each stop and the last run left."""
     tmp_path = tmp_path_factory.mktemp("stopping")
-    run_dir, home = tmp_path / "run", tmp_path / "prefect"
+    run_dir = tmp_path / "run"
     stops = {}
     process = _start_and_wait_for_a_checkpoint(run_dir, home, tmp_path / "ctrl-c.log")
     stops["SIGINT"] = (*_stop(process, signal.SIGINT, times=2), (tmp_path / "ctrl-c.log").read_text(),
@@ -154,13 +163,13 @@ def test_the_same_command_resumes_from_the_last_stop_and_trains_every_row(stoppe
 
 
 def test_serve_with_server_shows_its_deployments_in_the_ui_and_ctrl_c_stops_it_and_its_retrain(
-    tmp_path: Path,
+    tmp_path: Path, home: Path
 ) -> None:
     """The README's dashboard steps: `dlrm serve --with-server`, the UI lists the deployments
     (headless Chromium), a retrain runs; then Ctrl-C ends the retrain, the server and serve."""
     from playwright.sync_api import sync_playwright
 
-    run_dir, home, log = tmp_path / "run", tmp_path / "prefect", tmp_path / "stderr.log"
+    run_dir, log = tmp_path / "run", tmp_path / "stderr.log"
     port = _free_port()
     command = [sys.executable, "-m", "flows.cli", "serve", "--config", str(ROOT / "configs" / "tiny.toml"),
                "--set", f'run_dir="{run_dir}"', "--set", "training.epochs=30", "--set", "training.checkpoint_every=20",
@@ -214,12 +223,12 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 
 
-def test_ctrl_c_stops_a_retune_and_marks_its_mlflow_runs_killed(tmp_path: Path) -> None:
+def test_ctrl_c_stops_a_retune_and_marks_its_mlflow_runs_killed(tmp_path: Path, home: Path) -> None:
     from mlflow.tracking import MlflowClient
 
     from flows.config import load_config
 
-    run_dir, home, log = tmp_path / "run", tmp_path / "prefect", tmp_path / "stderr.log"
+    run_dir, log = tmp_path / "run", tmp_path / "stderr.log"
     overrides = ["--set", f'run_dir="{run_dir}"', "--set", "training.epochs=30"]
     command = [sys.executable, "-m", "flows.cli", "retune", "--config", str(ROOT / "configs" / "tiny.toml"),
                *overrides, "--trials", "5"]  # fmt: skip
@@ -245,12 +254,12 @@ def test_ctrl_c_stops_a_retune_and_marks_its_mlflow_runs_killed(tmp_path: Path) 
     assert len(stopped) == 1 and stopped[0].info.status == "KILLED", "the trial in flight is marked stopped"
 
 
-def test_dlrm_server_serves_the_ui_until_ctrl_c(tmp_path: Path) -> None:
+def test_dlrm_server_serves_the_ui_until_ctrl_c(tmp_path: Path, home: Path) -> None:
     import httpx
 
     port, log = _free_port(), tmp_path / "server.log"
     process = subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--port", str(port)], cwd=ROOT,
-                               env=_environment(tmp_path / "prefect"), stdout=log.open("w"),
+                               env=_environment(home), stdout=log.open("w"),
                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 180
     while "Prefect UI:" not in log.read_text():
