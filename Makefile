@@ -1,24 +1,33 @@
 # Two commands for a new user: `make demo` and `make test`. Both install what they need.
-PYTHON ?= python3
+# The interpreter the venv is made with (`PYTHON` is the bundle's target Python, X.Y).
+INTERPRETER ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 CONSTRAINTS := requirements/constraints.txt
 # fbgemm's CUDA build on a GPU host, its CPU build everywhere else.
 FBGEMM := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo fbgemm-gpu || echo fbgemm-gpu-cpu)
-STAMP  := $(VENV)/.installed-$(FBGEMM)
+# The torch to train with (training/torch_range.py, its first release by default) and the
+# fbgemm and TorchRec built for it: `make install TORCH=2.11.0` (or 2.12.0, 2.14.1).
+TORCH_RANGE := training/torch_range.py
+MATCHED := $(shell $(INTERPRETER) $(TORCH_RANGE) $(TORCH))
+TORCH := $(word 1,$(MATCHED))
+STAMP  := $(VENV)/.installed-$(FBGEMM)-torch-$(TORCH)
 INSTALL_LOG := $(VENV)/install.log
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test test-compat bench bundle lint clean
 
 install: $(STAMP)
 
-# Re-runs only when the pins or the package metadata change.
-$(STAMP): pyproject.toml $(CONSTRAINTS)
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "installing into $(VENV) ($(FBGEMM)); log: $(INSTALL_LOG)"
-	@( $(BIN)/pip install -q -c $(CONSTRAINTS) torch==2.13.0 $(FBGEMM)==1.8.0 \
-	&& $(BIN)/pip install -q --no-deps torchrec==1.8.0 \
-	&& $(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[test]' ) > $(INSTALL_LOG) 2>&1 \
+# Re-runs only when the pins, the package metadata or the chosen torch change. The
+# constraints pin the default set; another torch takes its own fbgemm and TorchRec.
+$(STAMP): pyproject.toml $(CONSTRAINTS) $(TORCH_RANGE)
+	@test -n "$(MATCHED)" || { echo "make install: TORCH=$(TORCH): not a release of $(TORCH_RANGE) (it prints why above)"; exit 2; }
+	@test -x $(BIN)/python || $(INTERPRETER) -m venv $(VENV)
+	@echo "installing into $(VENV) (torch $(TORCH), $(FBGEMM) $(word 2,$(MATCHED)), torchrec $(word 3,$(MATCHED))); log: $(INSTALL_LOG)"
+	@grep -v -E '^(torch|torchrec|fbgemm-gpu|fbgemm-gpu-cpu)==' $(CONSTRAINTS) > $(VENV)/constraints.txt
+	@( $(BIN)/pip install -q -c $(VENV)/constraints.txt torch==$(TORCH) $(FBGEMM)==$(word 2,$(MATCHED)) \
+	&& $(BIN)/pip install -q --no-deps torchrec==$(word 3,$(MATCHED)) \
+	&& $(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[test]' ) > $(INSTALL_LOG) 2>&1 \
 	|| { grep -v '^WARNING: Location' $(INSTALL_LOG) | tail -20; echo "install failed: see $(INSTALL_LOG)"; exit 1; }
 	@rm -f $(VENV)/.installed-*
 	@touch $@
@@ -41,6 +50,27 @@ TEST_WORKERS ?= 2
 test: install $(CHROMIUM)
 	PREFECT_HOME=$(CURDIR)/.pytest-prefect $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder --durations=15
+
+# An offline bundle for a host with its own torch and no package index (docs/gpu.md):
+#   make bundle OUT=DIR [TORCH=2.11.0] [BUILD=cuda|cpu] [PYTHON=3.12] [PART_MB=60] [HOST_HAS=numpy,pyarrow]
+# Defaults: this host's torch, build and Python.
+bundle: install
+	@test -n "$(OUT)" || { echo "make bundle: set OUT=DIR (where the parts and manifest.json go)"; exit 2; }
+	$(BIN)/python infra/bundle.py --out "$(OUT)" $(if $(filter command line,$(origin TORCH)),--torch $(TORCH)) $(if $(BUILD),--build $(BUILD)) \
+		$(if $(filter 3.%,$(PYTHON)),--python $(PYTHON)) --part-mb $(or $(PART_MB),60) $(if $(HOST_HAS),--host-has $(HOST_HAS))
+
+# The training tests on the ends of the torch range, each in a venv of its own
+# (.venv-torch-X: torch X with its fbgemm and TorchRec; other torch releases come as CUDA
+# builds, a few GB, which run on a CPU-only host too).
+COMPAT_TORCH ?= 2.11.0 2.14.1
+COMPAT_TESTS ?= tests/unit/training tests/unit/evaluation tests/unit/ingestion \
+	tests/integration/test_sharded_training.py tests/integration/test_checkpoint_recovery.py
+test-compat:
+	@for torch in $(COMPAT_TORCH); do \
+		$(MAKE) --no-print-directory install VENV=.venv-torch-$$torch TORCH=$$torch || exit 1; \
+		echo "== the training tests on torch $$torch"; \
+		.venv-torch-$$torch/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(COMPAT_TESTS) || exit 1; \
+	done
 
 bench: install
 	$(BIN)/python bench/generate.py

@@ -10,6 +10,7 @@ import torch
 
 from flows.config import ClusterConfig, ConfigError, PipelineConfig
 from flows.reports import PlanReport
+from training.loop.optimizers import attach_embedding_optimizer
 from training.model.build import build_train_model, row_width, table_name
 from training.sharding.plan import (
     cluster_topology,
@@ -27,6 +28,7 @@ def plan_report(config: PipelineConfig, cluster: ClusterConfig, sizes: dict[str,
     `cluster` on the meta device (nothing is allocated)."""
     started = time.perf_counter()
     model = build_train_model(config.model, sizes, torch.device("meta"))
+    attach_embedding_optimizer(model, config.training)  # as training does: its state takes memory
     try:
         per_rank_batch = cluster.workers.per_rank_batch(config.training.batch_size)
     except ValueError as error:

@@ -217,8 +217,9 @@ class TrainingConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # "bf16": matrix work of the forward pass in bfloat16 (weights, optimizer state and the
     # loss stay float32). Twice the GEMM rate on CPUs with AVX-512 BF16 or AMX, and on GPUs;
-    # far slower than fp32 elsewhere. "auto": bf16 where the device has it natively, else fp32.
-    precision: Literal["auto", "fp32", "bf16"] = "fp32"
+    # far slower than fp32 elsewhere. "auto": bf16 on a GPU that has it natively (Ampere and
+    # newer), fp32 on CPUs (where bf16 is taken only when set).
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     threads_per_proc: int = 1
     # CPU-only speed settings ([training.cpu]); GPU hosts ignore them.
     cpu: CpuConfig = field(default_factory=lambda: CpuConfig())

@@ -63,7 +63,7 @@ def train(
     ne = TrainingNE(progress, device, config.log_every)
     model.train()
     steps = train_steps(model, optimizer, config, device)
-    timer = TrainTimer(start.step, total_steps)
+    timer = TrainTimer(start.step, total_steps, device)
     step = start.step
     while step < total_steps:
         loss, logits, labels = train_step(steps, batches, schedule, ledger, step, total_steps)

@@ -35,7 +35,7 @@ from training.model.build import (
     start_at_click_rate,
     table_name,
 )
-from training.model.precision import logit_in_float32, resolve_precision
+from training.model.precision import allow_tf32, logit_in_float32, resolve_precision
 from training.reference import fit_logistic_regression
 from training.sharding.plan import describe_plan, format_plan, plan_as_json, shard_model
 from training.sharding.start import WideStart, start_wide
@@ -54,6 +54,7 @@ def run(job: TrainJob, device: torch.device) -> None:
         print(f"[train] warning: {warning}", flush=True)
     job = dataclasses.replace(job, training=dataclasses.replace(job.training, precision=precision))
     config = job.training
+    allow_tf32(device)
     torch.set_num_threads(config.threads_per_proc)
     torch.manual_seed(config.seed)
     model = build_train_model(job.model, job.table_sizes, torch.device("meta"), job.dense_features)

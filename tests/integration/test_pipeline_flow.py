@@ -14,12 +14,14 @@ import mlflow
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 from foreign_python import make_foreign_python
 from mlflow.tracking import MlflowClient
 
 from flows.config import load_config
 from ingestion.warehouse import read_manifest
 from training.job import JobFolder
+from training.torch_range import matched_set
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,7 +140,8 @@ def test_model_is_registered_loads_and_becomes_champion(pipeline_run) -> None:
     info = mlflow.models.get_model_info(uri)
     assert set(info.flavors) == {"python_function"} and info.signature is not None
     requirements = Path(mlflow.pyfunc.get_model_dependencies(uri)).read_text()
-    assert "fbgemm-gpu-cpu==1.8.0" in requirements.split() and "torchrec==1.8.0" in requirements.split()
+    matched = matched_set(torch.__version__)
+    assert {f"fbgemm-gpu-cpu=={matched.fbgemm}", f"torchrec=={matched.torchrec}"} <= set(requirements.split())
 
 
 def _run_predictions(config, day: int) -> np.ndarray:

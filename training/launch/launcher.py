@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from training.job import TrainJob
+from training.launch.device import check_one_process_per_gpu
 from training.launch.host_role import HostRole
 from training.launch.output import ConsoleFilter, TrainingFailed, failure_of
 from training.launch.processes import forget_group, raise_if_stopped, start_group, stop_group
@@ -78,6 +79,7 @@ def launch(
     if job.hosts != (role.nnodes if role is not None else 1):
         raise TrainingFailed(f"the job spans {job.hosts} host(s), but this launch is "
                              f"{'node ' + str(role.node_rank) + ' of ' + str(role.nnodes) if role else 'one host'}", None, 2)  # fmt: skip
+    check_one_process_per_gpu(job.training.nproc, job.training.device)
     poll = _progress_poller(MetricsFollower(job.folder.metrics), on_progress)
     if role is not None and role.nnodes > 1:
         _launch_on_hosts(job, on_line, poll, poll_s, role)

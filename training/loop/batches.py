@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
+from ingestion.prefetch import prefetched
 from ingestion.reader import PAD_LABEL, BatchReader, build_reader, example_of_values
 from training.config import TrainingConfig
 from training.job import TrainJob
@@ -94,14 +95,22 @@ class TrainBatches:
         config = self.job.training
         # every row trained: the last batch of an epoch is padded, and padding weighs nothing
         # (training/model/objective.py)
+        # read in this class's own thread (`_batches`), with the hashing and pinning
         return build_reader(self.job.train_files, self.job.workers.per_rank_batch(config.batch_size), dist.get_rank(),
                             dist.get_world_size(), shuffle_seed=config.seed, epoch=epoch, start_batch=first_batch,
-                            drop_remainder=False, prefetch=self.prefetch)  # fmt: skip
+                            drop_remainder=False, prefetch=0)  # fmt: skip
 
     def _batches(self) -> Iterator[Batch]:
+        # Reading, the ledger's hashes and page-locking run ahead in one background thread
+        # where a core is free for it: the training thread (and a GPU's pipeline) only trains.
+        for batch, read in prefetched(self._prepared(), self.prefetch, name="train-batches"):
+            self._read.append(read)
+            yield batch
+
+    def _prepared(self) -> Iterator[tuple[Batch, ReadBatch]]:
         for epoch in range(self.start.epoch, self.job.training.epochs):
             first = self.start.batch if epoch == self.start.epoch else 0
             for index, batch in enumerate(self._reader(epoch, first), start=first):
-                self._read.append(ReadBatch(epoch, index, row_hashes(batch)[batch.labels != PAD_LABEL]))
+                read = ReadBatch(epoch, index, row_hashes(batch)[batch.labels != PAD_LABEL])
                 # page-locked, so the copy to the GPU is asynchronous and overlaps the step
-                yield batch.pin_memory() if self.device.type == "cuda" else batch
+                yield (batch.pin_memory() if self.device.type == "cuda" else batch), read

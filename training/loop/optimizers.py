@@ -28,14 +28,22 @@ class EmbeddingRowWiseAdagrad(RowWiseAdagrad):
 
 
 def attach_embedding_optimizer(model: nn.Module, config: TrainingConfig) -> None:
-    """Row-wise Adagrad fused into the embedding backward (applied before sharding), with
-    L2 on the rows each step touches when `embedding_weight_decay` is set."""
+    """Row-wise Adagrad fused into the embedding backward, with L2 on the rows each step
+    touches when `embedding_weight_decay` is set.
+
+    Applied before planning, by training and by `dlrm plan` alike: the planner counts each
+    table's optimizer state from the class recorded on its parameters (row-wise Adagrad:
+    one float per row; any class it does not know: a full copy of the table)."""
     embedding_params = [p for n, p in model.named_parameters() if "embedding_bags" in n]
     arguments: dict[str, Any] = {"lr": config.embedding_lr, "eps": config.embedding_eps,
                                  "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD}  # fmt: skip
     if config.embedding_weight_decay:
         arguments.update(weight_decay=config.embedding_weight_decay, weight_decay_mode=WeightDecayMode.L2)
     apply_optimizer_in_backward(EmbeddingRowWiseAdagrad, embedding_params, arguments)
+    for param in embedding_params:
+        # TorchRec's storage estimator compares the class for equality, so the subclass would
+        # count as a full copy; the sharders take the kernel from `arguments["optimizer"]`.
+        param._optimizer_classes = [RowWiseAdagrad]  # type: ignore[attr-defined]
 
 
 def build_optimizer(model: nn.Module, config: TrainingConfig) -> CombinedOptimizer:

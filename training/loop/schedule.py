@@ -53,14 +53,20 @@ class LRSchedule:
         self.warmup_steps, self.warmup_fraction = warmup_steps, warmup_fraction
         self.decay, self.min_fraction = decay, min_fraction
         self.push = push
+        self.applied: float | None = None  # the factor the groups (and kernels) have now
 
     def apply(self, step: int, total_steps: int) -> float:
+        """Set the rates of step `step`; only when they change (a constant rate costs a step
+        nothing: pushing rates into the fused kernels walks every table group in Python)."""
         warmup = warmup_length(self.warmup_steps, self.warmup_fraction, total_steps)
         factor = lr_multiplier(step, total_steps, warmup, self.decay, self.min_fraction)
+        if factor == self.applied:
+            return factor
         for group, base in zip(self.optimizer.param_groups, self.base, strict=True):
             group["lr"] = base * factor
         if self.push is not None:
             self.push()
+        self.applied = factor
         return factor
 
 

@@ -35,12 +35,15 @@ def _cpu_has(probe: str) -> bool:
 def resolve_precision(requested: str, device: torch.device) -> tuple[Precision, str | None]:
     """The precision to compute in, and a warning when the request will run slowly.
 
-    `auto` takes bf16 where it is native and fp32 elsewhere. An explicit `bf16` is kept
-    (the user may want bf16 numerics on purpose), with a warning where it is not native.
+    `auto` (the default) takes bf16 on a GPU that multiplies it natively and fp32 on CPUs:
+    there bf16 is taken only when asked for (`bf16`; about 3x the step rate with AMX, at up
+    to 2 % of NE on small jobs), so a CPU run computes the same on every CPU. An explicit
+    `bf16` is kept (the user may want bf16 numerics on purpose), with a warning where it is
+    not native.
     """
     native = native_bf16(device)
     if requested == "auto":
-        return ("bf16" if native else "fp32"), None
+        return ("bf16" if native and device.type == "cuda" else "fp32"), None
     if requested == "bf16" and not native:
         return "bf16", (
             f"training.precision = 'bf16' but this {device_description(device)} has no native bf16 "
@@ -48,6 +51,15 @@ def resolve_precision(requested: str, device: torch.device) -> tuple[Precision, 
             "set training.precision = 'auto' or 'fp32'"
         )
     return requested, None  # type: ignore[return-value]
+
+
+def allow_tf32(device: torch.device) -> None:
+    """fp32 matrix products on a GPU through TF32 tensor cores (a 10-bit mantissa in the
+    products, fp32 sums): on an H100 about 8x the plain fp32 rate. DLRM's MLPs train the
+    same with it (its products feed a sigmoid, not a solver); the CPU is left as it is."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
 
 def device_description(device: torch.device) -> str:

@@ -18,17 +18,25 @@ from training.job import TrainJob
 from training.loop.checkpoint import load_unsharded
 from training.model.build import build_train_model, dlrm_spec
 from training.model.stock_dlrm import SERVING_FORMAT
+from training.torch_range import matched_set
 
 # The pyfunc's code, and the file it imports (MLflow code_paths): loaded by MLflow, not here.
 CHAMPION_CODE = Path(__file__).with_name("champion_pyfunc.py")
 CHAMPION_BUNDLED = (Path(__file__).parents[1] / "model" / "stock_dlrm.py", Path(__file__).parents[2] / "ingestion" / "id_hash.py")
 SERVING_DEVICES = ("cpu", "cuda")
 # fbgemm's CPU build serves on CPU hosts, its CUDA build on GPU hosts: one or the other.
-_FBGEMM = {"cpu": "fbgemm-gpu-cpu==1.8.0", "cuda": "fbgemm-gpu==1.8.0"}
+_FBGEMM = {"cpu": "fbgemm-gpu-cpu", "cuda": "fbgemm-gpu"}
 # torchrec's metadata asks for the CUDA fbgemm and an old torchmetrics: install it with
 # --no-deps beside these, its real needs (the README's "serving the champion").
-_TORCH_STACK = ["torch==2.13.0", "torchrec==1.8.0", "tensordict==0.15.3", "torchmetrics==1.9.0",
-                "pyre-extensions==0.0.32", "tqdm==4.70.1"]  # fmt: skip
+_TORCHREC_NEEDS = ["tensordict==0.15.3", "torchmetrics==1.9.0", "pyre-extensions==0.0.32", "tqdm==4.70.1",
+                   "iopath==0.1.9"]  # fmt: skip
+
+
+def serving_stack(device: str, torch_version: str = torch.__version__) -> list[str]:
+    """The served model's torch, fbgemm and TorchRec: the release that trained it and its set."""
+    matched = matched_set(torch_version)
+    return [f"torch=={matched.torch}", f"torchrec=={matched.torchrec}", *_TORCHREC_NEEDS,
+            f"{_FBGEMM[device]}=={matched.fbgemm}"]  # fmt: skip
 
 
 def export_model(job: TrainJob, checkpoint: Path) -> DLRM:
@@ -50,7 +58,7 @@ class ServingModel:
 
     @property
     def requirements(self) -> list[str]:
-        return [*_TORCH_STACK, _FBGEMM[self.device]]
+        return serving_stack(self.device)
 
     @classmethod
     def load(cls, folder: Path) -> ServingModel:

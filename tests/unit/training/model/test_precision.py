@@ -22,11 +22,17 @@ def test_native_bf16_agrees_with_the_kernels_cpu_flags() -> None:
     assert native_bf16(CPU) == bool({"amx_tile", "avx512_bf16"} & flags)
 
 
-@pytest.mark.parametrize(("amx", "avx512_bf16", "expected"),
-                         [(False, False, "fp32"), (True, False, "bf16"), (False, True, "bf16")])  # fmt: skip
-def test_auto_takes_bf16_only_where_native_mocked_cpu(monkeypatch, amx, avx512_bf16, expected) -> None:
+@pytest.mark.parametrize(("amx", "avx512_bf16"), [(False, False), (True, False), (False, True)])
+def test_auto_stays_in_fp32_on_any_cpu_mocked_cpu(monkeypatch, amx, avx512_bf16) -> None:
+    """A CPU run computes the same on every CPU unless bf16 is asked for."""
     _cpu_probes(monkeypatch, amx, avx512_bf16)
-    assert resolve_precision("auto", CPU) == (expected, None)
+    assert resolve_precision("auto", CPU) == ("fp32", None)
+
+
+@pytest.mark.parametrize(("native", "expected"), [(True, "bf16"), (False, "fp32")])
+def test_auto_takes_bf16_on_a_gpu_that_has_it_mocked_gpu(monkeypatch, native: bool, expected: str) -> None:
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native)
+    assert resolve_precision("auto", torch.device("cuda", 0)) == (expected, None)
 
 
 def test_explicit_bf16_without_native_support_warns_and_is_kept_mocked_cpu(monkeypatch) -> None:

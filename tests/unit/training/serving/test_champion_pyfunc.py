@@ -112,11 +112,17 @@ def test_a_bad_row_is_named_with_its_reason(line: str, message: str) -> None:
         feature_map.kjt(columns)
 
 
-def test_the_fbgemm_requirement_follows_the_serving_device() -> None:
+def test_the_fbgemm_requirement_follows_the_serving_device_and_the_training_torch() -> None:
+    from training.serving.export import serving_stack
+    from training.torch_range import matched_set
+
+    matched = matched_set(torch.__version__)
     cpu, cuda = ServingModel(Path("m"), "cpu").requirements, ServingModel(Path("m"), "cuda").requirements
-    assert "fbgemm-gpu-cpu==1.8.0" in cpu and not any(r.startswith("fbgemm-gpu==") for r in cpu)
-    assert "fbgemm-gpu==1.8.0" in cuda and not any(r.startswith("fbgemm-gpu-cpu") for r in cuda)
-    assert {"torch==2.13.0", "torchrec==1.8.0"} <= set(cpu) & set(cuda)
+    assert f"fbgemm-gpu-cpu=={matched.fbgemm}" in cpu and not any(r.startswith("fbgemm-gpu==") for r in cpu)
+    assert f"fbgemm-gpu=={matched.fbgemm}" in cuda and not any(r.startswith("fbgemm-gpu-cpu") for r in cuda)
+    assert {f"torch=={matched.torch}", f"torchrec=={matched.torchrec}"} <= set(cpu) & set(cuda)
+    on_a_gpu_host = serving_stack("cuda", "2.11.0+cu130")
+    assert {"torch==2.11.0", "torchrec==1.6.1", "fbgemm-gpu==1.6.0"} <= set(on_a_gpu_host)
 
 
 def test_a_cuda_export_serves_on_cpu_where_there_is_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

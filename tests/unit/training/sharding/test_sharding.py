@@ -204,3 +204,28 @@ def test_quantized_communication_is_refused_on_cpu_and_configured_for_gpus() -> 
     assert plan_sharding(_model(), config, gpus, 4096)[0].plan, "planned for GPUs with the codecs"
     plain = [s for s in sharders_for(ShardingConfig()) if type(s) is EmbeddingBagCollectionSharder]
     assert plain[0].qcomm_codecs_registry is None
+
+
+def test_the_planner_counts_row_wise_adagrad_state_as_one_float_per_row_in_training_and_dlrm_plan() -> None:
+    """Training attaches the embedding optimizer before planning, and `dlrm plan` does the
+    same: the estimate is the tables plus one float per row, not a second copy of them."""
+    from flows.config import ClusterConfig, PipelineConfig
+    from flows.planning import plan_report
+    from training.config import ModelConfig, TrainingConfig
+    from training.loop.optimizers import attach_embedding_optimizer
+
+    sizes = {f"f{i}": 200_000 for i in range(4)}
+    dim = 64
+    model_config = ModelConfig(embedding_dim=dim, bottom_mlp=(32, dim), top_mlp=(32, 1))
+    tables = sum(sizes.values()) * dim * 4
+    with_state = tables * (1 + 1 / dim)
+
+    model = build_train_model(model_config, sizes, torch.device("meta"))
+    attach_embedding_optimizer(model, TrainingConfig())
+    _, estimates = plan_sharding(model, ShardingConfig("table_wise", "fused"), Topology(world_size=1, compute_device="cpu"), 512)
+    training_bytes = sum(e.ddr_bytes for e in estimates)
+    assert with_state <= training_bytes < 1.1 * with_state, (training_bytes, with_state)
+
+    config = PipelineConfig(model=model_config, sharding=ShardingConfig("table_wise", "fused"), training=TrainingConfig(nproc=1, batch_size=512))
+    report = plan_report(config, ClusterConfig(hosts=1, devices_per_host=1, compute_device="cpu"), sizes)
+    assert sum(rank["ddr_bytes"] for rank in report.per_rank) == training_bytes, "dlrm plan plans what trains"
