@@ -88,7 +88,7 @@ MODULE_SECONDS = {
     "test_tracking_outage.py": 105, "test_checkpoint_recovery.py": 89, "test_sharded_training.py": 87,
     "test_retune_flow.py": 68, "test_pipeline_flow.py": 51, "test_cli.py": 50, "test_dask_runner.py": 39,
     "test_own_warehouse.py": 33, "test_small_real_data.py": 25, "test_tuning_study.py": 16,
-    "test_trainer_slots.py": 13,
+    "test_trainer_slots.py": 13, "test_bundle_round_trip.py": 45,
 }  # fmt: skip
 
 

@@ -59,9 +59,8 @@ def _torch_only_venv(path: Path) -> Path:
 
 def test_a_cpu_bundle_installs_into_a_torch_only_venv_and_the_check_runs_from_it(tmp_path: Path) -> None:
     python = _torch_only_venv(tmp_path / "env")
-    has_only_torch = subprocess.run([str(python), "-c", "import torch, importlib.util as u; "
-                                     "print(u.find_spec('torchrec') is None and u.find_spec('duckdb') is None)"],
-                                    capture_output=True, text=True, check=True, cwd=tmp_path)  # fmt: skip
+    probe = "import torch, importlib.util as u; print(u.find_spec('torchrec') is None and u.find_spec('duckdb') is None)"
+    has_only_torch = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path)
     assert has_only_torch.stdout.strip() == "True"
 
     bundle = tmp_path / "bundle"
@@ -78,7 +77,12 @@ def test_a_cpu_bundle_installs_into_a_torch_only_venv_and_the_check_runs_from_it
     installed = subprocess.run([str(python), str(bundle / "install-bundle.py"), str(bundle), "--into",
                                 str(tmp_path / "env")], capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
     assert installed.returncode == 0, installed.stderr[-2000:]
-    assert f"installed {len(manifest['wheels'])} of {len(manifest['wheels'])} wheels" in installed.stdout
+    line = next(line for line in installed.stdout.splitlines() if line.startswith("installed "))
+    chosen = set(line.split(": ", 1)[1].split(", "))
+    kept = {re.sub(r"[-_.]+", "-", w["name"].split("-")[0]).lower() for w in manifest["wheels"]} - {
+        re.sub(r"[-_.]+", "-", name.split("-")[0]).lower() for name in chosen}
+    assert kept <= _closure("torch"), f"only what the venv had (torch's own) is kept: {kept}"
+    assert f"of {len(manifest['wheels'])} wheels" in line and "torchrec-" in line and "fbgemm_gpu_cpu-" in line
     assert "torchrec" in installed.stdout.splitlines()[-1], "the training path imports"
 
     out = tmp_path / "check"
