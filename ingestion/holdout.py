@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
+
+from ingestion.staging import new_staging, release
 
 # Rows whose hash falls in the first `percent` of 1,000 buckets are validation rows.
 BUCKETS = 1000
@@ -44,8 +45,7 @@ def split_holdout(train_files: Sequence[str], out_dir: Path, percent: float, row
         done = json.loads(marker.read_text())
         if {k: done.get(k) for k in wanted} == wanted:
             return _split_of(out_dir, done)
-    staging = out_dir.parent / f"_tmp-{out_dir.name}-{uuid.uuid4().hex[:8]}"
-    staging.mkdir(parents=True)
+    staging = new_staging(out_dir.parent, f"_tmp-{out_dir.name}", sweep="_tmp-")
     try:
         con = duckdb.connect(config={"threads": threads})
         source = "read_parquet([" + ", ".join(f"'{f}'" for f in train_files) + "], hive_partitioning = false)"
@@ -64,7 +64,7 @@ def split_holdout(train_files: Sequence[str], out_dir: Path, percent: float, row
         if out_dir.exists():
             shutil.rmtree(out_dir)  # an unfinished or other split
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging.rename(out_dir)
+        release(staging).rename(out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return _split_of(out_dir, done)

@@ -26,7 +26,6 @@ import json
 import logging
 import shutil
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ import pyarrow.parquet as pq
 from ingestion.config import DataConfig
 from ingestion.id_hash import hash_strings
 from ingestion.schema import SCHEMA_VERSION, FeatureLayout
+from ingestion.staging import new_staging
 from ingestion.warehouse import (
     DayReport,
     FileReport,
@@ -155,7 +155,7 @@ def ingest_parquet_day(files: Sequence[str], day: int, warehouse: Path, data: Da
     if not force and manifest and _same_ingest(manifest, files, extra):
         log.info("day %s: already ingested from the same files, skipping", value)
         return DayReport(day, [FileReport(**f) for f in manifest["files"]], layout.multi_hot, skipped=True)
-    staging = warehouse / "_tmp" / f"day={day}-{uuid.uuid4().hex[:8]}"
+    staging = new_staging(warehouse / "_tmp", f"day={day}")
     report = DayReport(day, multi_hot=layout.multi_hot)
     try:
         for index, (source, file_kinds) in enumerate(zip(files, kinds_by_file, strict=True)):

@@ -29,7 +29,6 @@ import json
 import logging
 import math
 import shutil
-import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ import pyarrow.parquet as pq
 
 from ingestion.config import PreprocessConfig
 from ingestion.schema import DENSE_COLUMNS, FeatureLayout, multi_hot_of
+from ingestion.staging import new_staging, release
 from ingestion.warehouse import partition_dir, read_manifest
 
 log = logging.getLogger(__name__)
@@ -342,8 +342,7 @@ def apply_state(config: PreprocessConfig, state: PreprocessState, warehouse: Pat
     if (layout.dense, layout.sparse, dict(layout.id_types)) != (state.dense, tuple(state.buckets), state.id_types):
         raise PreprocessError(f"day {day}: its features ({_described(layout)}) are not those the preprocessing "
                               f"state {state.state_id} was fitted on; re-ingest it with the same data settings")  # fmt: skip
-    staging = features_root / "_tmp" / f"day={day}-{uuid.uuid4().hex[:8]}"
-    staging.mkdir(parents=True)
+    staging = new_staging(features_root / "_tmp", f"day={day}")
     try:
         con = connect(config, features_root / "_spill", keep_order=True)
         query = feature_sql(state, features_root).format(source=f"read_parquet('{_day_glob(warehouse, day)}')")
@@ -356,7 +355,7 @@ def apply_state(config: PreprocessConfig, state: PreprocessState, warehouse: Pat
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():
             shutil.rmtree(target)  # an interrupted earlier attempt (no _done.json)
-        staging.rename(target)
+        release(staging).rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.debug("day %d: %s feature rows → %s", day, f"{rows:,}", target)

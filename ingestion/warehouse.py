@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from ingestion.prefetch import prefetched
 from ingestion.raw_parse import parse_block
 from ingestion.schema import QUARANTINE_SCHEMA, SCHEMA_VERSION, check_multi_hot, warehouse_schema
+from ingestion.staging import new_staging
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def ingest_day(
         log.debug("day %d: already ingested from the same sources, skipping", day)
         manifest = read_manifest(warehouse, day) or {}
         return DayReport(day, [FileReport(**f) for f in manifest.get("files", [])], multi_hot, skipped=True)
-    staging = warehouse / "_tmp" / f"day={day}-{uuid.uuid4().hex[:8]}"
+    staging = new_staging(warehouse / "_tmp", f"day={day}")
     report = DayReport(day, multi_hot=multi_hot)
     try:
         for index, source in enumerate(sources):

@@ -223,12 +223,15 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 
 
-def test_ctrl_c_stops_a_retune_and_marks_its_mlflow_runs_killed(tmp_path: Path, home: Path) -> None:
+def test_ctrl_c_stops_a_retune_and_marks_its_mlflow_runs_killed(tmp_path: Path) -> None:
+    """In a Prefect home of its own: the earlier tests' stopped runs may still count in the
+    trainer slots' limit there (their slot leases lived in the temporary servers that ended
+    with them), and a retune waits for a free slot."""
     from mlflow.tracking import MlflowClient
 
     from flows.config import load_config
 
-    run_dir, log = tmp_path / "run", tmp_path / "stderr.log"
+    run_dir, home, log = tmp_path / "run", tmp_path / "prefect", tmp_path / "stderr.log"
     overrides = ["--set", f'run_dir="{run_dir}"', "--set", "training.epochs=30"]
     command = [sys.executable, "-m", "flows.cli", "retune", "--config", str(ROOT / "configs" / "tiny.toml"),
                *overrides, "--trials", "5"]  # fmt: skip
