@@ -139,7 +139,8 @@ def _parser() -> argparse.ArgumentParser:
     retune = subcommands.add_parser("retune", help="tune hyperparameters for the config's tuning key (Optuna)")
     _add_config_arguments(retune)
     retune.add_argument("--trials", type=int, help="trial budget of the study (default: tuning.n_trials)")
-    retune.add_argument("--timeout", type=float, help="wall-clock budget of this worker in seconds")
+    retune.add_argument("--timeout", type=float, help="wall-clock budget of this worker in seconds; without "
+                        "--trials the study runs trials until then (the config's count is not used)")
     retune.add_argument("--json", action="store_true", help="print the result as one JSON object")
     retune.set_defaults(handler=commands.retune)
 

@@ -42,7 +42,7 @@ from training.job import JobFolder, TrainJob
 from training.launch.launcher import launch
 from training.locking import exclusive
 from training.loop.progress import HeldoutRecord, MetricsRecord
-from training.tuning.config import budget_overrides
+from training.tuning.config import TuningConfig, budget_overrides
 from training.tuning.key import TuningKey
 from training.tuning.space import Params, apply_params, suggest
 from training.tuning.study import (
@@ -89,6 +89,13 @@ def retune(
 
 
 @flow(name="retune", log_prints=True, on_crashed=[cancel_when_stopped])
+def budget_text(tuning: TuningConfig) -> str:
+    trials = f"{tuning.n_trials} trials" if tuning.n_trials else "trials"
+    if not tuning.timeout_s:
+        return trials
+    return f"{trials} until {tuning.timeout_s:.0f} s" if not tuning.n_trials else f"{trials}, {tuning.timeout_s:.0f} s"
+
+
 def retune_of(config: PipelineConfig) -> dict[str, Any]:
     """The `retune` flow on a config the caller has loaded (`dlrm retune` reads its file once)."""
     features = prepare_features(config)
@@ -111,8 +118,8 @@ def run_retune(run: ResolvedRun, features: Features) -> RetuneResult:
     client = MlflowClient(tracking_uri=config.tracking_uri)
     parent = _parent_run(client, config, study, key, storage_url)
     log.info(
-        "retune: study %s (key %s), worker %d, budget %d trials%s%s", study.study_name, key.fingerprint, worker,
-        config.tuning.n_trials, f", {config.tuning.timeout_s:.0f} s" if config.tuning.timeout_s else "",
+        "retune: study %s (key %s), worker %d, budget %s%s", study.study_name, key.fingerprint, worker,
+        budget_text(config.tuning),
         f"; warm start from {nearest.study_name} with {warm} scaled trial(s)" if warm and nearest else "",
     )  # fmt: skip
     data = tuning_data(config, features)

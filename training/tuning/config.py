@@ -31,6 +31,7 @@ class TuningConfig:
     pruner: Literal["median", "hyperband", "none"] = "median"
     # No trial is pruned before this percent of its training (warm-up makes early NE noisy).
     prune_after_pct: int = 30
+    # 0: no count, the study runs until `timeout_s` (which must then be set)
     n_trials: int = 12
     # Each trial trains this many times, with training seeds seed, seed + 1, …, and scores
     # their mean NE: a single seed's NE varies by more than the gaps a retune is after, so
@@ -102,8 +103,8 @@ class TuningConfig:
             raise ValueError(f"prune_after_pct: must be in [0, 100), got {self.prune_after_pct}")
         if not 0 < self.validation_percent < 100:
             raise ValueError(f"validation_percent: must be in (0, 100), got {self.validation_percent}")
-        if self.n_trials < 1:
-            raise ValueError(f"n_trials: must be at least 1, got {self.n_trials}")
+        if self.n_trials < 0 or (self.n_trials == 0 and not self.timeout_s):
+            raise ValueError(f"n_trials: must be at least 1, or 0 (no count) with a timeout_s, got {self.n_trials}")
         if self.seeds_per_trial < 1:
             raise ValueError(f"seeds_per_trial: must be at least 1, got {self.seeds_per_trial}")
         if self.timeout_s < 0 or self.heartbeat_s < 1:
@@ -121,5 +122,9 @@ class TuningConfig:
 
 def budget_overrides(n_trials: int | None, timeout_s: float | None) -> list[str]:
     """A study's budget given per call (`dlrm retune --trials/--timeout`, the retune
-    deployment's fields), as config overrides."""
+    deployment's fields), as config overrides. What the call gives wins over the config: a
+    timeout alone bounds the study by time only (the config's trial count is dropped); a
+    count alone keeps the config's timeout; both: whichever ends it first."""
+    if timeout_s and not n_trials:
+        return [f"tuning.timeout_s={timeout_s}", "tuning.n_trials=0"]
     return [*([f"tuning.n_trials={n_trials}"] if n_trials else []), *([f"tuning.timeout_s={timeout_s}"] if timeout_s else [])]

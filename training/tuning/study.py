@@ -76,7 +76,7 @@ def open_study(storage: RDBStorage, model: str, key: TuningKey, space: TuningCon
 
 def make_sampler(space: TuningConfig, seed: int) -> optuna.samplers.BaseSampler:
     """A seeded Bayesian sampler: a Gaussian process, or multivariate TPE."""
-    startup = max(2, space.n_trials // 3)
+    startup = max(2, space.n_trials // 3) if space.n_trials else 4
     if space.sampler == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, warn_independent_sampling=False)
     return optuna.samplers.TPESampler(
@@ -144,7 +144,8 @@ class WorkerOutcome:
 def run_worker(
     study: optuna.Study, objective: Objective, space: TuningConfig, storage_url: str, worker: int = 0
 ) -> WorkerOutcome:
-    """Claim and run trials until the study has `n_trials` counted or the time is up."""
+    """Claim and run trials until the study has `n_trials` counted (0: no count) or the time
+    is up."""
     deadline = time.monotonic() + space.timeout_s if space.timeout_s else float("inf")
     finished: list[int] = []
     while time.monotonic() < deadline:
@@ -172,7 +173,7 @@ def _claim(study: optuna.Study, n_trials: int, storage_url: str) -> Trial | None
     with exclusive(storage_url, f"{study.study_name}.claim"):
         fail_stale_trials(study)  # a dead worker's trial goes back to the queue
         counted = study.get_trials(deepcopy=False, states=COUNTED)
-        if len(counted) >= n_trials:
+        if n_trials and len(counted) >= n_trials:  # 0: no count (the time bounds the study)
             return None
         return study.ask()
 

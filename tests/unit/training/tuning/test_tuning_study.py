@@ -74,6 +74,25 @@ def test_one_worker_runs_exactly_the_budget_and_finds_the_bowl(tmp_path: Path) -
     assert tuned_keys(open_storage(url, 10), "another-model") == []
 
 
+def test_a_timeout_alone_runs_trials_until_the_time_is_up(tmp_path: Path) -> None:
+    """`dlrm retune --timeout S` without `--trials`: the config's count is dropped (the
+    command wins), and the study runs trials until S."""
+    from training.tuning.config import budget_overrides
+
+    assert budget_overrides(None, 2.0) == ["tuning.timeout_s=2.0", "tuning.n_trials=0"]
+    assert budget_overrides(5, None) == ["tuning.n_trials=5"], "a count alone keeps the config's timeout"
+    assert budget_overrides(5, 2.0) == ["tuning.n_trials=5", "tuning.timeout_s=2.0"], "both: the first reached"
+    with pytest.raises(ValueError, match="0 \\(no count\\) with a timeout_s"):
+        TuningConfig(n_trials=0)
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = TuningConfig(n_trials=0, timeout_s=2.0, sampler="tpe", seed=1)
+    study, worker = _study(url, space)
+    started = time.monotonic()
+    outcome = run_worker(study, lambda trial: bowl(trial, delay=0.1), space, url, worker)
+    assert outcome.stopped_by == "timeout" and 2.0 <= time.monotonic() - started < 4.0
+    assert len(outcome.trials_run) > 5, "trials ran until the time was up, not to a count"
+
+
 def test_warm_start_queues_the_nearest_best_scaled_by_both_rules_once(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     space = TuningConfig(n_trials=5, seed=2)
