@@ -71,8 +71,14 @@ class OrchestrationConfig:
     # The trainer hosts' hardware as a cluster file (configs/clusters/), for the tuning key
     # when the flow runs on a host unlike them; "": the trainers are like the flow's host.
     trainer_cluster: str = ""
+    # A recurring night continues the champion on the days it has not seen: after refused
+    # nights that grows. More unseen days than this stops the night with one line (0: no
+    # bound), rather than retraining a longer stretch every night from a staler champion.
+    max_catch_up_days: int = 0
 
     def __post_init__(self) -> None:
+        if self.max_catch_up_days < 0:
+            raise ValueError(f"max_catch_up_days: must be ≥ 0 (0: no bound), got {self.max_catch_up_days}")
         if self.trainer_hosts < 1:
             raise ValueError(f"trainer_hosts: must be at least 1, got {self.trainer_hosts}")
         if self.trainer_hosts > 1 and not self.rdzv_endpoint:

@@ -116,9 +116,29 @@ def plan_night(config: PipelineConfig, as_of: int, client: MlflowClient) -> Nigh
         return Night(as_of, (), skipped=f"champion version {champion.version} has trained on every day before "
                      f"{day(as_of)} (lineage {days_of(lineage)}); nothing new to train",
                      earlier_version=str(champion.version))  # fmt: skip
+    check_catch_up(config, champion.version, lineage, unseen, as_of)
     warm = _warm_start(config, champion, lineage)
     return Night(as_of, unseen, warm, note=f"continuing champion version {champion.version} (lineage "
                  f"{days_of(lineage)}) on days {days_of(unseen)}, evaluating on day {day(as_of)}")  # fmt: skip
+
+
+class CatchUpError(RuntimeError):
+    """A night would retrain more unseen days than `orchestration.max_catch_up_days`."""
+
+
+def check_catch_up(config: PipelineConfig, champion: str, lineage: tuple[int, ...], unseen: tuple[int, ...],
+                   as_of: int) -> None:  # fmt: skip
+    """Stop a night whose champion has fallen more than the bound behind, in one line."""
+    bound = config.orchestration.max_catch_up_days
+    if not bound or len(unseen) <= bound:
+        return
+    day, days_of = config.data.shown, config.data.shown_days
+    raise CatchUpError(
+        f"as of day {day(as_of)} champion version {champion} (lineage up to day {day(max(lineage))}) has "
+        f"{len(unseen)} unseen days {days_of(unseen)}, more than orchestration.max_catch_up_days = {bound}: "
+        "the nights since were not promoted. Read their promotion_reason in MLflow, then promote a good version "
+        "(alias 'champion') or run this night once with --set orchestration.max_catch_up_days=0"
+    )
 
 
 def _days_before(config: PipelineConfig, as_of: int) -> list[int]:
