@@ -88,14 +88,15 @@ def retune(
     return retune_of(load_flow_config(config_path, [*(overrides or []), *budget_overrides(n_trials, timeout_s)]))
 
 
-@flow(name="retune", log_prints=True, on_crashed=[cancel_when_stopped])
 def budget_text(tuning: TuningConfig) -> str:
+    """A study's budget, for the log: its trial count and its time, as set."""
     trials = f"{tuning.n_trials} trials" if tuning.n_trials else "trials"
     if not tuning.timeout_s:
         return trials
     return f"{trials} until {tuning.timeout_s:.0f} s" if not tuning.n_trials else f"{trials}, {tuning.timeout_s:.0f} s"
 
 
+@flow(name="retune", log_prints=True, on_crashed=[cancel_when_stopped])
 def retune_of(config: PipelineConfig) -> dict[str, Any]:
     """The `retune` flow on a config the caller has loaded (`dlrm retune` reads its file once)."""
     features = prepare_features(config)
