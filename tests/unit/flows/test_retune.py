@@ -122,3 +122,15 @@ def test_validating_on_an_evaluation_day_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="tuning.validation_days: .*never on the evaluation days"):
         load_config("configs/tiny.toml", ["tuning.validation_days=[2]"])
+
+
+def test_the_retune_command_runs_inside_the_retune_flow() -> None:
+    """`dlrm retune` calls `retune_of`: it must be the Prefect flow (its run is what a stop
+    marks Cancelled and what the UI lists), and helpers beside it plain functions."""
+    from prefect import Flow
+
+    from flows.retune import budget_text, retune, retune_of
+
+    assert isinstance(retune_of, Flow) and retune_of.name == "retune"
+    assert isinstance(retune, Flow) and retune.name == "retune"
+    assert not isinstance(budget_text, Flow)
