@@ -34,6 +34,7 @@ from flows.pipeline import pipeline, retrain
 from flows.retune import retune
 from flows.sources import NEWEST
 from flows.train_nodes import node_deployment, train_node
+from training.launch.processes import stop_requested
 
 log = logging.getLogger("flows.serve")
 
@@ -76,13 +77,24 @@ def serve_deployments(config: PipelineConfig, config_path: str, overrides: list[
         deployments = build_deployments(config_path, overrides, config)
     else:
         deployments = [trainer_node_deployment(trainer_node)]
+    quiet_stop = _QuietAfterStop()
+    logging.getLogger("asyncio").addFilter(quiet_stop)
     try:
         serve(*deployments, limit=limit)
     finally:
+        logging.getLogger("asyncio").removeFilter(quiet_stop)
         try:
             cancel_runs_left_running(deployments)
         except Exception as error:  # noqa: BLE001 - never hide why serving ended behind a clean-up error
             log.warning("could not mark the runs left running as cancelled: %s", error)
+
+
+class _QuietAfterStop(logging.Filter):
+    """Once a stop is under way, asyncio's reports of the runner's connections cut by it
+    (a traceback per connection) say nothing a person needs: the stop's own lines do."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return stop_requested() is None
 
 
 def cancel_runs_left_running(deployments: list[RunnerDeployment]) -> int:

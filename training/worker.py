@@ -16,6 +16,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from training.job import TrainJob, TrainSummary
 from training.launch.device import backend_for, runtime_device
+from training.launch.processes import die_with_parent
 from training.loop.checkpoint import (
     RowLedger,
     TrainPosition,
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         raise SystemExit("usage: python -m training.worker JOB.json")
+    die_with_parent()  # a torchrun killed outright takes its workers with it
     job = TrainJob.load(Path(args[0]))
     device = runtime_device(job.training.device, int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend_for(device))

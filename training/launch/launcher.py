@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -161,9 +162,12 @@ def _launch_once(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[
     env = {**os.environ, "OMP_NUM_THREADS": str(job.training.threads_per_proc), "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_project_root()), env.get("PYTHONPATH")]))
     env.update(role.environment() if role is not None else {})
-    # its own process group (a stop reaches every worker), ended with this process
+    # Its own process group (a stop reaches every worker), ended with this process: killed
+    # outright if this process dies first, since torchrun's SIGTERM shutdown without its
+    # parent was seen to hang for good beside a defunct worker (its workers die with it:
+    # training/worker.py).
     process = start_group(torchrun_command(job, job_path, role), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, env=env)  # fmt: skip
+                          text=True, env=env, death_signal=signal.SIGKILL)  # fmt: skip
     try:
         output = follow(process, on_line, poll, poll_s)
     except BaseException:

@@ -8,7 +8,10 @@ and the survivors failing against a dead API. Each group is also tied to its par
 (Linux's parent-death signal): a parent killed outright (SIGKILL) leaves no orphan.
 
 The first SIGINT or SIGTERM raises `Stopped` in the main thread and terminates every
-registered group; later ones only say that the stop is under way, so a second Ctrl-C cannot
+registered group, and every other session this process started (Prefect's runner starts
+each served flow run in one of its own): all at once, then killed after a grace, so a stop
+takes one grace however many runs were going (the runner would end them one by one, 30 s
+each). Later signals only say that the stop is under way, so a second Ctrl-C cannot
 interrupt the clean-up and leave orphans.
 """
 
@@ -20,11 +23,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 _groups: set[int] = set()
+_services: set[int] = set()  # groups the clean-up still needs: stopped by their owner, last
 _lock = threading.Lock()
 _stop_signal: list[int] = []  # the signal that asked for the stop; empty while none has
 
@@ -53,17 +59,19 @@ def raise_if_stopped() -> None:
         raise Stopped(_stop_signal[0])
 
 
-def start_group(command: Sequence[str], *, end_on_stop: bool = True, **popen: Any) -> subprocess.Popen:
+def start_group(command: Sequence[str], *, end_on_stop: bool = True, death_signal: int = signal.SIGTERM,
+                **popen: Any) -> subprocess.Popen:  # fmt: skip
     """Start `command` as the leader of a new session, tied to this process's life.
 
     `end_on_stop`: a stop terminates the group at once (work: a training job). A service
     the clean-up still needs (the Prefect API that the runs are marked through) passes
-    False and is stopped by its owner, last."""
+    False and is stopped by its owner, last. `death_signal`: what the command receives if
+    this process dies first (SIGKILL for a command whose own SIGTERM handling cannot be
+    trusted without its parent)."""
     raise_if_stopped()  # a stop that came first must not be followed by a new child
-    process = subprocess.Popen(_tied_to_this_process(command), start_new_session=True, **popen)
-    if end_on_stop:
-        with _lock:
-            _groups.add(process.pid)
+    process = subprocess.Popen(_tied_to_this_process(command, death_signal), start_new_session=True, **popen)
+    with _lock:
+        (_groups if end_on_stop else _services).add(process.pid)
     return process
 
 
@@ -84,31 +92,88 @@ def forget_group(process: subprocess.Popen) -> None:
     """The group ended on its own: a later stop need not signal it."""
     with _lock:
         _groups.discard(process.pid)
+        _services.discard(process.pid)
 
 
-# Run first in the child: ask for SIGTERM when the parent dies (it survives the exec), give
+# Run first in the child: ask for a signal when the parent dies (it survives the exec), give
 # up if the parent is already gone, then become the command. A trampoline rather than
 # `preexec_fn`, which is unsafe in a threaded parent (Prefect's and the heartbeat's threads).
 _TRAMPOLINE = (
-    f"import ctypes, os, sys; ctypes.CDLL(None).prctl({_PR_SET_PDEATHSIG}, {int(signal.SIGTERM)}, 0, 0, 0); "
-    "os.getppid() == int(sys.argv[1]) or sys.exit(143); os.execvp(sys.argv[2], sys.argv[2:])"
+    f"import ctypes, os, sys; ctypes.CDLL(None).prctl({_PR_SET_PDEATHSIG}, int(sys.argv[2]), 0, 0, 0); "
+    "os.getppid() == int(sys.argv[1]) or sys.exit(143); os.execvp(sys.argv[3], sys.argv[3:])"
 )
 
 
-def _tied_to_this_process(command: Sequence[str]) -> list[str]:
+def _tied_to_this_process(command: Sequence[str], death_signal: int = signal.SIGTERM) -> list[str]:
     """`command`, started through the trampoline on Linux (elsewhere the explicit stop is
     the only guard)."""
     if not sys.platform.startswith("linux"):
         return list(command)
-    return [sys.executable, "-c", _TRAMPOLINE, str(os.getpid()), *command]
+    return [sys.executable, "-c", _TRAMPOLINE, str(os.getpid()), str(int(death_signal)), *command]
+
+
+def die_with_parent(death_signal: int = signal.SIGKILL) -> None:
+    """Have this process receive `death_signal` when its parent ends (Linux; elsewhere
+    nothing): a torchrun worker whose torchrun was killed must not train on as an orphan."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(death_signal), 0, 0, 0)
+    if os.getppid() != parent:  # the parent ended before the request took effect
+        os.kill(os.getpid(), death_signal)
+
+
+KILL_AFTER_S = 15.0  # a group still there this long after the SIGTERM is killed
 
 
 def _terminate_groups() -> None:
     with _lock:
-        groups = list(_groups)
+        groups = (set(_groups) | _child_sessions()) - _services
     for pgid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGTERM)
+    if groups:
+        threading.Thread(target=_kill_left, args=(groups,), name="stop-kill", daemon=True).start()
+
+
+def _kill_left(groups: set[int]) -> None:
+    """SIGKILL the groups of `groups` still alive after the grace (their processes ignored the
+    SIGTERM, or their clean-up hangs): a stop ends in bounded time."""
+    deadline = time.monotonic() + KILL_AFTER_S
+    while groups and time.monotonic() < deadline:
+        time.sleep(0.5)
+        groups = {pgid for pgid in groups if _group_alive(pgid)}
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _child_sessions() -> set[int]:
+    """This process's children that lead a session of their own (Linux: read from /proc;
+    elsewhere none are found and only the registered groups are signalled)."""
+    me, found = os.getpid(), set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # after the command's name (in parentheses, which may hold spaces): state, ppid, pgrp, session
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        pid = int(stat.parent.name)
+        if int(fields[1]) == me and int(fields[3]) == pid:
+            found.add(pid)
+    return found
 
 
 @contextlib.contextmanager

@@ -90,3 +90,68 @@ def test_sigterm_exits_143_and_nothing_starts_after_a_stop() -> None:
     os.kill(parent.pid, signal.SIGTERM)
     parent.wait(timeout=30)
     assert parent.returncode == 143
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child sessions are read from /proc")
+def test_a_stop_ends_sessions_a_library_started_at_once_and_kills_one_that_ignores_it() -> None:
+    """Prefect's runner starts each served flow run in a session of its own and would end them
+    one by one, 30 s each: the stop signals every child session together, kills what is still
+    there after the grace, and leaves the services the clean-up needs (started with
+    end_on_stop=False) to their owner."""
+    parent = _parent("""
+        import subprocess, training.launch.processes as processes
+        processes.KILL_AFTER_S = 2.0
+        stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)"
+        try:
+            with stop_on_signals(lambda line: None):
+                polite = subprocess.Popen(["sleep", "60"], start_new_session=True)
+                deaf = subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True, stdout=subprocess.PIPE)
+                deaf.stdout.readline()  # its handler is set
+                service = start_group(["sleep", "60"], end_on_stop=False)
+                print(polite.pid, deaf.pid, service.pid, flush=True)
+                time.sleep(60)
+        except Stopped:
+            time.sleep(4.0)  # the owner's clean-up; the service still answers meanwhile
+            print("service", "alive" if service.poll() is None else "gone", flush=True)
+            for process in (polite, deaf):
+                process.wait(timeout=5)
+            stop_group(service)
+            sys.exit(130)
+    """)
+    polite, deaf, service = (int(pid) for pid in parent.stdout.readline().split())
+    parent.send_signal(signal.SIGINT)
+    assert _gone(polite, 1.0), "the SIGTERM reached the session at once"
+    assert not _gone(deaf, 1.0), "a process that ignores SIGTERM is still there within the grace"
+    assert _gone(deaf, 4.0), "and killed after it"
+    stdout, stderr = parent.communicate(timeout=30)
+    assert stdout.strip() == "service alive" and parent.returncode == 130, (stdout, stderr)
+    assert _gone(service, 1.0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_launcher_that_ignores_sigterm_and_its_workers_die_with_a_parent_killed_outright() -> None:
+    """torchrun's own SIGTERM shutdown was seen to hang once its parent had gone: started with
+    death_signal=SIGKILL it cannot, and its workers (die_with_parent) end with it."""
+    launcher = textwrap.dedent("""
+        import signal, subprocess, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        worker = subprocess.Popen([sys.executable, "-c", "from training.launch.processes import die_with_parent; "
+                                   "import time; die_with_parent(); print(1, flush=True); time.sleep(60)"],
+                                  stdout=subprocess.PIPE)
+        worker.stdout.readline()
+        print(worker.pid, flush=True)
+        time.sleep(60)
+    """)
+    parent = _parent(f"""
+        import signal
+        launcher = start_group([sys.executable, "-c", {launcher!r}], death_signal=signal.SIGKILL, stdout=subprocess.PIPE)
+        worker = int(launcher.stdout.readline())
+        print(launcher.pid, worker, flush=True)
+        time.sleep(60)
+    """.replace("import signal", "import signal, subprocess"))
+    launcher_pid, worker = (int(pid) for pid in parent.stdout.readline().split())
+    assert not _gone(launcher_pid, 0.3) and not _gone(worker, 0.3)
+    parent.kill()
+    parent.wait()
+    assert _gone(launcher_pid, 5.0), "the launcher ended with its parent, SIGTERM ignored or not"
+    assert _gone(worker, 5.0), "and its worker with it"
