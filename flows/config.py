@@ -75,8 +75,19 @@ class OrchestrationConfig:
     # nights that grows. More unseen days than this stops the night with one line (0: no
     # bound), rather than retraining a longer stretch every night from a staler champion.
     max_catch_up_days: int = 0
+    # What a recurring night continues: "champion" (the promoted version), or "latest" (the
+    # newest version trained, promoted or not: one new day a night even after refusals,
+    # while the alias stays on the best judged model).
+    continue_from: Literal["champion", "latest"] = "champion"
+    # After this many nights in a row without a promotion (0: never) the champion is stale:
+    # the night ends Failed ("fail", the state a Prefect notification can watch) or with a
+    # warning artifact and log line ("warn"). The registered model's tags say how old it is.
+    stale_after_nights: int = 0
+    on_stale: Literal["fail", "warn"] = "warn"
 
     def __post_init__(self) -> None:
+        if self.stale_after_nights < 0:
+            raise ValueError(f"stale_after_nights: must be ≥ 0 (0: never), got {self.stale_after_nights}")
         if self.max_catch_up_days < 0:
             raise ValueError(f"max_catch_up_days: must be ≥ 0 (0: no bound), got {self.max_catch_up_days}")
         if self.trainer_hosts < 1:

@@ -3,6 +3,7 @@ its files for serving, and the promotion that compares it with the champion."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import mlflow
@@ -14,6 +15,7 @@ from mlflow.tracking import MlflowClient
 from prefect import flow, get_run_logger, task
 from prefect.tasks import exponential_backoff
 
+from evaluation.calibration import Calibrator
 from evaluation.metrics import BinaryState, binary_state, compute_ne
 from evaluation.promotion import PromotionDecision, QualityEvidence, QualityGate, quality_failure
 from evaluation.report import EvalReport, Scores, build_report
@@ -35,20 +37,22 @@ DayScores = dict[int | str, Scores]  # day as the config writes it → its score
 
 
 @flow(name="evaluate", on_crashed=[cancel_when_stopped])
-def evaluate_model(config: PipelineConfig, features: Features, folder: JobFolder) -> tuple[EvalReport, DayScores]:
-    """The model's held-out report against the reference predictors, on the eval days."""
-    lr_scores = baseline_task(config, features)
-    return evaluate_task(config, features.state, folder, lr_scores)
+def evaluate_model(config: PipelineConfig, features: Features, folder: JobFolder, train_files: tuple[str, ...],
+                   calibrator: Calibrator) -> tuple[EvalReport, DayScores]:  # fmt: skip
+    """The served (calibrated) model's held-out report against the reference predictors, on
+    the eval days; the references train on the rows the model trained on (`train_files`)."""
+    lr_scores = baseline_task(config, features, train_files)
+    return evaluate_task(config, features.state, folder, lr_scores, calibrator)
 
 
 @task(name="baseline-logistic-regression", **STAGE)
-def baseline_task(config: PipelineConfig, features: Features) -> DayScores:
+def baseline_task(config: PipelineConfig, features: Features, train_files: tuple[str, ...]) -> DayScores:
     """The hashed logistic regression on the DLRM's features: L2 chosen on a held-out slice of
     the training rows, refit on all of them to convergence, scored on the same rows as the
     model (training/reference.py)."""
     torch.set_num_threads(max(1, config.training.nproc * config.training.threads_per_proc))
     data = config.data
-    fit = fit_logistic_regression(features.state.table_sizes, list(features.train_files(data.train_days)),
+    fit = fit_logistic_regression(features.state.table_sizes, list(train_files),
                                   seed=config.training.seed, max_rows=config.evaluation.reference_max_rows)  # fmt: skip
     get_run_logger().info(
         "logistic regression: L2 chosen on %s held-out training rows (C %.4g, validation NE %.4f), refit on %s; %s",
@@ -62,12 +66,14 @@ def baseline_task(config: PipelineConfig, features: Features) -> DayScores:
 
 
 @task(name="evaluate", **STAGE)
-def evaluate_task(config: PipelineConfig, state: PreprocessState, folder: JobFolder,
-                  lr_scores: DayScores) -> tuple[EvalReport, DayScores]:  # fmt: skip
-    """The model's report on the held-out days, beside the reference predictors; and the
-    model's scores per day (read once, also used for the plots)."""
+def evaluate_task(config: PipelineConfig, state: PreprocessState, folder: JobFolder, lr_scores: DayScores,
+                  calibrator: Calibrator) -> tuple[EvalReport, DayScores]:  # fmt: skip
+    """The served model's report on the held-out days (its probabilities calibrated, beside
+    them before), beside the reference predictors; and its scores per day (read once, also
+    used for the plots)."""
     data = config.data
-    scores = {data.shown(day): folder.read_predictions(data.day_label(day)) for day in data.eval_days}
+    raw = {data.shown(day): folder.read_predictions(data.day_label(day)) for day in data.eval_days}
+    scores = {day: dataclasses.replace(s, predictions=calibrator.apply(s.predictions)) for day, s in raw.items()}
     constant = {
         day: Scores(s.labels, np.full(s.labels.shape, state.train_click_rate)) for day, s in scores.items()
     }  # every example gets the training days' click rate
@@ -77,10 +83,13 @@ def evaluate_task(config: PipelineConfig, state: PreprocessState, folder: JobFol
         config.evaluation.slice_top_k,
         reference_scores={"baseline_constant": constant, "logistic_regression": lr_scores},
         reference_states={"bayes": bayes} if bayes else None,
+        uncalibrated=raw if config.evaluation.calibration != "none" else None,
     )
+    before = report.uncalibrated
     get_run_logger().info(
-        "eval days %s: NE %.4f  AUC %.4f  calibration %.3f | logistic regression NE %.4f | Bayes-optimal NE %s",
+        "eval days %s: NE %.4f  AUC %.4f  calibration %.3f%s | logistic regression NE %.4f | Bayes-optimal NE %s",
         list(scores), report.overall["ne"], report.overall["auc"], report.overall["calibration"],
+        f" (before calibration: NE {before['ne']:.4f}, calibration {before['calibration']:.3f})" if before else "",
         report.references["logistic_regression_ne"],
         f"{report.references['bayes_ne']:.4f}" if bayes else "n/a",
     )  # fmt: skip
@@ -103,11 +112,12 @@ def _bayes_state(config: PipelineConfig) -> BinaryState | None:
 
 
 @task(name="export-model", **STAGE)
-def export_task(config: PipelineConfig, features: Features, trained: TrainedModel) -> ServingModel:
-    """The registered model's files: weights, shape and preprocessing state (the job folder's `serving`)."""
+def export_task(config: PipelineConfig, features: Features, trained: TrainedModel, calibrator: Calibrator) -> ServingModel:
+    """The registered model's files: weights, shape, preprocessing state and calibrator (the
+    job folder's `serving`)."""
     return write_serving_model(build_job(config, features), Path(trained.summary.checkpoint), features.state,
                                config.path(config.preprocess.features_dir), trained.folder.serving,
-                               config.tracking.serving_device)  # fmt: skip
+                               config.tracking.serving_device, calibrator)  # fmt: skip
 
 
 @task(name="promote", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5), **STAGE)
@@ -138,20 +148,28 @@ def promote_task(config: PipelineConfig, run_id: str, version: str, report: Eval
 def registered_dlrm(model_uri: str) -> torch.nn.Module:
     """The DLRM of a registered version, on CPU: inside this project's pyfunc, or the module
     itself for versions logged before it (the `pytorch` flavour)."""
+    return registered_scorer(model_uri)[0]
+
+
+def registered_scorer(model_uri: str) -> tuple[torch.nn.Module, Calibrator]:
+    """The DLRM of a registered version, on CPU, and the calibrator it serves with (the
+    identity for versions logged before calibration, and for the `pytorch` flavour)."""
     if "pytorch" in mlflow.models.get_model_info(model_uri).flavors:
-        return mlflow.pytorch.load_model(model_uri, map_location="cpu")
-    return mlflow.pyfunc.load_model(model_uri).unwrap_python_model().dlrm.cpu()
+        return mlflow.pytorch.load_model(model_uri, map_location="cpu"), Calibrator()
+    served = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
+    return served.dlrm.cpu(), Calibrator.from_dict(served.calibrator.as_dict())
 
 
 def champion_ne(config: PipelineConfig, champion: ModelVersion) -> float | None:
-    """The champion's NE on this run's eval days, with its own preprocessing state."""
+    """The champion's NE on this run's eval days, as it serves (its own preprocessing state
+    and calibrator)."""
     try:
         state = logged_state(config.tracking_uri, champion.run_id)
     except MlflowException:
         return None  # a champion without its preprocessing state cannot score new days
     mlflow.set_tracking_uri(config.tracking_uri)
     try:
-        model = registered_dlrm(f"models:/{config.tracking.registered_model}/{champion.version}")
+        model, calibrator = registered_scorer(f"models:/{config.tracking.registered_model}/{champion.version}")
     except Exception as error:  # noqa: BLE001 - e.g. a version pickled with classes this release no longer has
         get_run_logger().warning("champion version %s cannot be loaded (%s): it cannot be compared, so nothing "
                                  "is promoted; set the alias by hand to move on", champion.version, error)  # fmt: skip
@@ -163,4 +181,4 @@ def champion_ne(config: PipelineConfig, champion: ModelVersion) -> float | None:
         files = [str(p) for p in sorted(folder.glob("*.parquet"))]
         parts.append(score_files(dlrm_logits(model), files, config.evaluation.slice_feature))
     joined = Scores.concat(parts)
-    return compute_ne(binary_state(joined.labels, joined.predictions))
+    return compute_ne(binary_state(joined.labels, calibrator.apply(joined.predictions)))

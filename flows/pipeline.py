@@ -1,11 +1,12 @@
 """The `pipeline` flow: generate (demo) → ingest → preprocess → resolve the run → train →
-evaluate → track → promote.
+calibrate → evaluate → track → promote.
 
     night = plan_night(config, as_of)                        # the days, the champion it continues
     features = prepare_features(resolve_run(config, night).config)
     decision = choose_hyperparameters(resolve_run(config, night, state), ...)
     run = resolve_run(config, night, state, decision)        # what every later step reads
-    trained = train_model(run.config, ...) → evaluate → export → track → promote
+    rows = training_rows(run.config, features)               # less the calibration rows
+    trained = train_model(run.config, ...) → calibrate → evaluate → export → track → promote
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from evaluation.calibration import Calibrator
 from evaluation.promotion import PromotionDecision
 from evaluation.report import EvalReport, Scores, report_markdown
+from flows.calibrate import calibrate_task, training_rows
 from flows.config import (
     ConfigSource,
     PipelineConfig,
@@ -37,6 +40,8 @@ from flows.features import prepare_features
 from flows.hyperparameters import choose_hyperparameters
 from flows.recurring import (
     Night,
+    StaleChampionError,
+    champion_staleness,
     keep_checkpoint,
     lineage_tags,
     plan_night,
@@ -115,21 +120,38 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
     for line in run.change_lines():
         logger.info("%s", line)
     config = run.config
-    trained = train_model(config, features, night.warm_checkpoint)
-    report, scores = evaluate_model(config, features, trained.folder)
-    model = export_task(config, features, trained)
+    rows = training_rows(config, features, night.lineage_days)
+    trained = train_model(config, features, night.warm_checkpoint, rows)
+    calibrator = calibrate_task(config, trained.folder)
+    report, scores = evaluate_model(config, features, trained.folder, rows.train_files, calibrator)
+    model = export_task(config, features, trained, calibrator)
     lineage = lineage_tags(config, night, features.state, keep_checkpoint(config, trained.summary.checkpoint))
-    tracked = _track(run, features, report, scores, trained, model, lineage, started_at_ms)
+    tracked = _track(run, features, report, scores, trained, model, lineage, started_at_ms, calibrator)
     decision_ = promote_task(config, tracked.run_id, tracked.model_version, report) if tracked.model_version else None
     if tracked.model_version is not None:  # a deferred run (MLflow unreachable) leaves pruning to the next
         try:
             prune_lineage(config, MlflowClient(tracking_uri=config.tracking_uri))
         except Exception as error:  # noqa: BLE001 - the registry went away after promotion
             logger.warning("kept checkpoints not pruned (%s); the next run prunes them", error)
-    summary = run_summary(run, features, report, trained, tracked, decision_)
+    summary = run_summary(run, features, report, trained, tracked, decision_, calibrator, rows.calibration_rows)
     _publish_artifacts(run, summary, report, trained)
+    if night.as_of is not None and tracked.model_version is not None:
+        _judge_staleness(config)
     logger.info("pipeline finished in %.0f s; MLflow run %s", time.perf_counter() - started, tracked.run_id)
     return summary
+
+
+def _judge_staleness(config: PipelineConfig) -> None:
+    """Tag the champion's age on the registered model; a stale champion ends the night as
+    `orchestration.on_stale` says (Failed: what a Prefect notification watches)."""
+    staleness = champion_staleness(config, MlflowClient(tracking_uri=config.tracking_uri))
+    if not staleness.stale:
+        return
+    if config.orchestration.on_stale == "fail":
+        raise StaleChampionError(staleness.message)
+    get_run_logger().warning("stale champion: %s", staleness.message)
+    create_markdown_artifact(key="stale-champion", markdown=f"# Stale champion\n\n{staleness.message}\n",
+                             description="The champion has not been replaced for too many nights")  # fmt: skip
 
 
 def _plan(config: PipelineConfig, as_of: str | int | None) -> Night:
@@ -144,7 +166,7 @@ def _plan(config: PipelineConfig, as_of: str | int | None) -> Night:
 
 
 def run_summary(run: ResolvedRun, features: Features, report: EvalReport, trained: TrainedModel, tracked: TrackedRun,
-                decision: PromotionDecision | None) -> RunSummary:  # fmt: skip
+                decision: PromotionDecision | None, calibrator: Calibrator, calibration_rows: int) -> RunSummary:  # fmt: skip
     """What `dlrm run --json` prints: the resolved run's days, batch and key; the job's figures."""
     data, night, job = run.config.data, run.night, trained.summary
     assert run.tuning is not None, "a pipeline run is resolved with its tuning decision"
@@ -170,11 +192,12 @@ def run_summary(run: ResolvedRun, features: Features, report: EvalReport, traine
         promotion_reason=decision.reason if decision else "no model registered",
         champion_ne_same_days=decision.champion_ne if decision else None,
         tuning_key=run.key.fingerprint, tuning_decision=run.tuning.action, tuning_reason=run.tuning.reason,
+        calibrator=calibrator.describe(), calibration_rows=calibration_rows,
     )  # fmt: skip
 
 
 def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: DayScores, trained: TrainedModel,
-           model: ServingModel, lineage: dict[str, str], started_at_ms: int) -> TrackedRun:  # fmt: skip
+           model: ServingModel, lineage: dict[str, str], started_at_ms: int, calibrator: Calibrator) -> TrackedRun:  # fmt: skip
     config, summary, folder = run.config, trained.summary, trained.folder
     resolved = config_as_dict(config)
     log = get_run_logger()
@@ -200,6 +223,7 @@ def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: Day
             "evaluation/slices.json": report.slices,
             "evaluation/per_day.json": {str(day): metrics for day, metrics in report.per_day.items()},
             "config/resolved_changes.json": [asdict(change) for change in run.changes],
+            "evaluation/calibrator.json": calibrator.as_dict(),
         },
         texts={"evaluation/report.md": report_markdown(report, f"Evaluation: {config.name}")},
         eval_predictions=(everything.labels.astype(float), everything.predictions.astype(float)),
@@ -211,6 +235,7 @@ def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: Day
             "training.device": summary.device,
             "training.precision": summary.precision,  # what `auto` resolved to on this device
             "evaluation.days": ",".join(config.data.day_label(day) for day in config.data.eval_days),
+            "evaluation.calibration": calibrator.method,
             **run.key.as_tags(), **run.tuning.as_tags(), **lineage,
         },
         start_time_ms=started_at_ms,
@@ -245,6 +270,7 @@ def _publish_artifacts(run: ResolvedRun, summary: RunSummary, report: EvalReport
         markdown=(
             report_markdown(report, f"DLRM pipeline: {run.config.name}", summary.champion_ne_same_days)
             + decision
+            + f"\n**Calibration:** {summary.calibrator}\n"
             + f"\n**Training:** {job.samples_per_s:,.0f} samples/s, {job.world_size} processes on {job.device} in "
             f"{job.precision}, global batch {job.global_batch_size:,} (tuning key {summary.tuning_key})\n"
             + f"\n**MLflow run:** {_run_link(summary)} (model version {summary.model_version})\n"

@@ -92,7 +92,7 @@ def plan_night(config: PipelineConfig, as_of: int, client: MlflowClient) -> Nigh
     """Which days a run as of `as_of` trains, and from which champion (see the module)."""
     day, days_of = config.data.shown, config.data.shown_days
     name = config.tracking.registered_model
-    champion = current_champion(client, name)
+    champion = continued_version(config, client)  # the champion, or the newest version (continue_from)
     parent = champion.version if champion else ""
     earlier = [v for v in _versions(client, name)
                if tagged_day(v.tags.get(TAG_AS_OF)) == as_of and v.tags.get(TAG_PARENT, "") == str(parent)]  # fmt: skip
@@ -118,8 +118,20 @@ def plan_night(config: PipelineConfig, as_of: int, client: MlflowClient) -> Nigh
                      earlier_version=str(champion.version))  # fmt: skip
     check_catch_up(config, champion.version, lineage, unseen, as_of)
     warm = _warm_start(config, champion, lineage)
-    return Night(as_of, unseen, warm, note=f"continuing champion version {champion.version} (lineage "
+    which = "champion" if config.orchestration.continue_from == "champion" else "the newest trained"
+    return Night(as_of, unseen, warm, note=f"continuing {which} version {champion.version} (lineage "
                  f"{days_of(lineage)}) on days {days_of(unseen)}, evaluating on day {day(as_of)}")  # fmt: skip
+
+
+def continued_version(config: PipelineConfig, client: MlflowClient) -> ModelVersion | None:
+    """The version a night continues: the champion, or with `orchestration.continue_from =
+    "latest"` the newest version with a lineage and a kept checkpoint (the champion when none)."""
+    name = config.tracking.registered_model
+    champion = current_champion(client, name)
+    if config.orchestration.continue_from == "champion":
+        return champion
+    trained = [v for v in _versions(client, name) if TAG_DAYS in v.tags and v.tags.get(TAG_CHECKPOINT)]
+    return max(trained, key=lambda v: int(v.version), default=None) or champion
 
 
 class CatchUpError(RuntimeError):
@@ -244,15 +256,16 @@ def _link_or_copy(source: str, target: str) -> None:
 
 
 def prune_lineage(config: PipelineConfig, client: MlflowClient) -> list[str]:
-    """Remove the kept checkpoints of this run folder but the champion's; returns them."""
+    """Remove the kept checkpoints of this run folder but the champion's (and the newest
+    version's, which `continue_from = "latest"` continues); returns them."""
     folder = config.path("lineage")
     if not folder.is_dir():
         return []
-    champion = current_champion(client, config.tracking.registered_model)
-    keep = champion.tags.get(TAG_CHECKPOINT, "") if champion else ""
+    keep = {v.tags.get(TAG_CHECKPOINT, "") for v in (current_champion(client, config.tracking.registered_model),
+                                                      continued_version(config, client)) if v is not None}  # fmt: skip
     removed = []
     for kept in folder.iterdir():
-        if kept.is_dir() and str(kept) != keep and not kept.name.startswith("."):
+        if kept.is_dir() and str(kept) not in keep and not kept.name.startswith("."):
             shutil.rmtree(kept, ignore_errors=True)
             removed.append(str(kept))
     return removed
@@ -276,3 +289,46 @@ def skipped_summary(night: Night, client: MlflowClient, config: PipelineConfig) 
         promotion_reason=f"nothing trained: {night.skipped}",
         champion_version=champion.version if champion else None,
     )
+
+
+TAG_NIGHTS_WITHOUT_PROMOTION = "champion.nights_without_promotion"
+TAG_CHAMPION_VERSION = "champion.version"
+TAG_CHAMPION_AS_OF = "champion.as_of"
+
+
+class StaleChampionError(RuntimeError):
+    """`orchestration.stale_after_nights` nights in a row without a promotion (on_stale = "fail")."""
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """How long the champion has stood: the recurring nights registered since it, none promoted."""
+
+    nights_without_promotion: int
+    champion_version: str | None
+    champion_as_of: str  # the day it was judged on ("" for a champion of a plain run)
+    stale: bool
+    message: str
+
+
+def champion_staleness(config: PipelineConfig, client: MlflowClient) -> Staleness:
+    """The nights since the champion was promoted, tagged on the registered model
+    (`champion.nights_without_promotion`, `champion.version`, `champion.as_of`); stale when
+    they reach `orchestration.stale_after_nights`."""
+    name, bound = config.tracking.registered_model, config.orchestration.stale_after_nights
+    champion = current_champion(client, name)
+    since = int(champion.version) if champion else 0
+    nights = [v for v in _versions(client, name) if int(v.version) > since and v.tags.get(TAG_AS_OF)]
+    as_of = champion.tags.get(TAG_AS_OF, "") if champion else ""
+    for key, value in ((TAG_NIGHTS_WITHOUT_PROMOTION, str(len(nights))),
+                       (TAG_CHAMPION_VERSION, champion.version if champion else ""), (TAG_CHAMPION_AS_OF, as_of)):  # fmt: skip
+        client.set_registered_model_tag(name, key, value)
+    stale = bool(bound) and len(nights) >= bound
+    refused = sorted(nights, key=lambda v: int(v.version))[-bound:] if stale else []
+    message = (
+        f"champion version {champion.version if champion else '(none)'}{f' (judged as of day {as_of})' if as_of else ''} "
+        f"has stood for {len(nights)} nights without a promotion, orchestration.stale_after_nights = {bound}: the "
+        f"last refusals were {', '.join(f'version {v.version}: ' + v.tags.get('promotion.reason', '?') for v in refused[-3:])}. "
+        "Fix what they name, or promote a version by hand (alias 'champion')"
+    ) if stale else ""  # fmt: skip
+    return Staleness(len(nights), champion.version if champion else None, as_of, stale, message)

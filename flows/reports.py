@@ -58,7 +58,8 @@ class RunSummary:
     files_failed: list[str]
     days_already_ingested: list[Day]
     # eval_ne, eval_auc, eval_calibration, eval_log_loss, eval_ne_day_<day>,
-    # eval_ne_slice_rank_<k>, <reference>_ne, ne_gain_vs_<reference>_pct
+    # eval_ne_slice_rank_<k>, <reference>_ne, ne_gain_vs_<reference>_pct; of the served
+    # (calibrated) model, and eval_ne_uncalibrated, eval_calibration_uncalibrated, ... before
     metrics: dict[str, float] = field(default_factory=dict, metadata=FLATTENED)
     train_samples_per_s: float = 0.0  # the pipeline's name for samples_per_s, kept for scripts
     samples_per_s: float = 0.0  # the name `dlrm train --json` reports it by
@@ -77,6 +78,8 @@ class RunSummary:
     tuning_decision: str = ""
     tuning_reason: str = ""
     skipped: bool = False
+    calibrator: str = ""  # how the served probabilities are calibrated ("none": not)
+    calibration_rows: int = 0  # training rows held out of training to fit it
 
     def __getitem__(self, key: str) -> Any:
         """`summary["eval_ne"]`: a field, or a metric."""
@@ -228,7 +231,8 @@ def night_line(summary: RunSummary | SkippedNight) -> str:
         return f"as of day {summary.as_of}: skipped: {summary.skip_reason}"
     start = f"from version {summary.warm_start_version}" if summary.warm_start_version else "from scratch"
     return (f"as of day {summary.as_of}: trained days {summary.days_trained} {start} "
-            f"({summary.rows_trained:,} rows), NE {summary['eval_ne']:.4f}, version {summary.model_version} "
+            f"({summary.rows_trained:,} rows), NE {summary['eval_ne']:.4f}, calibration {summary['eval_calibration']:.3f}, "
+            f"version {summary.model_version} "
             f"{'promoted' if summary.promoted else 'not promoted'}")  # fmt: skip
 
 
@@ -259,7 +263,9 @@ def _(report: RunSummary, config: Any = None) -> str:
         f"  NE                   {ne:.4f}",
         *bayes, *reference("logistic_regression", "logistic regression"), *reference("baseline_constant", "constant click rate"),
         f"  AUC                  {metrics['eval_auc']:.4f}",
-        f"  calibration          {metrics['eval_calibration']:.3f}",
+        f"  calibration          {metrics['eval_calibration']:.3f}"
+        + (f"  (before calibration {metrics['eval_calibration_uncalibrated']:.3f}, NE {metrics['eval_ne_uncalibrated']:.4f}; "
+           f"{report.calibrator})" if "eval_calibration_uncalibrated" in metrics else ""),
         f"  log loss             {metrics['eval_log_loss']:.4f}",
         (f"  training throughput  {report.samples_per_s:,.0f} samples/s ({report.world_size} processes, "
         f"{config.sharding.sharding_type})"),

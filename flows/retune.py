@@ -27,6 +27,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.exceptions import MissingContextError
 
 from evaluation.metrics import MetricError, binary_state, compute_ne
+from flows.calibrate import holdout_of
 from flows.config import PipelineConfig, load_flow_config
 from flows.feature_files import Features
 from flows.features import prepare_features, run_logger
@@ -36,7 +37,6 @@ from flows.stopped_runs import cancel_when_stopped
 from flows.tracking import ensure_experiment, log_study_plots
 from flows.train_stage import build_job
 from flows.trainer_slots import trainer_slot
-from ingestion.holdout import split_holdout
 from training.codec import encode
 from training.job import JobFolder, TrainJob
 from training.launch.launcher import launch
@@ -152,18 +152,16 @@ class TuningData:
 def tuning_data(config: PipelineConfig, features: Features) -> TuningData:
     """`tuning.validation_days` when set (trials train on the other training days), else a
     slice of `tuning.validation_percent` % of the training rows, chosen by a hash of each
-    row (ingestion/holdout.py; trials train on the rest). The final run trains on all."""
+    row (ingestion/holdout.py; trials train on the rest). The final run trains on the same
+    rest when its calibration share is the same (its calibrator is fitted on these rows), else
+    on its own split (flows/calibrate.py)."""
     days, data = config.tuning.validation_days, config.data
     if days:
         train = features.train_files(tuple(d for d in data.train_days if d not in days))
         return TuningData(features, train, {data.day_label(d): tuple(features.files[d]) for d in days},
                           f"validation days {data.shown_days(days)}")  # fmt: skip
     percent = config.tuning.validation_percent
-    folder = config.path(config.preprocess.features_dir) / features.state.state_id / f"holdout-{percent:g}pct"
-    train_files = list(features.train_files(data.train_days))
-    with exclusive(config.optuna_storage, f"{config.name}.holdout"):
-        split = split_holdout(train_files, folder, percent, config.preprocess.row_group_size,
-                              config.preprocess.duckdb_threads)  # fmt: skip
+    split = holdout_of(config, features.state.state_id, {day: features.files[day] for day in data.train_days}, percent)
     return TuningData(features, split.fit_files, {"holdout": split.validation_files},
                       f"{split.validation_rows:,} held-out training rows ({percent:g} %), trials train on "
                       f"the other {split.fit_rows:,}")  # fmt: skip

@@ -22,6 +22,7 @@ from prefect.artifacts import (
 )
 
 from evaluation.metrics import binary_state, compute_ne
+from flows.calibrate import TrainingRows
 from flows.config import PipelineConfig
 from flows.feature_files import Features
 from flows.features import STAGE
@@ -46,18 +47,22 @@ class TrainedModel:
     folder: JobFolder
 
 
-def build_job(config: PipelineConfig, features: Features, warm_start: str = "", run_id: str | None = None) -> TrainJob:
+def build_job(config: PipelineConfig, features: Features, warm_start: str = "", run_id: str | None = None,
+              rows: TrainingRows | None = None) -> TrainJob:  # fmt: skip
     """The job of the config's training stage. Its checkpoints go to `run_id`'s folder; by
     default, the job's fingerprint, so the same command resumes an interrupted run.
-    `warm_start`: start from that checkpoint's weights and optimizer state."""
+    `warm_start`: start from that checkpoint's weights and optimizer state. `rows`: the
+    training days split for calibration (flows/calibrate.py); else all of them, uncalibrated."""
     state, data = features.state, config.data
+    rows = rows or TrainingRows(features.train_files(data.train_days))
     job = TrainJob(
         model=config.model,
         sharding=config.sharding,
         training=config.training,
         evaluation=config.evaluation,
         table_sizes=state.table_sizes,
-        train_files=features.train_files(data.train_days),
+        train_files=rows.train_files,
+        calibration_files=rows.calibration_files,
         eval_files={data.day_label(day): tuple(features.files[day]) for day in data.eval_days},
         out_dir=str(config.path("train")),
         run_id=run_id or "",
@@ -72,21 +77,23 @@ def build_job(config: PipelineConfig, features: Features, warm_start: str = "", 
 
 
 @flow(name="train", on_crashed=[cancel_when_stopped])
-def train_model(config: PipelineConfig, features: Features, warm_start: str = "") -> TrainedModel:
+def train_model(config: PipelineConfig, features: Features, warm_start: str = "",
+                rows: TrainingRows | None = None) -> TrainedModel:  # fmt: skip
     """Sharded training with torchrun on a resolved run's training days (from `warm_start`'s
-    checkpoint when given); the job's summary and outputs."""
-    return train_task(config, features, warm_start)
+    checkpoint when given; `rows`: less the calibration rows); the job's summary and outputs."""
+    return train_task(config, features, warm_start, rows)
 
 
 @task(name="train", retries=1, retry_delay_seconds=2, **STAGE)
-def train_task(config: PipelineConfig, features: Features, warm_start: str = "") -> TrainedModel:
+def train_task(config: PipelineConfig, features: Features, warm_start: str = "",
+               rows: TrainingRows | None = None) -> TrainedModel:  # fmt: skip
     """Sharded training with torchrun; returns the job's summary and where its outputs are.
 
     A retry of this task, or the same command after an interruption, resumes from the
     job's last checkpoint; a job that ran to its end trains again (training/launch/resume.py).
     `warm_start`: a checkpoint to continue (weights and optimizer state).
     """
-    job = build_job(config, features, warm_start)
+    job = build_job(config, features, warm_start, rows=rows)
     logger = get_run_logger()
     progress = create_progress_artifact(0.0, key="training-progress", description="Training steps done (%)")
     shown = [0.0]

@@ -1,10 +1,10 @@
 """A validation slice of the training days: the rows tuning scores trials on.
 
-Tuning must never look at the evaluation days, and every training row must still reach the
-final model. So a retune splits the training days' feature rows, deterministically by a hash
-of each row's own values, into a fit part (the trials train on it) and a validation part
-(their NE is measured on it); `dlrm run` afterwards trains on all of them. The same rows land
-on the same side in every run, on every machine, whatever the file layout.
+Tuning and calibration must never look at the evaluation days. So the training days' feature
+rows are split, deterministically by a hash of each row's own values, into a fit part (trials
+and the run train on it) and a validation part (trials are scored on it, the run's calibrator
+is fitted on it: flows/calibrate.py). The same rows land on the same side in every run, on
+every machine, whatever the file layout.
 """
 
 from __future__ import annotations

@@ -212,6 +212,12 @@ class TrainingConfig:
     # A fresh model's logit bias starts at the training days' click rate (its log odds): the
     # model starts as the constant predictor, not at p = 0.5.
     start_at_click_rate: bool = True
+    # After warm-up, each rate decays to `min_lr_fraction` of itself by the run's last step (a
+    # warm-started night restarts the schedule). At a constant rate the model that ends a run
+    # is the last step of a noisy walk, its logit bias following the last batches' click
+    # counts: the tiny config's calibration read 0.82–1.17 from run to run, and decay settles
+    # it. Not the default: a run of one pass at a large rate (the demo) loses 2 % NE to it.
+    # docs/calibration.md has the figures.
     lr_decay: Literal["none", "linear", "cosine"] = "none"
     min_lr_fraction: float = 0.0
     device: Literal["auto", "cpu", "cuda"] = "auto"

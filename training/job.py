@@ -7,7 +7,8 @@ reports when done (`TrainSummary`), and every file of its folder (`JobFolder`).
     <out>/plan.txt, plan.json      the sharding plan, for people and for programs (rank 0)
     <out>/metrics.jsonl            progress records as training goes (rank 0; loop/progress.py)
     <out>/summary.json             the job's report once done (rank 0)
-    <out>/predictions/day=P/       each rank's scores of evaluation part P (rank-R.parquet)
+    <out>/predictions/day=P/       each rank's scores of evaluation part P (rank-R.parquet;
+                                   P = "calibration": the rows the calibrator is fitted on)
     <out>/checkpoints/<run id>/    the run's checkpoints (loop/checkpoint.py, launch/resume.py)
     <out>/logs/[node-R/]           torchrun's per-rank logs; failed-node-R.txt: a host's failure
     <out>/serving/                 the exported model (serving/export.py)
@@ -32,6 +33,8 @@ from evaluation.config import EvaluationConfig
 from evaluation.report import Scores
 from training.codec import dumps, loads
 from training.config import ModelConfig, ShardingConfig, TrainingConfig, Workers
+
+CALIBRATION_PART = "calibration"
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,14 @@ class TrainJob:
     dense_features: int = 13
     # A fresh model's logit starts at this click rate (the training days'); 0: PyTorch's init.
     initial_click_rate: float = 0.0
+    # Training rows held out of training, scored when done (part CALIBRATION_PART) for the
+    # calibrator (evaluation/calibration.py); never in the held-out NE during training.
+    calibration_files: tuple[str, ...] = ()
+
+    @property
+    def scored_parts(self) -> dict[str, tuple[str, ...]]:
+        """Every part the job scores when done: the evaluation parts, then the calibration rows."""
+        return {**self.eval_files, **({CALIBRATION_PART: self.calibration_files} if self.calibration_files else {})}
 
     @property
     def workers(self) -> Workers:

@@ -57,7 +57,7 @@ def test_the_warehouse_trains_end_to_end_on_its_own_dates(warehouse_run) -> None
     run_dir, _, summary = warehouse_run
     assert summary["days_trained"] == DATES[:3] and summary["eval_days"] == [DATES[3]]
     written = {date: read_manifest(run_dir / "warehouse", parse_day(date))["rows_written"] for date in DATES}
-    assert summary["rows_trained"] == sum(written[date] for date in DATES[:3])
+    assert summary["rows_trained"] + summary["calibration_rows"] == sum(written[date] for date in DATES[:3])
     assert summary["eval_ne"] < summary["baseline_constant_ne"]
     assert summary["promoted"], summary["promotion_reason"]
 
@@ -140,7 +140,8 @@ def test_the_nightly_run_continues_the_champion_on_the_new_partition(warehouse_r
     assert night["as_of"] == "2026-11-21" and night["eval_days"] == ["2026-11-21"]
     assert night["days_trained"] == [DATES[3]], "only the day the champion has not seen"
     assert night["lineage_days"] == DATES and night["warm_start_version"] == first["model_version"]
-    assert night["rows_trained"] == read_manifest(run_dir / "warehouse", parse_day(DATES[3]))["rows_written"]
+    written = read_manifest(run_dir / "warehouse", parse_day(DATES[3]))["rows_written"]
+    assert night["rows_trained"] + night["calibration_rows"] == written
 
 
 def test_a_retyped_column_stops_the_night_and_leaves_the_champion(warehouse_run, capsys) -> None:

@@ -18,6 +18,7 @@ import torch
 from foreign_python import make_foreign_python
 from mlflow.tracking import MlflowClient
 
+from evaluation.calibration import Calibrator
 from flows.config import load_config
 from ingestion.warehouse import read_manifest
 from training.job import JobFolder
@@ -80,7 +81,9 @@ def test_warehouse_and_features_hold_every_row(pipeline_run) -> None:
 def test_the_summary_reports_the_training_job_as_dlrm_train_does(pipeline_run) -> None:
     config, summary = pipeline_run
     assert summary["world_size"] == 2 and summary["global_batch_size"] == config.training.batch_size == 256
-    assert summary["rows_trained"] == 12_000 and summary["steps"] == 47, "every row once, 12,000 / 256 steps"
+    trained, held_out = summary["rows_trained"], summary["calibration_rows"]
+    assert trained + held_out == 12_000 and 0.07 < held_out / 12_000 < 0.13, "10 % held out for the calibrator"
+    assert summary["steps"] == -(-trained // 256), "every other row once, in batches of 256"
     assert summary["samples_per_s"] == summary["train_samples_per_s"] > 0
 
 
@@ -94,6 +97,11 @@ def test_mlflow_run_has_metrics_params_plan_and_plots(pipeline_run) -> None:
                 "eval_ne_slice_rank_1"):  # fmt: skip
         assert key in metrics, key
     assert metrics["eval_ne"] == pytest.approx(summary["eval_ne"]) == pytest.approx(metrics["eval_ne_day_2"])
+    # the served model is judged calibrated; what the raw model read stays beside it
+    assert 0.9 < metrics["eval_calibration"] < 1.1 and "eval_calibration_uncalibrated" in metrics
+    calibrator = json.loads(Path(client.download_artifacts(run.info.run_id, "evaluation/calibrator.json")).read_text())
+    assert "eval_ne_uncalibrated" in metrics and run.data.tags["evaluation.calibration"] == calibrator["method"]
+    assert calibrator["rows"] == summary["calibration_rows"] and summary["calibrator"].split()[0] in ("Platt", "none")
     assert metrics["bayes_ne"] < metrics["eval_ne"] < 0.95 < metrics["baseline_constant_ne"] + 0.01
     assert run.data.params["training.nproc"] == "2"
     assert run.data.params["model.bottom_mlp"] == "[32, 8]"
@@ -145,8 +153,12 @@ def test_model_is_registered_loads_and_becomes_champion(pipeline_run) -> None:
 
 
 def _run_predictions(config, day: int) -> np.ndarray:
-    """The run's own predictions of the day, in row order (rank r scored the r-th share)."""
-    return JobFolder(config.path("train")).read_predictions(str(day)).predictions
+    """The run's own predictions of the day as it reported them, in row order (rank r scored
+    the r-th share): the model's probabilities through the run's calibrator."""
+    folder = JobFolder(config.path("train"))
+    calibrator = Calibrator.from_dict(json.loads((folder.serving / "model.json").read_text())["calibration"])
+    assert calibrator.rows > 0, "fitted (or found of no use: then \"none\") on held-out rows"
+    return calibrator.apply(folder.read_predictions(str(day)).predictions)
 
 
 def _raw_lines(config, day: int) -> list[str]:

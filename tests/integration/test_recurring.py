@@ -14,14 +14,16 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "tiny.toml")
 ROWS_PER_DAY = 40_000
-# Each night's candidate must beat the champion for the next night to continue it: the
-# tiny config's features are widened (more ids, so every day still teaches something) and
-# its dense optimizer is the default Adam (its Adagrad at 0.05 swings the calibration by
-# ±20 % from night to night, whatever the warm start). Its calibration still moves by
-# ±10 % between nights, so the band is wider than the default.
+# The tiny config with more ids (every day still teaches something). At a constant rate its
+# calibration drifted by up to ±20 % from night to night, and nights were refused for it
+# (docs/calibration.md); with the defaults (the rate decays within each run, a calibrator
+# fitted on the held-out rows of the newest days) every night lands within 3 %.
+# The dense part trains with Adam: with the config's Adagrad the warm-started nights lag a
+# model trained from scratch (1.8 % on day 5, measured), its accumulated state leaving them
+# little step size.
 COMMON = [f"data.synthetic.rows_per_day={ROWS_PER_DAY}", "data.synthetic.cardinality_scale=0.004",
           "preprocess.hash_size=10000", 'training.dense_optimizer="adam"', "training.dense_lr=0.001",
-          "training.embedding_lr=0.05", "evaluation.calibration_min=0.8", "evaluation.calibration_max=1.25"]  # fmt: skip
+          "training.embedding_lr=0.05"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -45,17 +47,32 @@ def test_each_night_trains_exactly_the_days_the_champion_has_not_seen(nights) ->
     _, summaries, _ = nights
     first = summaries[2]
     assert first["days_trained"] == [0, 1] and first["warm_start_version"] is None
-    assert first["rows_trained"] == 2 * ROWS_PER_DAY and first["eval_days"] == [2]
+    assert first["rows_trained"] + first["calibration_rows"] == 2 * ROWS_PER_DAY and first["eval_days"] == [2]
     assert first["promoted"], first["promotion_reason"]
     for as_of in (3, 4, 5):
-        night = summaries[as_of]
+        night, before = summaries[as_of], summaries[as_of - 1]
         assert night["skipped"] is False and night["as_of"] == as_of
         assert night["days_trained"] == [as_of - 1], "one new day a night"
-        assert night["rows_trained"] == ROWS_PER_DAY, "rows trained per night = one day's rows"
+        # the calibrator's rows grow by the new day's held-out share: the rest of the day trains
+        new_day_held_out = night["calibration_rows"] - before["calibration_rows"]
+        assert night["rows_trained"] + new_day_held_out == ROWS_PER_DAY, "one day's rows a night"
         assert night["lineage_days"] == list(range(as_of))
         assert night["warm_start_version"] == summaries[as_of - 1]["model_version"]
         assert night["promoted"], f"night {as_of}: {night['promotion_reason']}"
     assert summaries[4]["world_size"] == 1 and summaries[3]["world_size"] == summaries[5]["world_size"] == 2
+
+
+def test_every_night_serves_calibrated_probabilities_refitted_on_its_newest_days(nights) -> None:
+    """Σ predictions / Σ clicks within 3 % on every evaluation day, the scratch model's too,
+    under the default gate band; each night's calibrator is fitted on the held-out rows of
+    the newest days its model has seen, so it grows with the lineage (10 % of each day)."""
+    _, summaries, scratch = nights
+    for summary in (*(summaries[as_of] for as_of in (2, 3, 4, 5)), scratch):
+        assert 0.97 <= summary["eval_calibration"] <= 1.03, (summary["as_of"], summary["eval_calibration"])
+        assert summary["calibrator"].startswith(("Platt scaling", "none ("))  # "none": found of no use
+    held_out = [summaries[as_of]["calibration_rows"] for as_of in (2, 3, 4, 5)]
+    assert held_out == sorted(held_out) and held_out[-1] > 1.8 * held_out[0], "days 0–1, then 0–2, … 0–4"
+    assert 0.07 < held_out[0] / (2 * ROWS_PER_DAY) < 0.13
 
 
 def test_a_night_already_run_is_skipped(nights) -> None:
@@ -71,7 +88,7 @@ def test_incremental_model_is_as_good_as_one_trained_from_scratch(nights) -> Non
     """Night after night on one day each, the model is no more than 0.5 % behind one trained
     on all five days at once (here it is ahead: the last night's rows are the newest)."""
     _, summaries, scratch = nights
-    assert scratch["rows_trained"] == 5 * ROWS_PER_DAY
+    assert scratch["rows_trained"] + scratch["calibration_rows"] == 5 * ROWS_PER_DAY
     incremental, from_scratch = summaries[5]["eval_ne"], scratch["eval_ne"]
     assert incremental < from_scratch * 1.005, (incremental, from_scratch)
     assert incremental < summaries[5]["baseline_constant_ne"]
@@ -117,4 +134,5 @@ def test_a_nightly_run_takes_the_newest_complete_day(prefect_server, tmp_path: P
     summary = pipeline(**nightly.parameters)
     assert nightly.parameters["as_of"] == "newest"
     assert summary["as_of"] == 2 and summary["eval_days"] == [2] and summary["days_trained"] == [0, 1]
-    assert summary["rows_trained"] == 2 * synthetic.rows_per_day and summary["warm_start_version"] is None
+    assert summary["rows_trained"] + summary["calibration_rows"] == 2 * synthetic.rows_per_day
+    assert summary["warm_start_version"] is None

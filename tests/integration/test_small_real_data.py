@@ -26,9 +26,11 @@ def small_run(prefect_server, tmp_path_factory: pytest.TempPathFactory):
 def test_every_training_row_is_trained_at_a_batch_that_gives_enough_steps(small_run) -> None:
     config, summary = small_run
     features = list(config.path("features").glob("*/day=0/*.parquet"))
-    assert summary["rows_trained"] == pq.read_table(features, partitioning=None).num_rows == 8000
-    # batch 2,048 would be 4 steps; min_steps = 50 halves it to 128: 63 steps
-    assert (summary["global_batch_size"], summary["steps"]) == (128, 63)
+    given = pq.read_table(features, partitioning=None).num_rows
+    assert summary["rows_trained"] + summary["calibration_rows"] == given == 8000
+    assert 600 < summary["calibration_rows"] < 1000, "about 10 % held out for the calibrator"
+    # batch 2,048 would be 4 steps; min_steps = 50 halves it to 128: 57 steps of the 7,200-odd rows
+    assert (summary["global_batch_size"], summary["steps"]) == (128, -(-summary["rows_trained"] // 128))
 
 
 def test_the_logistic_regression_reference_beats_the_constant(small_run) -> None:
@@ -69,11 +71,14 @@ def test_the_logistic_regression_reference_is_within_1_percent_of_scikit_learns(
     [state_file] = config.path("features").glob("*/state.json")
     sizes = PreprocessState.load(state_file).table_sizes
 
-    def columns(day: int) -> dict[str, np.ndarray]:
-        table = pq.read_table(sorted(state_file.parent.glob(f"day={day}/*.parquet")), partitioning=None)
+    def columns(files: list[Path]) -> dict[str, np.ndarray]:
+        table = pq.read_table(sorted(files), partitioning=None)
         return {name: table[name].to_numpy() for name in table.column_names}
 
-    train, test = columns(config.data.train_days[0]), columns(config.data.eval_days[0])
+    # the rows the model trained on: the calibrator's share of the training day is held out
+    [fit_rows] = state_file.parent.glob("holdout-*/day=*/fit")
+    train = columns(list(fit_rows.glob("*.parquet")))
+    test = columns(list(state_file.parent.glob(f"day={config.data.eval_days[0]}/*.parquet")))
     x, y = _one_hot(train, sizes, train), train["label"]
     held_out = validation_rows(row_id_hash([train[name] for name in SPARSE_COLUMNS]), 0.1, config.training.seed)
 

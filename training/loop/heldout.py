@@ -37,12 +37,13 @@ def heldout_state(model: nn.Module, job: TrainJob, device: torch.device) -> Bina
 
 @torch.no_grad()
 def predict(model: nn.Module, job: TrainJob, device: torch.device) -> int:
-    """Score this rank's share of each evaluation part into the job folder's predictions
-    (label, prediction, and the row's id of the slice feature); returns the rows scored."""
+    """Score this rank's share of each evaluation part, and of the calibration rows, into the
+    job folder's predictions (label, prediction, and the row's id of the slice feature);
+    returns the rows scored."""
     rank, world = dist.get_rank(), dist.get_world_size()
     model.eval()
     rows = 0
-    for part, files in job.eval_files.items():
+    for part, files in job.scored_parts.items():
         labels, predictions, slices = [], [], []
         for batch in build_reader(files, job.evaluation.batch_size, rank, world, drop_remainder=False):
             with autocast(job.training, device):

@@ -1,10 +1,10 @@
 """The registered model as an MLflow pyfunc: raw rows in, click probabilities out.
 
-MLflow loads this file as the model's code ("models from code"), with `stock_dlrm.py` and
-`id_hash.py` bundled beside it, so it imports nothing else of this project: numpy, pandas,
-pyarrow, torch, torchrec and mlflow only. Its artifact folder holds the DLRM's state dict (`dlrm.pt`), its
-shape and the run's preprocessing state (`model.json`), and in vocab mode the vocabularies
-(`vocabularies.npz`).
+MLflow loads this file as the model's code ("models from code"), with `stock_dlrm.py`,
+`id_hash.py` and `calibration.py` bundled beside it, so it imports nothing else of this
+project: numpy, pandas, pyarrow, torch, torchrec and mlflow only. Its artifact folder holds
+the DLRM's state dict (`dlrm.pt`), its shape, the run's preprocessing state and its
+calibrator (`model.json`), and in vocab mode the vocabularies (`vocabularies.npz`).
 
 Input, for a model of Criteo data, a DataFrame with either
 - a column `line`: raw Criteo TSV lines (label, I1..I13, C1..C26; the label may be left out), or
@@ -14,7 +14,7 @@ Input, for a model of Criteo data, a DataFrame with either
 For a model of a Parquet source (`data.source = "parquet"`): its dense and id columns by
 their warehouse names; ids as the warehouse holds them (integers, or text), a multi-hot
 feature's as a list; missing as None/NaN.
-Output: each row's click probability, in input order.
+Output: each row's click probability, calibrated as the run's report was, in input order.
 
 The features are those of the run's preprocessing (ingestion/preprocess.py), here in numpy:
 dense x → ln(1 + max(x, 0)) with missing → 0; a categorical id v → 1 + v mod buckets (hash
@@ -39,9 +39,11 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 try:  # the copies bundled with the model (MLflow puts code_paths on sys.path)
+    from calibration import Calibrator
     from id_hash import hash_texts
     from stock_dlrm import SERVING_FORMAT, build_stock_dlrm
 except ModuleNotFoundError:  # this file imported from within the project
+    from evaluation.calibration import Calibrator
     from ingestion.id_hash import hash_texts
     from training.model.stock_dlrm import SERVING_FORMAT, build_stock_dlrm
 
@@ -211,6 +213,7 @@ class ChampionModel(mlflow.pyfunc.PythonModel):
         dlrm = build_stock_dlrm(description["dlrm"], torch.device("cpu"))
         dlrm.load_state_dict(torch.load(folder / "dlrm.pt", map_location="cpu", weights_only=True))
         self.dlrm = dlrm.to(self.device).eval()
+        self.calibrator = Calibrator.from_dict(description.get("calibration"))  # none logged: the identity
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> np.ndarray:
         frame = _as_frame(model_input)
@@ -230,7 +233,7 @@ class ChampionModel(mlflow.pyfunc.PythonModel):
     def _score(self, frame: pd.DataFrame) -> np.ndarray:
         dense = torch.from_numpy(dense_features(frame, self.features.dense)).to(self.device)
         logits = self.dlrm(dense, self.features.kjt(frame).to(self.device))  # [B, 1]
-        return torch.sigmoid(logits.float()).reshape(-1).cpu().numpy().astype(np.float64)
+        return self.calibrator.apply(torch.sigmoid(logits.float()).reshape(-1).cpu().numpy().astype(np.float64))
 
 
 def _as_frame(model_input: Any) -> pd.DataFrame:

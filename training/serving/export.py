@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import torch
 from torchrec.models.dlrm import DLRM
 
+from evaluation.calibration import Calibrator
 from ingestion.preprocess import PreprocessState, vocabulary_path
 from training.job import TrainJob
 from training.loop.checkpoint import load_unsharded
@@ -22,7 +23,8 @@ from training.torch_range import matched_set
 
 # The pyfunc's code, and the file it imports (MLflow code_paths): loaded by MLflow, not here.
 CHAMPION_CODE = Path(__file__).with_name("champion_pyfunc.py")
-CHAMPION_BUNDLED = (Path(__file__).parents[1] / "model" / "stock_dlrm.py", Path(__file__).parents[2] / "ingestion" / "id_hash.py")
+CHAMPION_BUNDLED = (Path(__file__).parents[1] / "model" / "stock_dlrm.py", Path(__file__).parents[2] / "ingestion" / "id_hash.py",
+                    Path(__file__).parents[2] / "evaluation" / "calibration.py")  # fmt: skip
 SERVING_DEVICES = ("cpu", "cuda")
 # fbgemm's CPU build serves on CPU hosts, its CUDA build on GPU hosts: one or the other.
 _FBGEMM = {"cpu": "fbgemm-gpu-cpu", "cuda": "fbgemm-gpu"}
@@ -66,8 +68,8 @@ class ServingModel:
 
 
 def write_serving_model(job: TrainJob, checkpoint: Path, state: PreprocessState, features_root: Path,
-                        folder: Path, device: str = "cpu") -> ServingModel:  # fmt: skip
-    """The weights, shape and preprocessing state the pyfunc scores raw rows with."""
+                        folder: Path, device: str = "cpu", calibrator: Calibrator | None = None) -> ServingModel:  # fmt: skip
+    """The weights, shape, preprocessing state and calibrator the pyfunc scores raw rows with."""
     if device not in SERVING_DEVICES:
         raise ValueError(f"tracking.serving_device: {device!r} is not one of {list(SERVING_DEVICES)}")
     shutil.rmtree(folder, ignore_errors=True)
@@ -81,6 +83,7 @@ def write_serving_model(job: TrainJob, checkpoint: Path, state: PreprocessState,
         "dlrm": dlrm_spec(job.model, job.table_sizes, job.dense_features),
         "preprocessing": {"state_id": state.state_id, "mode": state.mode, "buckets": state.buckets,
                           "multi_hot": sorted(state.multi_hot), "dense": list(state.dense), "id_types": state.id_types},
+        "calibration": (calibrator or Calibrator()).as_dict(),
     }
     (folder / "model.json").write_text(json.dumps(description, indent=2))
     return ServingModel(folder, device)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from evaluation.calibration import Calibrator
 from evaluation.report import EvalReport
 from flows.config import load_config
 from flows.feature_files import Features
@@ -51,7 +52,7 @@ def test_a_tuned_batch_is_fitted_by_the_run_length_rule_and_the_key_job_and_summ
     # the worker writes the job's batch into its summary (training/worker.py); the run's summary reads it
     trained = TrainedModel(_summary(job.training.batch_size, job.workers.world_size), JobFolder(tmp_path))
     report = EvalReport({"ne": 0.9}, {2: {"ne": 0.9}}, [], {})
-    summary = run_summary(run, _features(run.config), report, trained, TrackedRun("r", "", "1"), None)
+    summary = run_summary(run, _features(run.config), report, trained, TrackedRun("r", "", "1"), None, Calibrator(), 0)
     assert summary.global_batch_size == 512 and summary.tuning_key == run.key.fingerprint
 
 

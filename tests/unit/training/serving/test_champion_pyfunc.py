@@ -151,3 +151,40 @@ def test_a_warehouse_models_ids_are_read_as_their_type_and_text_hashed_as_at_ing
         categorical_ids([3], "user_id", multi_hot=False, id_type="string")
     with pytest.raises(BadInput, match="not a multi-hot feature"):
         categorical_ids([[1, 2]], "item_id", multi_hot=False, id_type="int")
+
+
+def test_the_served_probabilities_go_through_the_runs_calibrator(tiny_raw: Path, tiny_features, tmp_path: Path) -> None:
+    """model.json's calibrator is applied to the DLRM's probabilities; none logged (a model
+    from before calibration) serves them as they are."""
+    import json
+    from types import SimpleNamespace
+
+    from evaluation.calibration import Calibrator
+    from training.config import ModelConfig
+    from training.model.build import dlrm_spec
+    from training.model.stock_dlrm import SERVING_FORMAT, build_stock_dlrm
+    from training.serving.champion_pyfunc import ChampionModel
+
+    state, _ = tiny_features
+    spec = dlrm_spec(ModelConfig(embedding_dim=8, bottom_mlp=(16, 8), top_mlp=(16, 1)), state.table_sizes)
+    torch.manual_seed(0)
+    dlrm = build_stock_dlrm(spec, torch.device("cpu")).eval()
+    torch.save(dlrm.state_dict(), tmp_path / "dlrm.pt")
+    platt = Calibrator("platt", slope=0.7, intercept=-0.3, rows=1000)
+    description = {"format": SERVING_FORMAT, "device": "cpu", "dlrm": spec, "calibration": platt.as_dict(),
+                   "preprocessing": {"state_id": state.state_id, "mode": state.mode, "buckets": state.buckets,
+                                     "multi_hot": [], "dense": list(DENSE_COLUMNS), "id_types": {}}}  # fmt: skip
+    (tmp_path / "model.json").write_text(json.dumps(description))
+    lines = pd.DataFrame({"line": _raw_lines(tiny_raw, 2)[:300]})
+    served = ChampionModel()
+    served.load_context(SimpleNamespace(artifacts={"model": str(tmp_path)}))
+    columns = lines_to_columns(lines["line"])
+    with torch.inference_mode():
+        own = torch.sigmoid(dlrm(torch.from_numpy(dense_features(columns)), served.features.kjt(columns))).reshape(-1)
+    own = own.numpy().astype(np.float64)
+    np.testing.assert_allclose(served.predict(None, lines), platt.apply(own), rtol=0, atol=1e-12)
+    assert np.abs(platt.apply(own) - own).max() > 0.01, "the calibrator moves the probabilities"
+    del description["calibration"]
+    (tmp_path / "model.json").write_text(json.dumps(description))
+    served.load_context(SimpleNamespace(artifacts={"model": str(tmp_path)}))
+    np.testing.assert_allclose(served.predict(None, lines), own, rtol=0, atol=1e-12)
