@@ -168,6 +168,9 @@ class RetuneReport:
     stopped_by: str
     warm_start_trials: int
     mlflow_parent_run_id: str
+    # the best trial against the configured values: "kept the configured values: …" (best_trial
+    # -1, best_params the configured ones) or "trial #N replaces the configured values: …"
+    decision: str = ""
 
 
 @dataclass(frozen=True)
@@ -307,7 +310,8 @@ def _(report: PreprocessReport, config: Any = None) -> str:
 def _(report: RetuneReport, config: Any = None) -> str:
     if report.best_ne is None:
         return f"study {report.study}: no finished trial yet"
-    lines = [f"study {report.study}: best NE {report.best_ne:.5f} (trial #{report.best_trial})"]
+    which = "the configured values" if report.best_trial is not None and report.best_trial < 0 else f"trial #{report.best_trial}"
+    lines = [f"study {report.study}: best NE {report.best_ne:.5f} ({which})", *([report.decision] if report.decision else [])]
     for name, value in (report.best_params or {}).items():
         lines.append(f"  --set {name}={value!r}" if isinstance(value, str) else f"  --set {name}={value}")
     return "\n".join(lines)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import logging
 import math
 import re
@@ -43,9 +45,11 @@ from training.launch.launcher import launch
 from training.locking import exclusive
 from training.loop.progress import HeldoutRecord, MetricsRecord
 from training.tuning.config import TuningConfig, budget_overrides
+from training.tuning.decision import paired_gain
 from training.tuning.key import TuningKey
-from training.tuning.space import Params, apply_params, suggest
+from training.tuning.space import Params, apply_params, params_of, suggest
 from training.tuning.study import (
+    DECISION,
     TunedParams,
     best_of,
     enqueue_warm_start,
@@ -66,6 +70,7 @@ class RetuneResult:
     stopped_by: str
     warm_started: int
     mlflow_parent_run_id: str
+    decision: str = ""  # the best trial against the configured values
 
     def report(self) -> RetuneReport:
         return RetuneReport(
@@ -73,7 +78,7 @@ class RetuneResult:
             best_params=self.best.params if self.best else None,
             best_trial=self.best.trial_number if self.best else None, trials_run_here=self.trials_run,
             stopped_by=self.stopped_by, warm_start_trials=self.warm_started,
-            mlflow_parent_run_id=self.mlflow_parent_run_id,
+            mlflow_parent_run_id=self.mlflow_parent_run_id, decision=self.decision,
         )  # fmt: skip
 
 
@@ -131,12 +136,52 @@ def run_retune(run: ResolvedRun, features: Features) -> RetuneResult:
     except BaseException as error:  # the study's MLflow run is not left running
         client.set_terminated(parent, "FAILED" if isinstance(error, Exception) else "KILLED")  # KILLED: Ctrl-C
         raise
-    best = best_of(study)
+    best, verdict = best_of(study), ""
+    if best is not None:
+        with trainer_slot(config, log):
+            verdict = judge_against_configured(config, data, study, best, log)["verdict"]
+        best = best_of(study)  # the configured values, if the trial did not beat them beyond the noise
     _finish_parent(client, parent, study, best)
     _publish(study, best)
     if best:
-        log.info("retune: best NE %.5f (trial #%d): %s", best.ne, best.trial_number, best.params)
-    return RetuneResult(study.study_name, key, best, outcome.trials_run, outcome.stopped_by, warm, parent)
+        log.info("retune: best NE %.5f (%s): %s", best.ne,
+                 "the configured values" if best.trial_number < 0 else f"trial #{best.trial_number}", best.params)  # fmt: skip
+    return RetuneResult(study.study_name, key, best, outcome.trials_run, outcome.stopped_by, warm, parent, verdict)
+
+
+def judge_against_configured(config: PipelineConfig, data: TuningData, study: optuna.Study, best: TunedParams,
+                             log: logging.Logger | logging.LoggerAdapter) -> dict[str, Any]:  # fmt: skip
+    """Train the configured values and the best trial's values once each, as a run would (the
+    trial's chosen epochs, the first trial seed, the same rows), and keep the tuned values
+    only if a paired bootstrap over the validation rows finds them better beyond the noise.
+    The verdict is stored with the study (`decision`), once per best trial."""
+    configured = params_of(config.training, config.model, config.tuning)
+    earlier = study.user_attrs.get(DECISION)
+    if earlier and earlier.get("trial") == best.trial_number and earlier.get("configured_params") == configured:
+        return earlier
+    folder = config.path("tuning") / study.study_name / "decision" / _digest(configured)
+    seed = trial_seeds(config)[0]
+    scores = {}
+    for name, params in (("configured", configured), (f"trial-{best.trial_number:04d}", best.params)):
+        job = validation_job(config, data, params, folder / name, seed)
+        if not (job.folder.summary_file.is_file() and job.folder.read_predictions().labels.size):
+            launch(job, on_line=lambda line: None)
+        scores[name] = job.folder.read_predictions()
+    first, second = scores.values()
+    gain = paired_gain(first.labels, first.predictions, second.predictions)
+    decision = {
+        "trial": best.trial_number, "kept_configured": not gain.real, "configured_params": configured,
+        "configured_ne": compute_ne(binary_state(first.labels, first.predictions)),
+        "tuned_ne": compute_ne(binary_state(second.labels, second.predictions)),
+        "gain": gain.gain, "gain_low": gain.low, "gain_high": gain.high, "rows": gain.rows,
+    }  # fmt: skip
+    verdict = "kept the configured values" if not gain.real else f"trial #{best.trial_number} replaces the configured values"
+    decision["verdict"] = (f"{verdict}: NE {decision['configured_ne']:.5f} (configured) against "
+                           f"{decision['tuned_ne']:.5f} (trial #{best.trial_number}, retrained as a run trains it); "
+                           f"{gain.describe()}")  # fmt: skip
+    study.set_user_attr(DECISION, decision)
+    log.info("retune: %s", decision["verdict"])
+    return decision
 
 
 @dataclass(frozen=True)
@@ -402,6 +447,11 @@ def _publish(study: optuna.Study, best: TunedParams | None) -> None:
         key="retune-trials", table=rows,
         description=f"Study {study.study_name}: best NE {best.ne:.5f}" if best else f"Study {study.study_name}",
     )  # fmt: skip
+
+
+def _digest(params: Params) -> str:
+    """A short name for a set of parameter values (a folder per configured set)."""
+    return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def _param(name: str, value: Any) -> Param:

@@ -17,7 +17,7 @@ from flows.features import prepare_features
 from flows.retune import validation_ne
 from training.job import JobFolder
 from training.tuning.key import tuning_key
-from training.tuning.study import study_name
+from training.tuning.study import best_of, study_name
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +48,10 @@ def test_retune_first_trains_with_the_best_trial(tuned_run) -> None:
     assert len(finished) == 2
     assert summary["tuning_decision"] == "retune_first" and "retuned to NE" in summary["tuning_reason"]
     run = MlflowClient(config.tracking_uri).get_run(summary["mlflow_run_id"])
-    for name, value in study.best_params.items():
+    decision = study.user_attrs["decision"]
+    assert decision["trial"] == study.best_trial.number, "the best trial was judged against the configured values"
+    chosen = decision["configured_params"] if decision["kept_configured"] else study.best_params
+    for name, value in chosen.items():
         logged = run.data.params[name]
         assert (float(logged) == pytest.approx(value)) if isinstance(value, float) else logged == str(value), name
     assert run.data.tags["tuning.key"] == tuning_key(config.training, config.workers).fingerprint
@@ -83,7 +86,7 @@ def test_the_study_is_tracked_as_a_parent_run_with_nested_trials(tuned_run) -> N
     study = _study(config)
     client = MlflowClient(config.tracking_uri)
     parent = client.get_run(study.user_attrs["mlflow_parent_run_id"])
-    assert parent.data.metrics["best_ne"] == pytest.approx(study.best_value)
+    assert parent.data.metrics["best_ne"] == pytest.approx(best_of(study).ne), "the best as judged"
     assert parent.data.tags["tuning.key"] == tuning_key(config.training, config.workers).fingerprint
     children = client.search_runs([parent.info.experiment_id],
                                   f"tags.mlflow.parentRunId = '{parent.info.run_id}'")  # fmt: skip
@@ -114,7 +117,7 @@ def test_a_tuned_key_reuses_its_best_without_a_new_study(tuned_run) -> None:
     config, overrides, _ = tuned_run
     trials_before = len(_study(config).trials)
     decision = _decide(CONFIG, overrides)
-    assert decision.action == "use_tuned" and decision.params == _study(config).best_params
+    assert decision.action == "use_tuned" and decision.params == best_of(_study(config)).params
     assert len(_study(config).trials) == trials_before
 
 
@@ -125,7 +128,7 @@ def test_scale_and_schedule_scales_the_nearest_key_and_creates_a_retune_run(tune
     deployment_id = retune.to_deployment(name="retune").apply()  # what `dlrm serve` registers
     bigger = [*overrides, 'tuning.policy="scale_and_schedule"', "training.batch_size=1024"]
     decision = _decide(CONFIG, bigger)
-    best = _study(config).best_params
+    best = best_of(_study(config)).params
     assert decision.action == "scale_and_schedule" and decision.source is not None
     # 1,024 would train 12 steps on 12,000 rows (min_steps 20): the run, and so its key, is at batch 512
     assert decision.key.global_batch_size == 512
@@ -179,4 +182,25 @@ def test_early_stopping_trials_choose_the_epochs_the_tuned_run_trains(prefect_se
         run = client.search_runs([client.get_run(study.user_attrs["mlflow_parent_run_id"]).info.experiment_id],
                                  f"tags.`tuning.trial` = '{trial.number}'")[0]  # fmt: skip
         assert run.data.params["training.epochs"] == str(epochs)
-    assert result["best_params"]["training.epochs"] == study.best_trial.user_attrs["chosen"]["training.epochs"]
+    if result["best_trial"] >= 0:  # the trial beat the configured values beyond the noise
+        assert result["best_params"]["training.epochs"] == study.best_trial.user_attrs["chosen"]["training.epochs"]
+    else:
+        assert result["decision"].startswith("kept the configured values")
+
+
+def test_a_search_space_that_cannot_beat_the_configured_values_keeps_them(prefect_server, tmp_path) -> None:
+    """Learning rates a hundred times too small: the trials finish (nothing prunes them here)
+    but lose to the configured values, so the key's tuned values are the configured ones."""
+    from flows.retune import retune
+    from training.tuning.study import open_storage, tuned_keys
+
+    overrides = [f'run_dir="{tmp_path}"', "tuning.n_trials=2", "tuning.embedding_lr=[0.0001, 0.0002]",
+                 "tuning.dense_lr=[0.00001, 0.00002]", "tuning.prune_after_pct=99", 'tuning.sampler="tpe"']  # fmt: skip
+    result = retune(CONFIG, overrides)
+    config = load_config(CONFIG, overrides)
+    assert result["decision"].startswith("kept the configured values: NE "), result["decision"]
+    assert "paired bootstrap over" in result["decision"]
+    assert result["best_trial"] == -1 and result["best_params"]["training.embedding_lr"] == config.training.embedding_lr
+    [tuned] = tuned_keys(open_storage(config.optuna_storage, config.tuning.heartbeat_s), config.name)
+    assert tuned.trial_number == -1 and tuned.params["training.dense_lr"] == config.training.dense_lr
+    assert tuned.ne < min(t.value for t in _study(config).trials if t.value is not None), "better than every trial"

@@ -201,12 +201,28 @@ def _heartbeat(study: optuna.Study, trial: Trial) -> Iterator[None]:
         thread.join()
 
 
+# The study's verdict on its best trial against the configured values (flows/retune.py).
+DECISION = "decision"
+
+
 def best_of(study: optuna.Study) -> TunedParams | None:
+    """The best trial, or the configured values where the verdict kept them
+    (`trial_number` -1)."""
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
     if not complete:
         return None
     best = min(complete, key=lambda t: t.value)  # type: ignore[arg-type, return-value]
-    return TunedParams(_key_of(study.user_attrs), trial_params(best), float(best.value), best.number, study.study_name)  # type: ignore[arg-type]
+    tuned = TunedParams(_key_of(study.user_attrs), trial_params(best), float(best.value), best.number, study.study_name)  # type: ignore[arg-type]
+    return _as_judged(tuned, study.user_attrs)
+
+
+def _as_judged(best: TunedParams, attrs: dict[str, Any]) -> TunedParams:
+    """The best trial as the study's verdict on it stands: the configured values when they
+    were kept (a verdict on another trial no longer applies)."""
+    decision = attrs.get(DECISION) or {}
+    if decision.get("trial") != best.trial_number or not decision.get("kept_configured"):
+        return best
+    return TunedParams(best.key, dict(decision["configured_params"]), float(decision["configured_ne"]), -1, best.study_name)
 
 
 def trial_params(trial: FrozenTrial) -> Params:
@@ -223,7 +239,8 @@ def tuned_keys(storage: RDBStorage, model: str) -> list[TunedParams]:
         best: FrozenTrial | None = summary.best_trial
         if attrs.get("model") != model or "tuning_key" not in attrs or best is None or best.value is None:
             continue
-        found.append(TunedParams(_key_of(attrs), trial_params(best), float(best.value), best.number, summary.study_name))
+        tuned = TunedParams(_key_of(attrs), trial_params(best), float(best.value), best.number, summary.study_name)
+        found.append(_as_judged(tuned, attrs))
     return found
 
 
