@@ -112,14 +112,16 @@ def out_of_fold_gain(method: str, labels: np.ndarray, predictions: np.ndarray, f
             fitted = fit_calibrator(method, y[train], p[train]).apply(p[test])
         except CalibrationError:
             return 0.0  # a fold of one label: too few rows to tell
-        own += _log_loss_sum(y[test], p[test])
-        calibrated += _log_loss_sum(y[test], fitted)
+        own += float(row_log_loss(y[test], p[test]).sum())
+        calibrated += float(row_log_loss(y[test], fitted).sum())
     return (own - calibrated) / len(y)
 
 
-def _log_loss_sum(y: np.ndarray, p: np.ndarray) -> float:
-    p = np.clip(p, _EPS, 1.0 - _EPS)
-    return float(-np.sum(y * np.log(p) + (1.0 - y) * np.log(1.0 - p)))
+def row_log_loss(labels: np.ndarray, predictions: np.ndarray) -> np.ndarray:
+    """Each row's log loss (float64), its probability kept in [ε, 1 − ε]."""
+    y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    p = np.clip(np.asarray(predictions, dtype=np.float64).reshape(-1), _EPS, 1.0 - _EPS)
+    return -(y * np.log(p) + (1.0 - y) * np.log(1.0 - p))
 
 
 def _platt(z: np.ndarray, y: np.ndarray, ridge: float = 1e-6, iterations: int = 100) -> tuple[float, float]:

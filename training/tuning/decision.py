@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from evaluation.calibration import row_log_loss
+
 _EPS = 1e-7
 
 
@@ -45,7 +47,7 @@ def paired_gain(labels: np.ndarray, configured: np.ndarray, tuned: np.ndarray, r
     y = np.asarray(labels, dtype=np.float64).reshape(-1)
     if not (len(y) == len(configured) == len(tuned)) or len(y) == 0:
         raise ValueError(f"paired rows needed: {len(y)} labels, {len(configured)} and {len(tuned)} predictions")
-    loss_configured, loss_tuned = _row_loss(y, configured), _row_loss(y, tuned)
+    loss_configured, loss_tuned = row_log_loss(y, configured), row_log_loss(y, tuned)
     gain = _ne_gain(y, loss_configured, loss_tuned, np.ones_like(y)[None, :])[0]
     rng = np.random.default_rng(seed)
     draws = []
@@ -56,11 +58,6 @@ def paired_gain(labels: np.ndarray, configured: np.ndarray, tuned: np.ndarray, r
     tail = 100 * (1 - confidence) / 2
     low, high = np.percentile(spread, [tail, 100 - tail])
     return Gain(float(gain), float(low), float(high), len(y), confidence)
-
-
-def _row_loss(y: np.ndarray, predictions: np.ndarray) -> np.ndarray:
-    p = np.clip(np.asarray(predictions, dtype=np.float64).reshape(-1), _EPS, 1.0 - _EPS)
-    return -(y * np.log(p) + (1.0 - y) * np.log(1.0 - p))
 
 
 def _ne_gain(y: np.ndarray, loss_a: np.ndarray, loss_b: np.ndarray, weights: np.ndarray) -> np.ndarray:
