@@ -54,8 +54,11 @@ test: install $(CHROMIUM)
 # An offline bundle for a host with its own torch and no package index (docs/gpu.md):
 #   make bundle OUT=DIR [TORCH=2.11.0] [BUILD=cuda|cpu] [PYTHON=3.12] [PART_MB=60] [HOST_HAS=numpy,pyarrow]
 # Defaults: this host's torch, build and Python.
-bundle: install
+# It runs in the venv (made with the default torch if there is none) and leaves the venv's
+# torch as it is, whatever TORCH names: TORCH is the bundle's.
+bundle:
 	@test -n "$(OUT)" || { echo "make bundle: set OUT=DIR (where the parts and manifest.json go)"; exit 2; }
+	@test -x $(BIN)/python || $(MAKE) --no-print-directory install TORCH=$(word 1,$(shell $(INTERPRETER) $(TORCH_RANGE)))
 	$(BIN)/python infra/bundle.py --out "$(OUT)" $(if $(filter command line,$(origin TORCH)),--torch $(TORCH)) $(if $(BUILD),--build $(BUILD)) \
 		$(if $(filter 3.%,$(PYTHON)),--python $(PYTHON)) --part-mb $(or $(PART_MB),60) $(if $(HOST_HAS),--host-has $(HOST_HAS))
 

@@ -14,6 +14,8 @@ was not measured:
 - plan:       the planner's plan for the card found (HBM read from CUDA), for a model whose
               tables take 1.2x that memory (half the host's memory on CPU)
 - quantized_comms: fp16 and bf16 all-to-alls against fp32 (2+ GPUs; else not measured)
+- characterize: the batch-size sweep of `dlrm characterize` (no MLflow), tables in GPU memory
+              against tables in host memory behind a GPU cache, at each batch
 
 Without CUDA it runs the subset the host can (and says so in `mode`).
 """
@@ -242,6 +244,43 @@ def check_quantized_comms(out: Path, data: tuple) -> dict:
 # -- running them -------------------------------------------------------------------------
 
 
+# The throughput bench's model (bench/gpu.py): 26 tables of 100,000 rows × 64, MLPs 512-256-64 and 512-256-1
+CHARACTERIZE_MODEL = ["model.embedding_dim=64", "model.bottom_mlp=[512, 256, 64]", "model.top_mlp=[512, 256, 1]",
+                      "preprocess.hash_size=100000", 'training.dense_optimizer="adam"', "training.dense_lr=0.001"]
+
+
+def check_characterize(out: Path, first: int, last: int) -> dict:
+    """`dlrm characterize`'s sweep (no MLflow): the batch-size curve with tables in GPU memory
+    (fused) and in host memory behind a GPU cache (fused_uvm_caching), one process per GPU;
+    a CPU host measures the fused tables and records the other series as refused."""
+    from flows.characterize import characterize
+    from flows.config import read_toml
+    from flows.sweeps import parse_sweep, series_of
+    from training.characterize.measure import Windows
+
+    config = ROOT / "configs" / "demo.toml"
+    scratch = tempfile.mkdtemp(prefix="characterize-")  # the rows and the jobs' folders: not results
+    overrides = [*CHARACTERIZE_MODEL, f"training.nproc={max(1, GPUS)}", f'run_dir="{scratch}"']
+    log = out / "characterize.log"
+    log.write_text("")
+
+    def say(line: str) -> None:
+        print(f"  {line}", flush=True)
+        with log.open("a") as file:  # as it goes: a run stopped at its limit keeps its points
+            file.write(line + "\n")
+
+    sweeps = [parse_sweep("sharding.compute_kernel=fused,fused_uvm_caching")]
+    report = characterize(series_of(read_toml(config), overrides, sweeps, config), sweeps, first_batch=first,
+                          last_batch=last, windows=Windows(min_window_samples=262_144 if GPUS else 16_384),
+                          track=False, on_line=say)  # fmt: skip
+    from training.codec import encode
+
+    figures = encode(report)
+    (out / "characterize.json").write_text(json.dumps(figures, indent=2) + "\n")
+    figures.pop("out_dir", None)
+    return {"ok": report.hardware_batch_size is not None, **figures}
+
+
 def run_check(name: str, check: Callable[[], dict], results: dict, out: Path) -> None:
     started = time.perf_counter()
     print(f"[gpu_check] {name} ...", flush=True)
@@ -283,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         "throughput": lambda: check_throughput(args.out, args.rows or (5_000_000 if GPUS else 400_000)),
         "tests": lambda: check_tests(args.out),
         "quantized_comms": lambda: check_quantized_comms(args.out, shared_data()),
+        "characterize": lambda: check_characterize(args.out, *((2048, 65_536) if GPUS else (512, 4096))),
     }
     chosen = args.only.split(",") if args.only else list(checks)
     unknown = [name for name in chosen if name not in checks]

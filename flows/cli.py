@@ -10,6 +10,7 @@
     dlrm ingest SOURCE... --warehouse DIR [--day N] [--multi-hot C3,C12] [--allow-empty] [--json]
     dlrm preprocess --config FILE [--days 0 1 2] [--json]
     dlrm plan --config FILE [--cluster CLUSTER.toml] [--json]
+    dlrm characterize --config FILE [--sweep KEY=V1,V2 ...] [--max-batch N] [--json]
     dlrm evaluate --predictions FILE.parquet [--json]
 
 A problem the user can fix (a bad config, a missing file) ends with one line on stderr and
@@ -189,6 +190,21 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--cluster", help="cluster TOML (default: this machine with training.nproc processes)")
     plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     plan.set_defaults(handler=commands.plan)
+
+    characterize = subcommands.add_parser("characterize", help="measure this hardware with the config's model: "
+                                          "throughput, step time and memory per batch size, the hardware's batch")  # fmt: skip
+    _add_config_arguments(characterize)
+    characterize.add_argument("--sweep", dest="sweeps", action="append", default=[], metavar="KEY=V1,V2",
+                              help="also vary a config key (one series per value), e.g. sharding.compute_kernel="
+                              "fused,fused_uvm_caching; training.batch_size=… gives the batches instead of doubling")  # fmt: skip
+    characterize.add_argument("--first-batch", type=int, help="the first global batch (default: 256 a process)")
+    characterize.add_argument("--max-batch", type=int, help="no global batch beyond this (default: 4,096 a "
+                              "process on CPUs, 65,536 on GPUs)")  # fmt: skip
+    characterize.add_argument("--min-gain", type=float, default=0.05, help="a doubling that gains less than this "
+                              "share of throughput has saturated (default: %(default)s)")  # fmt: skip
+    characterize.add_argument("--no-tracking", action="store_true", help="do not log an MLflow run")
+    characterize.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    characterize.set_defaults(handler=commands.characterize)
 
     evaluate = subcommands.add_parser("evaluate", help="NE, AUC, calibration of a predictions file")
     evaluate.add_argument("--predictions", required=True, help="Parquet with label, prediction[, weight]")

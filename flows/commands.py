@@ -226,6 +226,24 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def characterize(args: argparse.Namespace) -> int:
+    from flows.config import read_toml
+    from flows.sweeps import parse_sweep, series_of
+
+    path = Path(args.config)
+    raw = read_toml(path)  # the one read: each series' config is built from it
+    sweeps = [parse_sweep(text) for text in args.sweeps]
+    series = series_of(raw, args.overrides, sweeps, path)  # a bad config or value fails before torch loads
+    from flows.characterize import characterize as run_characterization
+
+    report = run_characterization(series, sweeps, first_batch=args.first_batch,
+                                  last_batch=args.max_batch, min_gain=args.min_gain, track=not args.no_tracking,
+                                  on_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout,
+                                                             flush=True))  # fmt: skip
+    emit(report, args.json)
+    return 0
+
+
 def ingest(args: argparse.Namespace) -> int:
     from flows.reports import IngestTotals
     from ingestion.schema import check_multi_hot

@@ -174,6 +174,25 @@ class RetuneReport:
 
 
 @dataclass(frozen=True)
+class CharacterizeReport:
+    """`dlrm characterize`: the measured points, the hardware's batch, the MLflow run."""
+
+    config: str
+    device: str
+    hardware_batch_size: int | None  # the saturation point of the fastest series (one of the points)
+    saturated: bool  # False: the curve still rose at the largest batch measured (which is then the choice)
+    hardware_series: str  # the series it was found in
+    points: list[dict[str, Any]]  # one per measured point (flows/characterize.point_row)
+    skipped: list[dict[str, Any]]  # points the device could not run, each with its reason
+    series: list[dict[str, Any]]  # each series' values, saturation point and whether it saturated
+    tuning_key: dict[str, Any]  # the key at the hardware's batch: its hardware fields and fingerprint
+    min_gain: float
+    seconds: float
+    out_dir: str
+    mlflow_run_id: str = ""
+
+
+@dataclass(frozen=True)
 class PlanReport:
     """`dlrm plan`: where each table goes on a cluster, and the planner's estimates."""
 
@@ -209,6 +228,27 @@ def for_people(report: Any, config: Any = None) -> str:
     """The report as a person reads it on the console (`config`: the run's, where the text
     names its folders and UIs)."""
     raise TypeError(f"no text form for {type(report).__name__}")
+
+
+@for_people.register
+def _(report: CharacterizeReport, config: Any = None) -> str:
+    header = f"{'series':<28} {'batch':>8} {'samples/s':>12} {'range':>19} {'step ms':>9} {'planner ms':>10} {'peak MB':>9}"
+    lines = [f"Characterization of '{report.config}' on {report.device} ({report.seconds:,.0f} s)", "", header,
+             "-" * len(header)]
+    for point in report.points:
+        spread = f"{point['samples_per_s_min']:,.0f}–{point['samples_per_s_max']:,.0f}"
+        lines.append(f"{point['series'][:28]:<28} {point['batch_size']:>8,} {point['samples_per_s']:>12,.0f} {spread:>19} "
+                     f"{point['measured_step_ms']:>9.2f} {point['estimated_step_ms']:>10.3f} {point['peak_memory_mb']:>9,.0f}")
+    lines += [f"skipped: [{s['series']}] batch {s['batch_size']:,}: {s['reason']}" for s in report.skipped]
+    if report.hardware_batch_size is None:
+        lines.append("\nno point was measured: no hardware batch")
+    else:
+        how = "where throughput saturates" if report.saturated else "the largest measured: throughput still rose"
+        lines.append(f"\nhardware batch: {report.hardware_batch_size:,} ({how}, doubling gains < "
+                     f"{report.min_gain:.0%}; series {report.hardware_series})")
+    if report.mlflow_run_id:
+        lines.append(f"MLflow run {report.mlflow_run_id}: plots and the table under characterize/")
+    return "\n".join(lines)
 
 
 @for_people.register

@@ -7,6 +7,8 @@ reports when done (`TrainSummary`), and every file of its folder (`JobFolder`).
     <out>/plan.txt, plan.json      the sharding plan, for people and for programs (rank 0)
     <out>/metrics.jsonl            progress records as training goes (rank 0; loop/progress.py)
     <out>/summary.json             the job's report once done (rank 0)
+    <out>/profile.json             where a step's time goes and each rank's peak memory
+                                   (rank 0; only a job with `profile_steps`)
     <out>/predictions/day=P/       each rank's scores of evaluation part P (rank-R.parquet;
                                    P = "calibration": the rows the calibrator is fitted on)
     <out>/checkpoints/<run id>/    the run's checkpoints (loop/checkpoint.py, launch/resume.py)
@@ -33,6 +35,7 @@ from evaluation.config import EvaluationConfig
 from evaluation.report import Scores
 from training.codec import dumps, loads
 from training.config import ModelConfig, ShardingConfig, TrainingConfig, Workers
+from training.loop.profile import StepProfile
 
 CALIBRATION_PART = "calibration"
 
@@ -68,6 +71,11 @@ class TrainJob:
     # Training rows held out of training, scored when done (part CALIBRATION_PART) for the
     # calibrator (evaluation/calibration.py); never in the held-out NE during training.
     calibration_files: tuple[str, ...] = ()
+    # Profile this many last steps (training/loop/profile.py) and write `profile.json`: where
+    # a step's time goes, and each rank's peak memory (`dlrm characterize`). 0: none.
+    profile_steps: int = 0
+    # Stop after this many steps, before the epochs end (a characterization's short job). 0: none.
+    max_steps: int = 0
 
     @property
     def scored_parts(self) -> dict[str, tuple[str, ...]]:
@@ -173,6 +181,19 @@ class JobFolder:
         """The summary; `SchemaError` names any field missing or of the wrong type."""
         return loads(TrainSummary, self.summary_file.read_text(), str(self.summary_file))
 
+    @property
+    def profile_file(self) -> Path:
+        return self.root / "profile.json"
+
+    def write_profile(self, profile: StepProfile) -> None:
+        self.profile_file.write_text(dumps(profile, indent=2) + "\n")
+
+    def read_profile(self) -> StepProfile | None:
+        """The step profile (None: the job profiled no steps)."""
+        if not self.profile_file.is_file():
+            return None
+        return loads(StepProfile, self.profile_file.read_text(), str(self.profile_file))
+
     def write_plan(self, text: str, rows: list[dict[str, Any]]) -> None:
         text_file, json_file = self.plan_files
         text_file.write_text(text + "\n")
@@ -215,7 +236,7 @@ class JobFolder:
         run's). Checkpoints stay: a relaunch resumes from them."""
         stale = [self.logs(node_rank)]
         if leads:
-            stale += [self.root / "predictions", self.summary_file] + ([self.metrics] if fresh else [])
+            stale += [self.root / "predictions", self.summary_file, self.profile_file] + ([self.metrics] if fresh else [])
         for path in stale:
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 

@@ -9,11 +9,13 @@ sparse-dist pipeline), the meters, the held-out scoring and the checkpoints.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import CombinedOptimizer
 
 from training.job import TrainJob
@@ -21,6 +23,7 @@ from training.loop.batches import TrainBatches
 from training.loop.checkpoint import RowLedger, TrainPosition, save_checkpoint
 from training.loop.heldout import heldout_state
 from training.loop.meters import TrainingNE, TrainTimer
+from training.loop.profile import StepProfile, StepProfiler
 from training.loop.progress import Progress
 from training.loop.schedule import LRSchedule
 from training.loop.steps import StepOutput, TrainSteps, train_steps
@@ -34,6 +37,7 @@ class TrainStats:
     first_step_seconds: float  # compilation, allocation and cache warm-up happen here
     ledger: RowLedger
     position: TrainPosition
+    profile: StepProfile | None = None  # only when the job profiles steps (`profile_steps`)
 
     @property
     def samples_per_s(self) -> float:
@@ -58,17 +62,22 @@ def train(
     ledger = ledger or RowLedger()
     batches = TrainBatches(job, device, start)
     total_steps = batches.steps_per_epoch * config.epochs
+    if job.max_steps:
+        total_steps = min(total_steps, job.max_steps)
     metrics = job.folder.metrics if dist.get_rank() == 0 else None
     progress = Progress(total_steps, batches.steps_per_epoch, config.batch_size, job.evaluation.ne_window, metrics)
     ne = TrainingNE(progress, device, config.log_every)
     model.train()
     steps = train_steps(model, optimizer, config, device)
     timer = TrainTimer(start.step, total_steps, device)
+    profiler = StepProfiler(job.profile_steps, total_steps, device)
+    stream = profiler.labelled(batches.stream) if profiler.active else batches.stream
     step = start.step
     while step < total_steps:
-        loss, logits, labels = train_step(steps, batches, schedule, ledger, step, total_steps)
+        loss, logits, labels = train_step(steps, stream, batches, schedule, ledger, step, total_steps)
         step += 1
         timer.stepped(step)
+        profiler.stepped(step)
         ne.add(logits, labels)
         maybe_evaluate(steps, job, device, progress, timer, step)
         ne.maybe_log(step, loss)
@@ -78,14 +87,16 @@ def train(
     progress.close()
     return TrainStats(steps=step, samples=timer.timed_steps(step) * config.batch_size, seconds=timer.seconds(),
                       first_step_seconds=timer.first_step_seconds, ledger=ledger,
-                      position=TrainPosition(step, config.epochs, 0))  # fmt: skip
+                      position=TrainPosition(step, config.epochs, 0),
+                      profile=profiler.result() if profiler.active else None)  # fmt: skip
 
 
-def train_step(steps: TrainSteps, batches: TrainBatches, schedule: LRSchedule, ledger: RowLedger, step: int,
-               total_steps: int) -> StepOutput:  # fmt: skip
-    """Train step `step + 1` at its scheduled rates, and account the batch it trained."""
+def train_step(steps: TrainSteps, stream: Iterator[Batch], batches: TrainBatches, schedule: LRSchedule,
+               ledger: RowLedger, step: int, total_steps: int) -> StepOutput:  # fmt: skip
+    """Train step `step + 1` on the next batch of `stream` (`batches`' own, or labelled for
+    the profiler) at its scheduled rates, and account the batch it trained."""
     schedule.apply(step, total_steps)
-    output = steps.step(batches.stream)
+    output = steps.step(stream)
     ledger.add(batches.pop_trained().row_hashes)
     return output
 

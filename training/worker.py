@@ -82,6 +82,8 @@ def run(job: TrainJob, device: torch.device) -> None:
                                  config.keep_checkpoints)  # fmt: skip
     rows_trained, fingerprint = _all_reduce_ledger(stats.ledger, device)
     rows = predict(sharded, job, device)
+    if rank == 0 and stats.profile is not None:
+        job.folder.write_profile(stats.profile)
     # Every rank's predictions are written before rank 0 reports: on several hosts, its
     # host's launcher reads them all once its own workers end.
     dist.barrier()

@@ -1,0 +1,103 @@
+"""`dlrm characterize` on this machine: a real batch-size sweep of the tiny model (real
+torchrun jobs), its saturation point, the points' figures, and the MLflow run that shows them."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[2]
+POINT_KEYS = {"batch_size", "samples_per_s", "peak_memory_mb", "measured_step_ms", "estimated_step_ms"}
+PARTS = {"data", "embedding", "dense", "communication", "optimizer", "other"}
+
+
+def dlrm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, check=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path, str]:
+    run_dir = tmp_path_factory.mktemp("characterize")
+    done = dlrm("characterize", "--config", "configs/tiny.toml", "--set", f'run_dir="{run_dir}"',
+                "--sweep", "sharding.compute_kernel=fused,fused_uvm_caching", "--max-batch", "4096", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), run_dir, done.stderr
+
+
+def test_the_batch_sweep_finds_a_saturation_point_and_stops(sweep) -> None:
+    report, _, _ = sweep
+    fused = [p for p in report["points"] if p["sharding.compute_kernel"] == "fused"]
+    batches = [p["batch_size"] for p in fused]
+    assert batches == [512 * 2**i for i in range(len(batches))] and 2 <= len(batches) <= 4  # doublings, within --max-batch
+    rates = [p["samples_per_s"] for p in fused]
+    # it stopped one doubling after the first one that gained < 5 %, or at --max-batch
+    gains = [b / a - 1 for a, b in itertools.pairwise(rates)]
+    assert all(gain >= 0.05 for gain in gains[:-1])
+    assert gains[-1] < 0.05 or batches[-1] == 4096
+    assert report["hardware_batch_size"] in batches
+    chosen = batches.index(report["hardware_batch_size"])
+    assert report["saturated"] == (gains[-1] < 0.05)
+    assert chosen == (len(batches) - 2 if report["saturated"] else len(batches) - 1)
+    for point in fused:
+        assert POINT_KEYS <= set(point) and point["training.batch_size"] == point["batch_size"]
+        assert point["samples_per_s_min"] <= point["samples_per_s"] <= point["samples_per_s_max"]
+        assert point["measured_step_ms"] == pytest.approx(point["batch_size"] / point["samples_per_s"] * 1000, rel=1e-3)
+        assert point["estimated_step_ms"] > 0 and point["peak_memory_mb"] > 100
+        assert len(point["peak_memory_mb_per_rank"]) == 2  # tiny trains on 2 processes
+        assert set(point["breakdown_ms"]) == PARTS and point["breakdown_ms"]["dense"] > 0
+        assert point["breakdown_ms"]["communication"] > 0  # two processes exchange pooled embeddings
+    key = report["tuning_key"]
+    assert key["global_batch_size"] == report["hardware_batch_size"] and key["device_type"] == "cpu"
+
+
+def test_a_placement_the_device_lacks_is_skipped_with_one_clear_line(sweep) -> None:
+    report, _, log = sweep
+    assert not [p for p in report["points"] if p["sharding.compute_kernel"] == "fused_uvm_caching"]
+    (skipped,) = report["skipped"]
+    assert skipped["sharding.compute_kernel"] == "fused_uvm_caching" and "needs CUDA" in skipped["reason"]
+    assert "\n" not in skipped["reason"]
+    assert f"batch 512: skipped: {skipped['reason']}" in log
+
+
+def test_the_plots_and_the_table_are_in_mlflow(sweep) -> None:
+    report, run_dir, _ = sweep
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+    run = client.get_run(report["mlflow_run_id"])
+    assert run.data.tags["dlrm.kind"] == "characterize"
+    assert run.data.tags["characterize.hardware_batch_size"] == str(report["hardware_batch_size"])
+    assert run.data.tags["tuning.key"] == report["tuning_key"]["fingerprint"]
+    names = {a.path for a in client.list_artifacts(run.info.run_id, "characterize")}
+    assert {"characterize/throughput_vs_batch.png", "characterize/step_breakdown.png",
+            "characterize/planner_vs_measured.png", "characterize/points.json",
+            "characterize/points.csv"} <= names  # fmt: skip
+    table = json.loads(Path(mlflow.artifacts.download_artifacts(
+        run_id=run.info.run_id, artifact_path="characterize/points.json", tracking_uri=client.tracking_uri)).read_text())  # fmt: skip
+    columns = table["columns"]
+    rows = [dict(zip(columns, row, strict=True)) for row in table["data"]]
+    # the planner-vs-measured table: a row per measured point, both figures in each
+    assert [r["batch_size"] for r in rows] == [p["batch_size"] for p in report["points"]]
+    assert all(r["estimated_step_ms"] > 0 and r["measured_step_ms"] > 0 for r in rows)
+    history = client.get_metric_history(run.info.run_id, "samples_per_s.series_0")
+    assert sorted(m.step for m in history) == [p["batch_size"] for p in report["points"]]
+
+
+def test_a_malformed_sweep_is_one_line_with_exit_2(tmp_path: Path) -> None:
+    done = dlrm("characterize", "--config", "configs/tiny.toml", "--set", f'run_dir="{tmp_path}"',
+                "--sweep", "sharding.compute_kernel")  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        ("dlrm: error: --sweep 'sharding.compute_kernel': expected KEY=V1,V2,… "
+         "(e.g. --sweep sharding.compute_kernel=fused,fused_uvm_caching)")
+    ]
+    bad_value = dlrm("characterize", "--config", "configs/tiny.toml", "--set", f'run_dir="{tmp_path}"',
+                     "--sweep", "sharding.compute_kernel=fused,bogus")  # fmt: skip
+    assert bad_value.returncode == 2 and "Traceback" not in bad_value.stderr
+    assert "sharding.compute_kernel" in bad_value.stderr and len(bad_value.stderr.strip().splitlines()) == 1

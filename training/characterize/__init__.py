@@ -1,0 +1,1 @@
+"""Hardware characterization: batch-size sweeps of short real training jobs (`dlrm characterize`)."""

@@ -1,0 +1,71 @@
+"""A hardware characterization: the batch-size sweep (the seeds' method, Acun et al. 2021
+§IV–V) and where its throughput saturates.
+
+Each series holds the other swept keys fixed and doubles the global batch from `first`
+until throughput stops rising by more than `min_gain` (one point past that is measured, to
+see it level off), memory runs out, or `last` is passed. The hardware's batch is the
+series' saturation point: the smallest batch whose doubling gained less than `min_gain`
+(else the largest measured, the curve still rising).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from training.characterize.measure import MeasuredPoint, PointResult, SkippedPoint
+
+
+@dataclass(frozen=True)
+class BatchRange:
+    first: int  # global batch of the first point
+    last: int  # no point beyond this batch
+    explicit: tuple[int, ...] = ()  # measure these batches, all of them, in order (no stopping rule)
+    min_gain: float = 0.05  # a doubling that gains less than this share has saturated
+
+    def __post_init__(self) -> None:
+        if self.first < 1 or self.last < self.first:
+            raise ValueError(f"batch range: first {self.first} and last {self.last} must satisfy 1 ≤ first ≤ last")
+        if not 0 <= self.min_gain < 1:
+            raise ValueError(f"min_gain: {self.min_gain} is not a share in [0, 1)")
+
+
+def saturation_index(rates: list[float], min_gain: float) -> int | None:
+    """The first point whose next one gained less than `min_gain` over it (None: every
+    doubling still gained, or fewer than two points)."""
+    for index in range(len(rates) - 1):
+        if rates[index + 1] < rates[index] * (1 + min_gain):
+            return index
+    return None
+
+
+def hardware_batch(points: list[MeasuredPoint], min_gain: float) -> tuple[MeasuredPoint | None, bool]:
+    """A series' saturation point, and whether the curve saturated at all (if not: its
+    largest measured batch)."""
+    ordered = sorted(points, key=lambda p: p.batch_size)
+    if not ordered:
+        return None, False
+    index = saturation_index([p.samples_per_s for p in ordered], min_gain)
+    return (ordered[index], True) if index is not None else (ordered[-1], False)
+
+
+def batch_sweep(measure: Callable[[int], PointResult], batches: BatchRange) -> Iterator[PointResult]:
+    """Measure one series' batches in order, stopping by the rule of the module."""
+    measured: list[float] = []
+    for batch in batches.explicit or _doublings(batches.first, batches.last):
+        result = measure(batch)
+        yield result
+        if isinstance(result, SkippedPoint):
+            if result.out_of_memory or not batches.explicit:
+                return  # a larger batch needs more memory still, and a skipped doubling ends the curve
+            continue
+        measured.append(result.samples_per_s)
+        if not batches.explicit and saturation_index(measured, batches.min_gain) is not None:
+            return
+
+
+def _doublings(first: int, last: int) -> Iterator[int]:
+    batch = first
+    while batch <= last:
+        yield batch
+        batch *= 2
