@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flows.config import ConfigError, PipelineConfig
+from flows.config import ConfigError, PipelineConfig, trainer_cluster
 from flows.sweeps import BATCH_KEY, Series, Sweep
 from ingestion.config import SyntheticConfig
 from ingestion.preprocess import apply_state, fit_state
@@ -155,9 +155,10 @@ def _slug(text: str) -> str:
 
 
 def hardware_key(config: PipelineConfig, batch: int) -> TuningKey:
-    """The tuning key of the config's run at the hardware's batch: its hardware fields say
-    what was characterized."""
-    return tuning_key(replace(config.training, batch_size=batch), config.workers)
+    """The tuning key of the config's run at the hardware's batch, as the pipeline keys it
+    (the declared trainer hardware, `orchestration.trainer_cluster`, if any: a
+    characterization is taken to run on the trainers' kind of host)."""
+    return tuning_key(replace(config.training, batch_size=batch), config.workers, trainer_cluster(config))
 
 
 # -- the whole characterization -----------------------------------------------------------

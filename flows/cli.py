@@ -11,6 +11,7 @@
     dlrm preprocess --config FILE [--days 0 1 2] [--json]
     dlrm plan --config FILE [--cluster CLUSTER.toml] [--json]
     dlrm characterize --config FILE [--sweep KEY=V1,V2 ...] [--max-batch N] [--json]
+    dlrm port --config FILE [--cluster CLUSTER.toml] [--json]
     dlrm evaluate --predictions FILE.parquet [--json]
 
 A problem the user can fix (a bad config, a missing file) ends with one line on stderr and
@@ -205,6 +206,14 @@ def _parser() -> argparse.ArgumentParser:
     characterize.add_argument("--no-tracking", action="store_true", help="do not log an MLflow run")
     characterize.add_argument("--json", action="store_true", help="print the report as one JSON object")
     characterize.set_defaults(handler=commands.characterize)
+
+    port = subcommands.add_parser("port", help="move to new hardware: measure its batch size, retune at it, "
+                                  "train (dlrm run with tuning.policy = characterize_then_retune)")  # fmt: skip
+    _add_config_arguments(port)
+    port.add_argument("--cluster", help="the trainer hosts' hardware as declared (orchestration.trainer_cluster); "
+                      "default: this machine")  # fmt: skip
+    port.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    port.set_defaults(handler=commands.port, as_of=None)
 
     evaluate = subcommands.add_parser("evaluate", help="NE, AUC, calibration of a predictions file")
     evaluate.add_argument("--predictions", required=True, help="Parquet with label, prediction[, weight]")

@@ -63,6 +63,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def port(args: argparse.Namespace) -> int:
+    """`dlrm run` under the port workflow's policy, on the declared trainer hardware if given."""
+    args.overrides = [*args.overrides, 'tuning.policy="characterize_then_retune"',
+                      *([f"orchestration.trainer_cluster={json.dumps(str(Path(args.cluster).resolve()))}"]
+                        if args.cluster else [])]  # fmt: skip
+    return run(args)
+
+
 def backfill(args: argparse.Namespace) -> int:
     """`dlrm run --as-of N` for each day N in order; stops at the first night that fails."""
     from flows.sources import complete_days

@@ -2,7 +2,8 @@
 trains with (the resolved run applies them: flows/resolve.py).
 
 The decision and its reason go to the flow's log and to the run's MLflow tags. Under
-`retune_first` the retune runs here, before training; under `scale_and_schedule` a retune
+`retune_first` the retune runs here, before training (under `characterize_then_retune` after
+measuring the hardware's batch: flows/port.py); under `scale_and_schedule` a retune
 flow run is created on the served `retune` deployment (or, when none is served, the log
 says which command to run).
 """
@@ -10,6 +11,7 @@ says which command to run).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from prefect.artifacts import create_markdown_artifact
 from prefect.deployments import run_deployment
@@ -29,10 +31,13 @@ from training.tuning.trigger import TuningDecision, decide
 RETUNE_DEPLOYMENT = "retune/retune"
 
 
-def choose_hyperparameters(lookup: ResolvedRun, features: Features, source: ConfigSource) -> TuningDecision:
+def choose_hyperparameters(lookup: ResolvedRun, features: Features, source: ConfigSource,
+                           lookup_at: Callable[[int], ResolvedRun] | None = None) -> TuningDecision:  # fmt: skip
     """The decision for the run `lookup` resolves to before tuning (its key names the batch
     and workers it would train with): a tuned key's best, the nearest key's scaled, a retune
-    first, or the configured values; a retune scheduled when the policy says so."""
+    first, the port workflow, or the configured values; a retune scheduled when the policy
+    says so. `lookup_at(batch)`: the same run resolved at another global batch (the port
+    workflow trains at the hardware's)."""
     config, log = lookup.config, run_logger("flows.hyperparameters")
     storage = open_storage(config.optuna_storage, config.tuning.heartbeat_s)
     configured = params_of(config.training, config.model, config.tuning)
@@ -48,6 +53,10 @@ def choose_hyperparameters(lookup: ResolvedRun, features: Features, source: Conf
                 decision, params=result.best.params, source=result.best,
                 reason=f"{decision.reason}; retuned to NE {result.best.ne:.5f} (trial #{result.best.trial_number})",
             )  # fmt: skip
+    if decision.action == "characterize_then_retune":
+        from flows.port import port_decision
+
+        decision = port_decision(decision, lookup_at or (lambda batch: lookup), features, configured)
     if decision.schedule_retune:
         scheduled = schedule_retune(config, source)
         decision = dataclasses.replace(decision, reason=f"{decision.reason} ({scheduled})")

@@ -38,6 +38,7 @@ from flows.evaluate import DayScores, evaluate_model, export_task, promote_task
 from flows.feature_files import Features
 from flows.features import prepare_features
 from flows.hyperparameters import choose_hyperparameters
+from flows.port import port_summary, with_batch
 from flows.recurring import (
     Night,
     StaleChampionError,
@@ -115,7 +116,8 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
         logger.info("as of day %s: %s", config.data.shown(night.as_of), night.skipped)
         return skipped_summary(night, MlflowClient(tracking_uri=config.tracking_uri), config)
     features = prepare_features(resolve_run(config, night).config, night.warm_start.state if night.warm_start else None)
-    decision = choose_hyperparameters(resolve_run(config, night, features.state), features, source)
+    decision = choose_hyperparameters(resolve_run(config, night, features.state), features, source,
+                                      lambda batch: resolve_run(with_batch(config, batch), night, features.state))  # fmt: skip
     run = resolve_run(config, night, features.state, decision)
     for line in run.change_lines():
         logger.info("%s", line)
@@ -193,6 +195,7 @@ def run_summary(run: ResolvedRun, features: Features, report: EvalReport, traine
         champion_ne_same_days=decision.champion_ne if decision else None,
         tuning_key=run.key.fingerprint, tuning_decision=run.tuning.action, tuning_reason=run.tuning.reason,
         calibrator=calibrator.describe(), calibration_rows=calibration_rows,
+        port=port_summary(run.config, run.tuning.port, trained.folder.metrics) if run.tuning.port else None,
     )  # fmt: skip
 
 

@@ -80,6 +80,9 @@ class RunSummary:
     skipped: bool = False
     calibrator: str = ""  # how the served probabilities are calibrated ("none": not)
     calibration_rows: int = 0  # training rows held out of training to fit it
+    # the port workflow's figures (training/tuning/port.py): the hardware's batch, the NE gap
+    # against the nearest tuned key at its own batch, the time to reach that key's NE
+    port: dict[str, Any] | None = None
 
     def __getitem__(self, key: str) -> Any:
         """`summary["eval_ne"]`: a field, or a metric."""
@@ -313,6 +316,7 @@ def _(report: RunSummary, config: Any = None) -> str:
         (f"  training throughput  {report.samples_per_s:,.0f} samples/s ({report.world_size} processes, "
         f"{config.sharding.sharding_type})"),
         f"  hyperparameters      {report.tuning_decision}: {report.tuning_reason}",
+        *([port_line(report.port)] if report.port else []),
         f"  MLflow run           {report.mlflow_run_url or report.mlflow_run_id}  (model version {report.model_version})",
         f"  champion             {'promoted: ' if report.promoted else 'not promoted: '}{report.promotion_reason}"
         + (f" (champion NE on these days {champion:.4f})" if champion is not None and not report.promoted else ""),
@@ -325,6 +329,20 @@ def _(report: RunSummary, config: Any = None) -> str:
         f"  Files:   {Path(config.run_dir).resolve()}",
     ]  # fmt: skip
     return "\n".join(lines)
+
+
+def port_line(port: dict[str, Any]) -> str:
+    """The port workflow's figures in one line (training/tuning/port.py)."""
+    how = "saturation" if port["saturated"] else "largest measured"
+    text = f"  port                 hardware batch {port['hardware_batch_size']:,} ({how}, {port['hardware_samples_per_s']:,.0f} samples/s)"
+    if port.get("ne_gap") is not None:
+        text += (f"; NE gap {port['ne_gap']:+.5f} ({port['ne_gap_percent']:+.2f} %) against key {port['nearest_key']} "
+                 f"at batch {port['nearest_batch']:,}")  # fmt: skip
+    if port.get("old_run_heldout_ne") is not None:
+        reached = port["seconds_to_old_ne"]
+        text += (f"; its run's NE {port['old_run_heldout_ne']:.4f} after {port['old_run_seconds']:.1f} s of training, "
+                 + (f"reached here after {reached:.1f} s" if reached is not None else "not reached here"))  # fmt: skip
+    return text
 
 
 @for_people.register

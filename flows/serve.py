@@ -5,7 +5,9 @@
 - `retrain/retrain`: the pipeline on demand, with typed parameters (batch size, days), from
   the Prefect UI's Run button or the API;
 - `retune/retune`: a study for the config's tuning key (also what `scale_and_schedule`
-  creates runs of).
+  creates runs of);
+- `characterize/characterize`: `dlrm characterize` from the dashboard (the batch-size curve
+  of this hardware, where it saturates).
 
 Served from this process (`prefect.serve`): flow runs execute here, with the project's
 environment; `prefect.yaml` offers the same deployments for work pools.
@@ -29,6 +31,7 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron
 from prefect.states import Cancelled
 
+from flows.characterize_flow import characterize_flow
 from flows.config import PipelineConfig, load_config
 from flows.pipeline import pipeline, retrain
 from flows.retune import retune
@@ -58,6 +61,11 @@ def build_deployments(config_path: str, overrides: list[str] | None = None,
         retune.to_deployment(
             name="retune", parameters=parameters, tags=tags,
             description="Retune the hyperparameters of the config's tuning key",
+        ),
+        characterize_flow.to_deployment(
+            name="characterize", parameters=parameters, tags=tags,
+            description="Measure this hardware with the config's model: throughput, step time and memory per "
+                        "batch size, and the batch where throughput saturates",
         ),
     ]  # fmt: skip
 

@@ -204,3 +204,40 @@ def test_a_search_space_that_cannot_beat_the_configured_values_keeps_them(prefec
     [tuned] = tuned_keys(open_storage(config.optuna_storage, config.tuning.heartbeat_s), config.name)
     assert tuned.trial_number == -1 and tuned.params["training.dense_lr"] == config.training.dense_lr
     assert tuned.ne < min(t.value for t in _study(config).trials if t.value is not None), "better than every trial"
+
+
+def test_the_port_workflow_characterizes_new_hardware_retunes_at_its_batch_then_trains(tuned_run, tmp_path) -> None:
+    """`characterize_then_retune` on a declared new hardware key: the batch-size sweep (real
+    jobs, here), a retune at the batch it chose, then the run; the summary has the decision
+    and the NE gap against the key tuned on the old hardware."""
+    from flows.pipeline import run_pipeline
+
+    config, overrides, old_summary = tuned_run
+    cluster = tmp_path / "new-hardware.toml"
+    cluster.write_text('name = "new host"\nhosts = 1\ndevices_per_host = 2\ncompute_device = "cpu"\n'
+                       'host_memory_gb = 24\ndevice_model = "a CPU host the study never saw"\n')  # fmt: skip
+    ported = [*overrides, 'tuning.policy="characterize_then_retune"', "tuning.characterize_max_batch=1024",
+              f'orchestration.trainer_cluster="{cluster}"']  # fmt: skip
+    summary = run_pipeline(CONFIG, ported)
+    port = summary["port"]
+    assert summary["tuning_decision"] == "characterize_then_retune"
+    assert port["hardware_batch_size"] in (512, 1024)  # the sweep's doublings from 256 a process, up to 1,024
+    client = MlflowClient(config.tracking_uri)
+    curve = client.get_run(port["characterize_run_id"])
+    assert curve.data.tags["characterize.hardware_batch_size"] == str(port["hardware_batch_size"])
+    assert curve.data.tags["tuning.key.device_model"] == "a CPU host the study never saw"
+    # retuned at the hardware's batch (fitted by the run-length rule to tiny's 12,000 rows: 512)
+    new_key = summary["tuning_key"]
+    assert new_key != old_summary["tuning_key"] and summary["global_batch_size"] == 512
+    new_study = optuna.load_study(study_name=f"{config.name}.{new_key}", storage=config.optuna_storage)
+    assert [t for t in new_study.trials if t.state.is_finished()], "a retune ran at the new key"
+    # the gap against the key tuned on the old hardware, at its own batch (256)
+    assert port["nearest_key"] == old_summary["tuning_key"] and port["nearest_batch"] == 256
+    assert port["nearest_ne"] == pytest.approx(best_of(_study(config)).ne)
+    assert port["retuned_ne"] == pytest.approx(best_of(new_study).ne)
+    assert port["ne_gap"] == pytest.approx(port["retuned_ne"] - port["nearest_ne"])
+    assert "NE gap against key" in summary["tuning_reason"]
+    # and the time comparison against that key's run
+    old_run = client.get_run(old_summary["mlflow_run_id"])
+    assert port["old_run_heldout_ne"] == pytest.approx(old_run.data.metrics["heldout_ne"])
+    assert port["old_run_seconds"] == pytest.approx(old_run.data.metrics["train_seconds"])

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from ingestion.days import DayError, parse_day
 
-Policy = Literal["retune_first", "scale_and_schedule", "off"]
+Policy = Literal["retune_first", "scale_and_schedule", "characterize_then_retune", "off"]
 LR_DECAYS = ("none", "linear", "cosine")
 
 
@@ -17,7 +17,10 @@ class TuningConfig:
 
     `policy`: `retune_first` runs the retune flow before training and trains with its
     result; `scale_and_schedule` trains now with the nearest tuned key's parameters,
-    learning rates scaled by `scaling_rule`, and schedules a retune; `off` trains with the
+    learning rates scaled by `scaling_rule`, and schedules a retune; `characterize_then_retune`
+    (the port workflow, `dlrm port`), on hardware no key was tuned on: measures the batch
+    size where this hardware's throughput saturates (`dlrm characterize`), retunes at that
+    batch, and trains with both (on known hardware: as `retune_first`); `off` trains with the
     configured values. A key that was tuned always trains with its best parameters.
     """
 
@@ -33,6 +36,9 @@ class TuningConfig:
     prune_after_pct: int = 30
     # 0: no count, the study runs until `timeout_s` (which must then be set)
     n_trials: int = 12
+    # The port workflow's batch sweep stops at this global batch; 0: `dlrm characterize`'s
+    # default (4,096 a process on CPUs, 65,536 on GPUs).
+    characterize_max_batch: int = 0
     # Each trial trains this many times, with training seeds seed, seed + 1, …, and scores
     # their mean NE: a single seed's NE varies by more than the gaps a retune is after, so
     # a best-of-n study over single runs partly selects luck. The pruner watches the first.
@@ -111,6 +117,8 @@ class TuningConfig:
             raise ValueError("timeout_s: must be ≥ 0, with heartbeat_s ≥ 1")
         if set(self.dense_optimizers) - {"adagrad", "adam"}:
             raise ValueError(f"dense_optimizers: choose among ['adagrad', 'adam'], got {list(self.dense_optimizers)}")
+        if self.characterize_max_batch < 0:
+            raise ValueError(f"characterize_max_batch: must be ≥ 0 (0: the default), got {self.characterize_max_batch}")
         if self.max_epochs < 1:
             raise ValueError(f"max_epochs: must be at least 1, got {self.max_epochs}")
         if any(b < 1 for b in self.batch_sizes):

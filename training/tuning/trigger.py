@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from training.tuning.key import TuningKey
+from training.tuning.port import PortFacts
 from training.tuning.space import Params, scale_params
 from training.tuning.study import TunedParams
 
-Action = Literal["use_tuned", "retune_first", "scale_and_schedule", "configured"]
+Action = Literal["use_tuned", "retune_first", "scale_and_schedule", "characterize_then_retune", "configured"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class TuningDecision:
     params: Params  # what to train with (for `retune_first`: until the retune answers)
     source: TunedParams | None = None  # the tuned key the parameters come from
     schedule_retune: bool = False
+    port: PortFacts | None = None  # `characterize_then_retune`: the hardware's batch and the NE gap
 
     def as_tags(self) -> dict[str, str]:
         """MLflow tags of the decision (the run's own key: `TuningKey.as_tags`)."""
@@ -47,6 +49,12 @@ def decide(
     if policy == "off":
         return TuningDecision("configured", f"{never}; tuning.policy = off: training with the configured values",
                               key, configured)  # fmt: skip
+    if policy == "characterize_then_retune":
+        if any(same_hardware(t.key, key) for t in tuned):
+            return TuningDecision("retune_first", f"{never}; a key on its hardware was tuned: retuning at batch "
+                                  f"{key.global_batch_size} before training", key, configured)  # fmt: skip
+        return TuningDecision("characterize_then_retune", f"{never} and no key on its hardware was: measuring the "
+                              "batch size where its throughput saturates, then retuning at that batch", key, configured)  # fmt: skip
     if policy == "retune_first":
         return TuningDecision("retune_first", f"{never}; tuning.policy = retune_first: retuning before training",
                               key, configured)  # fmt: skip
@@ -65,6 +73,11 @@ def decide(
         f"{key.global_batch_size}; a retune is wanted"
     )
     return TuningDecision("scale_and_schedule", reason, key, scaled, nearest, schedule_retune=True)
+
+
+def same_hardware(one: TuningKey, other: TuningKey) -> bool:
+    """The same kind of device, memory and worker layout (the batch may differ)."""
+    return one.hardware() == other.hardware() and (one.world_size, one.hosts) == (other.world_size, other.hosts)
 
 
 def _describe(key: TuningKey) -> str:

@@ -16,7 +16,7 @@ DEMO = str(ROOT / "configs" / "demo.toml")
 
 def test_serve_builds_nightly_retrain_and_retune() -> None:
     deployments = {f"{d.flow_name}/{d.name}": d for d in build_deployments(DEMO, ["training.batch_size=4096"])}
-    assert set(deployments) == {"pipeline/nightly", "retrain/retrain", RETUNE_DEPLOYMENT}
+    assert set(deployments) == {"pipeline/nightly", "retrain/retrain", RETUNE_DEPLOYMENT, "characterize/characterize"}
     nightly = deployments["pipeline/nightly"]
     assert [s.schedule.cron for s in nightly.schedules] == [load_config(DEMO).orchestration.nightly_cron]
     assert not deployments["retrain/retrain"].schedules, "retrain runs on demand only"

@@ -63,3 +63,18 @@ def test_decision_tags_carry_the_decision_and_where_its_parameters_come_from() -
     assert "tuning.key" not in tags, "the run's key is the resolved run's (flows/resolve.py)"
     assert tags["tuning.decision"] == "scale_and_schedule" and "nearest tuned key" in tags["tuning.reason"]
     assert tags["tuning.params_from"] == f"{SMALL_BATCH.study_name}#3"
+
+
+def test_characterize_then_retune_ports_to_hardware_no_key_was_tuned_on() -> None:
+    new_hardware = dataclasses.replace(KEY, device_type="cuda", device_model="H200", memory_per_device_gb=141)
+    decision = decide("characterize_then_retune", new_hardware, [SMALL_BATCH, OTHER_HARDWARE], CONFIGURED, "sqrt")
+    assert decision.action == "characterize_then_retune" and decision.params == CONFIGURED
+    assert "no key on its hardware was" in decision.reason
+
+
+def test_characterize_then_retune_on_known_hardware_retunes_at_the_batch() -> None:
+    decision = decide("characterize_then_retune", KEY, [SMALL_BATCH], CONFIGURED, "sqrt")
+    assert decision.action == "retune_first" and "a key on its hardware was tuned" in decision.reason
+    # the same devices with another worker layout are new hardware for the batch size
+    wider = dataclasses.replace(KEY, world_size=8)
+    assert decide("characterize_then_retune", wider, [SMALL_BATCH], CONFIGURED, "sqrt").action == "characterize_then_retune"

@@ -1,0 +1,97 @@
+"""The port workflow (`tuning.policy = "characterize_then_retune"`, `dlrm port`): on hardware
+no key was tuned on, measure where its throughput saturates, retune at that batch, then
+train; the summary says what the move cost in NE (training/tuning/port.py).
+
+The characterization runs where the flow runs, with `training.nproc` processes: on the
+trainer hosts' kind of hardware when the flow runs on one of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+from flows.config import PipelineConfig
+from flows.feature_files import Features
+from flows.features import run_logger
+from flows.resolve import ResolvedRun
+from flows.retune import run_retune
+from flows.sweeps import Series
+from training.loop.progress import read_records
+from training.tuning.port import PortFacts, seconds_to_reach
+from training.tuning.space import Params
+from training.tuning.study import TunedParams, open_storage, tuned_keys
+from training.tuning.trigger import TuningDecision, same_hardware
+
+
+def with_batch(config: PipelineConfig, batch: int) -> PipelineConfig:
+    return dataclasses.replace(config, training=dataclasses.replace(config.training, batch_size=batch))
+
+
+def port_decision(decision: TuningDecision, lookup_at: Callable[[int], ResolvedRun], features: Features,
+                  configured: Params) -> TuningDecision:  # fmt: skip
+    """Characterize, then retune at the hardware's batch (unless that key is tuned already):
+    the decision trains at that batch with the retune's best."""
+    from flows.characterize import characterize
+
+    log = run_logger("flows.port")
+    config = lookup_at(decision.key.global_batch_size).config
+    storage = open_storage(config.optuna_storage, config.tuning.heartbeat_s)
+    tuned_before = tuned_keys(storage, config.name)
+    report = characterize([Series({}, config)], [], last_batch=config.tuning.characterize_max_batch or None,
+                          on_line=lambda line: log.info("characterize: %s", line))  # fmt: skip
+    batch = report.hardware_batch_size or config.training.batch_size
+    log.info("port: this hardware's batch is %s (%s); retuning at it", f"{batch:,}",
+             "where throughput saturates" if report.saturated else "the largest measured")  # fmt: skip
+    at_batch = lookup_at(batch)
+    best = next((t for t in tuned_before if t.key == at_batch.key), None)
+    if best is None:
+        best = run_retune(at_batch, features).best
+    nearest = _nearest_elsewhere(at_batch, tuned_before)
+    rate = next((p["samples_per_s"] for p in report.points if p["batch_size"] == report.hardware_batch_size), 0.0)
+    facts = PortFacts(
+        hardware_batch_size=batch, saturated=report.saturated, characterize_run_id=report.mlflow_run_id,
+        hardware_samples_per_s=rate, nearest_key=nearest.key.fingerprint if nearest else "",
+        nearest_batch=nearest.key.global_batch_size if nearest else 0, nearest_ne=nearest.ne if nearest else None,
+        retuned_ne=best.ne if best else None,
+    )  # fmt: skip
+    gap = f"; NE gap against key {facts.nearest_key} at batch {facts.nearest_batch:,}: {facts.ne_gap:+.5f} " \
+          f"({facts.ne_gap_percent:+.2f} %)" if facts.ne_gap is not None else ""  # fmt: skip
+    params = {**(best.params if best else configured), "training.batch_size": batch}
+    reason = (f"{decision.reason}; hardware batch {batch:,}, "
+              + (f"retuned to NE {best.ne:.5f}" if best else "no trial finished: the configured values") + gap)  # fmt: skip
+    return dataclasses.replace(decision, key=at_batch.key, params=params, source=best, port=facts, reason=reason)
+
+
+def _nearest_elsewhere(run: ResolvedRun, tuned: list[TunedParams]) -> TunedParams | None:
+    others = [t for t in tuned if not same_hardware(t.key, run.key)]
+    return min(others, key=lambda t: (run.key.distance(t.key), t.ne)) if others else None
+
+
+def port_summary(config: PipelineConfig, facts: PortFacts, metrics: Path) -> dict[str, Any]:
+    """The facts with the time comparison: the nearest key's newest run (its final held-out
+    NE and training time) against this run's time to reach that NE."""
+    old = _newest_run_of_key(config, facts.nearest_key) if facts.nearest_key else None
+    if old is not None:
+        target, seconds = old
+        facts = dataclasses.replace(facts, old_run_heldout_ne=target, old_run_seconds=seconds,
+                                    seconds_to_old_ne=seconds_to_reach(read_records(metrics), target))  # fmt: skip
+    return facts.as_dict()
+
+
+def _newest_run_of_key(config: PipelineConfig, fingerprint: str) -> tuple[float, float] | None:
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    experiment = client.get_experiment_by_name(config.tracking.experiment)
+    if experiment is None:
+        return None
+    runs = client.search_runs([experiment.experiment_id], f"tags.`tuning.key` = '{fingerprint}' and "
+                              "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"])  # fmt: skip
+    for run in runs:
+        metrics = run.data.metrics
+        if "heldout_ne" in metrics and "train_seconds" in metrics:
+            return metrics["heldout_ne"], metrics["train_seconds"]
+    return None
