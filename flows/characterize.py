@@ -50,7 +50,7 @@ MAX_ROWS = 2_000_000
 
 
 def batch_range(config: PipelineConfig, sweeps: list[Sweep], first: int | None, last: int | None,
-                min_gain: float) -> BatchRange:  # fmt: skip
+                min_gain: float, patience: int = 2) -> BatchRange:  # fmt: skip
     """The batches: the sweep's list if it names `training.batch_size`, else doublings from
     `first` (default: 256 a process) to `last` (default: 4,096 a process on a CPU, 65,536 on a GPU)."""
     world = config.workers.world_size
@@ -64,7 +64,7 @@ def batch_range(config: PipelineConfig, sweeps: list[Sweep], first: int | None, 
     last = last or (65_536 if gpu else 4_096) * world
     try:
         return BatchRange(first=min(batches, default=first), last=max(batches, default=last), explicit=batches,
-                          min_gain=min_gain)  # fmt: skip
+                          min_gain=min_gain, patience=patience)  # fmt: skip
     except ValueError as error:
         raise ConfigError(f"characterize: {error}") from None
 
@@ -136,7 +136,7 @@ def characterize_series(series: Series, batches: BatchRange, windows: Windows, o
 
     results = list(batch_sweep(measure, batches))
     measured = [r for r in results if isinstance(r, MeasuredPoint)]
-    chosen, saturated = hardware_batch(measured, batches.min_gain)
+    chosen, saturated = hardware_batch(measured, batches.min_gain, batches.patience)
     return SeriesResult(series.label, series.values, measured, [r for r in results if isinstance(r, SkippedPoint)],
                         chosen.batch_size if chosen else None, saturated)  # fmt: skip
 
@@ -189,7 +189,7 @@ def chosen_series(results: list[SeriesResult]) -> SeriesResult | None:
 
 
 def characterize(all_series: list[Series], sweeps: list[Sweep], *,
-                 first_batch: int | None = None, last_batch: int | None = None, min_gain: float = 0.05,
+                 first_batch: int | None = None, last_batch: int | None = None, min_gain: float = 0.05, patience: int = 2,
                  windows: Windows | None = None, track: bool = True,
                  on_line: Callable[[str], None] = print) -> CharacterizeReport:  # fmt: skip
     """Every series' batch sweep; the hardware batch; MLflow's run with the plots and table
@@ -198,7 +198,7 @@ def characterize(all_series: list[Series], sweeps: list[Sweep], *,
 
     started = time.perf_counter()
     base = all_series[0].config
-    batches = batch_range(base, sweeps, first_batch, last_batch, min_gain)
+    batches = batch_range(base, sweeps, first_batch, last_batch, min_gain, patience)
     out = base.path("characterize") / time.strftime("%Y%m%d-%H%M%S")
     windows = windows or Windows()
     results = [characterize_series(series, batches, windows, out, on_line) for series in all_series]
@@ -213,7 +213,7 @@ def characterize(all_series: list[Series], sweeps: list[Sweep], *,
                  for r in results for s in r.skipped],
         series=[{"series": r.label, "values": r.values, "hardware_batch_size": r.hardware_batch_size,
                  "saturated": r.saturated} for r in results],
-        tuning_key={"fingerprint": key.fingerprint, **asdict(key)}, min_gain=min_gain,
+        tuning_key={"fingerprint": key.fingerprint, **asdict(key)}, min_gain=min_gain, patience=patience,
         seconds=round(time.perf_counter() - started, 1), out_dir=str(out),
     )  # fmt: skip
     if track:

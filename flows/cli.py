@@ -202,7 +202,9 @@ def _parser() -> argparse.ArgumentParser:
     characterize.add_argument("--max-batch", type=int, help="no global batch beyond this (default: 4,096 a "
                               "process on CPUs, 65,536 on GPUs)")  # fmt: skip
     characterize.add_argument("--min-gain", type=float, default=0.05, help="a doubling that gains less than this "
-                              "share of throughput has saturated (default: %(default)s)")  # fmt: skip
+                              "share of throughput has saturated (default: %(default)s) ...")  # fmt: skip
+    characterize.add_argument("--patience", type=int, default=2, help="... when this many doublings in a row "
+                              "do (default: %(default)s)")  # fmt: skip
     characterize.add_argument("--no-tracking", action="store_true", help="do not log an MLflow run")
     characterize.add_argument("--json", action="store_true", help="print the report as one JSON object")
     characterize.set_defaults(handler=commands.characterize)

@@ -190,6 +190,7 @@ class CharacterizeReport:
     series: list[dict[str, Any]]  # each series' values, saturation point and whether it saturated
     tuning_key: dict[str, Any]  # the key at the hardware's batch: its hardware fields and fingerprint
     min_gain: float
+    patience: int  # doublings in a row that each gained less than min_gain: saturated
     seconds: float
     out_dir: str
     mlflow_run_id: str = ""
@@ -247,8 +248,8 @@ def _(report: CharacterizeReport, config: Any = None) -> str:
         lines.append("\nno point was measured: no hardware batch")
     else:
         how = "where throughput saturates" if report.saturated else "the largest measured: throughput still rose"
-        lines.append(f"\nhardware batch: {report.hardware_batch_size:,} ({how}, doubling gains < "
-                     f"{report.min_gain:.0%}; series {report.hardware_series})")
+        lines.append(f"\nhardware batch: {report.hardware_batch_size:,} ({how}: the next {report.patience} doublings "
+                     f"each gain < {report.min_gain:.0%}; series {report.hardware_series})")
     if report.mlflow_run_id:
         lines.append(f"MLflow run {report.mlflow_run_id}: plots and the table under characterize/")
     return "\n".join(lines)

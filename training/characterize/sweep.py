@@ -2,10 +2,11 @@
 §IV–V) and where its throughput saturates.
 
 Each series holds the other swept keys fixed and doubles the global batch from `first`
-until throughput stops rising by more than `min_gain` (one point past that is measured, to
-see it level off), memory runs out, or `last` is passed. The hardware's batch is the
-series' saturation point: the smallest batch whose doubling gained less than `min_gain`
-(else the largest measured, the curve still rising).
+until throughput stops rising, memory runs out, or `last` is passed. The hardware's batch is
+the series' saturation point: the smallest batch that the next `patience` doublings each
+beat by less than `min_gain` (else the largest measured, the curve still rising). One noisy
+window on a shared machine moves a point by 10–20 %: a single doubling that gained little
+does not end the curve.
 """
 
 from __future__ import annotations
@@ -22,30 +23,33 @@ class BatchRange:
     last: int  # no point beyond this batch
     explicit: tuple[int, ...] = ()  # measure these batches, all of them, in order (no stopping rule)
     min_gain: float = 0.05  # a doubling that gains less than this share has saturated
+    patience: int = 2  # ... when this many doublings in a row do
 
     def __post_init__(self) -> None:
         if self.first < 1 or self.last < self.first:
             raise ValueError(f"batch range: first {self.first} and last {self.last} must satisfy 1 ≤ first ≤ last")
         if not 0 <= self.min_gain < 1:
             raise ValueError(f"min_gain: {self.min_gain} is not a share in [0, 1)")
+        if self.patience < 1:
+            raise ValueError(f"patience: {self.patience} must be at least 1")
 
 
-def saturation_index(rates: list[float], min_gain: float) -> int | None:
-    """The first point whose next one gained less than `min_gain` over it (None: every
-    doubling still gained, or fewer than two points)."""
-    for index in range(len(rates) - 1):
-        if rates[index + 1] < rates[index] * (1 + min_gain):
+def saturation_index(rates: list[float], min_gain: float, patience: int = 2) -> int | None:
+    """The first point that each of the next `patience` points beats by less than
+    `min_gain` (None: none such, or too few points after it)."""
+    for index in range(len(rates) - patience):
+        if all(later < rates[index] * (1 + min_gain) for later in rates[index + 1 : index + 1 + patience]):
             return index
     return None
 
 
-def hardware_batch(points: list[MeasuredPoint], min_gain: float) -> tuple[MeasuredPoint | None, bool]:
+def hardware_batch(points: list[MeasuredPoint], min_gain: float, patience: int = 2) -> tuple[MeasuredPoint | None, bool]:
     """A series' saturation point, and whether the curve saturated at all (if not: its
     largest measured batch)."""
     ordered = sorted(points, key=lambda p: p.batch_size)
     if not ordered:
         return None, False
-    index = saturation_index([p.samples_per_s for p in ordered], min_gain)
+    index = saturation_index([p.samples_per_s for p in ordered], min_gain, patience)
     return (ordered[index], True) if index is not None else (ordered[-1], False)
 
 
@@ -60,7 +64,7 @@ def batch_sweep(measure: Callable[[int], PointResult], batches: BatchRange) -> I
                 return  # a larger batch needs more memory still, and a skipped doubling ends the curve
             continue
         measured.append(result.samples_per_s)
-        if not batches.explicit and saturation_index(measured, batches.min_gain) is not None:
+        if not batches.explicit and saturation_index(measured, batches.min_gain, batches.patience) is not None:
             return
 
 

@@ -16,25 +16,34 @@ def point(batch: int, rate: float) -> MeasuredPoint:
                          device="cpu", world_size=1)  # fmt: skip
 
 
-def test_saturation_is_the_first_point_whose_doubling_gained_less_than_the_threshold() -> None:
-    assert saturation_index([100, 180, 250, 260, 300], 0.05) == 2  # 250 → 260 gains 4 %
-    assert saturation_index([100, 180, 250, 262.5], 0.05) is None  # exactly 5 % still counts as rising
-    assert saturation_index([100, 90], 0.05) == 0  # a doubling that loses throughput has saturated
-    assert saturation_index([100], 0.05) is None
+def test_saturation_is_the_first_point_that_the_next_doublings_each_beat_by_less_than_the_threshold() -> None:
+    assert saturation_index([100, 180, 250, 260, 255], 0.05) == 2  # 260 and 255: each < 5 % over 250
+    assert saturation_index([100, 180, 185, 300, 310, 312], 0.05) == 3  # 180 → 185 alone was noise: 300 followed
+    assert saturation_index([100, 180, 250, 262.5, 250], 0.05) is None  # exactly 5 % still counts as rising
+    assert saturation_index([100, 90, 95], 0.05) == 0  # doublings that lose throughput have saturated
+    assert saturation_index([100, 90], 0.05) is None  # too few points after it to say
+    assert saturation_index([100, 90], 0.05, patience=1) == 0
 
 
-def test_the_sweep_measures_one_point_past_saturation_then_stops() -> None:
-    rates = {256: 100.0, 512: 190.0, 1024: 300.0, 2048: 310.0, 4096: 400.0}
+def test_the_sweep_measures_patience_points_past_saturation_then_stops() -> None:
+    rates = {256: 100.0, 512: 190.0, 1024: 300.0, 2048: 310.0, 4096: 305.0, 8192: 400.0}
     asked: list[int] = []
 
     def measure(batch: int) -> MeasuredPoint:
         asked.append(batch)
         return point(batch, rates[batch])
 
-    results = list(batch_sweep(measure, BatchRange(first=256, last=4096)))
-    assert asked == [256, 512, 1024, 2048]
+    results = list(batch_sweep(measure, BatchRange(first=256, last=8192)))
+    assert asked == [256, 512, 1024, 2048, 4096]
     chosen, saturated = hardware_batch([r for r in results if isinstance(r, MeasuredPoint)], 0.05)
     assert (chosen.batch_size, saturated) == (1024, True)
+
+
+def test_one_flat_doubling_does_not_end_the_sweep() -> None:
+    rates = {512: 100.0, 1024: 180.0, 2048: 182.0, 4096: 300.0, 8192: 305.0, 16384: 300.0}
+    results = list(batch_sweep(lambda b: point(b, rates[b]), BatchRange(first=512, last=16384)))
+    assert [r.batch_size for r in results] == [512, 1024, 2048, 4096, 8192, 16384]
+    assert hardware_batch(results, 0.05)[0].batch_size == 4096  # type: ignore[arg-type, union-attr]
 
 
 def test_a_curve_that_still_rises_at_the_last_batch_chooses_the_largest_and_says_so() -> None:
@@ -66,7 +75,7 @@ def test_a_point_refused_before_it_ran_ends_a_doubling_series() -> None:
     assert results == [refused]
 
 
-@pytest.mark.parametrize("first,last,gain", [(0, 8, 0.05), (16, 8, 0.05), (8, 16, 1.0)])
-def test_a_bad_range_is_refused(first: int, last: int, gain: float) -> None:
+@pytest.mark.parametrize("first,last,gain,patience", [(0, 8, 0.05, 2), (16, 8, 0.05, 2), (8, 16, 1.0, 2), (8, 16, 0.05, 0)])
+def test_a_bad_range_is_refused(first: int, last: int, gain: float, patience: int) -> None:
     with pytest.raises(ValueError):
-        BatchRange(first=first, last=last, min_gain=gain)
+        BatchRange(first=first, last=last, min_gain=gain, patience=patience)
