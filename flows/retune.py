@@ -30,7 +30,7 @@ from prefect.exceptions import MissingContextError
 
 from evaluation.metrics import MetricError, binary_state, compute_ne
 from flows.calibrate import holdout_of
-from flows.config import PipelineConfig, load_flow_config
+from flows.config import ConfigError, PipelineConfig, load_flow_config
 from flows.feature_files import Features
 from flows.features import prepare_features, run_logger
 from flows.reports import RetuneReport
@@ -194,17 +194,36 @@ class TuningData:
     description: str
 
 
+def validation_days(config: PipelineConfig) -> tuple[int, ...]:
+    """The training days trials are scored on: `tuning.validation_days`, else the newest
+    training days when `tuning.validation` asks for them (`auto`: on a dated warehouse with
+    more training days than those), else none (a random slice of rows)."""
+    tuning, data = config.tuning, config.data
+    if tuning.validation_days:
+        return tuning.validation_days
+    newest = tuple(sorted(data.train_days)[-tuning.validation_newest_days :])
+    enough = len(data.train_days) > tuning.validation_newest_days
+    if tuning.validation == "newest_days" or (tuning.validation == "auto" and data.dated and enough):
+        if not enough:
+            raise ConfigError(f"tuning.validation = \"newest_days\": the {len(data.train_days)} training day(s) leave no "
+                              f"day to train trials on besides the newest {tuning.validation_newest_days}; add "
+                              "training days or set tuning.validation = \"random\"")  # fmt: skip
+        return newest
+    return ()
+
+
 def tuning_data(config: PipelineConfig, features: Features) -> TuningData:
-    """`tuning.validation_days` when set (trials train on the other training days), else a
-    slice of `tuning.validation_percent` % of the training rows, chosen by a hash of each
+    """The validation days (`validation_days`; trials train on the other training days), else
+    a slice of `tuning.validation_percent` % of the training rows, chosen by a hash of each
     row (ingestion/holdout.py; trials train on the rest). The final run trains on the same
     rest when its calibration share is the same (its calibrator is fitted on these rows), else
     on its own split (flows/calibrate.py)."""
-    days, data = config.tuning.validation_days, config.data
+    days, data = validation_days(config), config.data
     if days:
         train = features.train_files(tuple(d for d in data.train_days if d not in days))
         return TuningData(features, train, {data.day_label(d): tuple(features.files[d]) for d in days},
-                          f"validation days {data.shown_days(days)}")  # fmt: skip
+                          f"validation days {data.shown_days(days)}"
+                          + (" (the newest: progressive validation)" if not config.tuning.validation_days else ""))  # fmt: skip
     percent = config.tuning.validation_percent
     split = holdout_of(config, features.state.state_id, {day: features.files[day] for day in data.train_days}, percent)
     return TuningData(features, split.fit_files, {"holdout": split.validation_files},

@@ -73,9 +73,15 @@ class TuningConfig:
     embedding_dims: tuple[int, ...] = ()
     mlp_width_factors: tuple[float, ...] = ()  # multiplies every hidden MLP width
     # The objective is NE on validation rows, never on the evaluation days: these training
-    # days when set (trials train on the others), else `validation_percent` % of the
-    # training rows, picked by a hash of each row (trials train on the rest).
+    # days when set (trials train on the others), else as `validation` says:
+    # "newest_days": the newest `validation_newest_days` training days (progressive
+    # validation: trials are chosen for the days after the ones they trained on, as a
+    # nightly model is judged); "random": `validation_percent` % of the training rows,
+    # picked by a hash of each row (trials train on the rest); "auto": newest_days on a
+    # dated warehouse with more training days than that, else random.
     validation_days: tuple[int, ...] = ()  # written as data.train_days are (dates too), held as integers
+    validation: Literal["auto", "newest_days", "random"] = "auto"
+    validation_newest_days: int = 1
     validation_percent: float = 10.0
     # A worker that stops beating for `3 × heartbeat_s` is dead; its trial is retried.
     heartbeat_s: int = 10
@@ -107,6 +113,8 @@ class TuningConfig:
             raise ValueError(f"lr_decay: choose among {list(LR_DECAYS)}, got {list(self.lr_decay)}")
         if not 0 <= self.prune_after_pct < 100:
             raise ValueError(f"prune_after_pct: must be in [0, 100), got {self.prune_after_pct}")
+        if self.validation_newest_days < 1:
+            raise ValueError(f"validation_newest_days: must be at least 1, got {self.validation_newest_days}")
         if not 0 < self.validation_percent < 100:
             raise ValueError(f"validation_percent: must be in (0, 100), got {self.validation_percent}")
         if self.n_trials < 0 or (self.n_trials == 0 and not self.timeout_s):
