@@ -41,13 +41,13 @@ def test_the_batch_sweep_finds_a_saturation_point_and_stops(sweep) -> None:
     def flat_after(i: int) -> bool:  # the next two doublings each gained < 5 % over point i
         return len(rates) >= i + 3 and all(rate < rates[i] * 1.05 for rate in rates[i + 1 : i + 3])
 
-    saturated = [i for i in range(len(rates)) if flat_after(i)]
-    if saturated:  # it stopped two points past the first saturated point
-        assert report["saturated"] and saturated[0] == len(rates) - 3
-        assert report["hardware_batch_size"] == batches[saturated[0]]
-    else:  # or at --max-batch, choosing the largest
-        assert not report["saturated"] and batches[-1] == 4096
-        assert report["hardware_batch_size"] == 4096
+    flat = [i for i in range(len(rates)) if flat_after(i)]
+    # it stopped two points past the first point the curve was flat after, or at --max-batch
+    assert (flat and flat[0] == len(rates) - 3) or (not flat and batches[-1] == 4096)
+    # the hardware batch: the smallest whose throughput the best beats by < 5 %
+    best = max(rates)
+    assert report["hardware_batch_size"] == next(b for b, r in zip(batches, rates, strict=True) if best < r * 1.05)
+    assert report["saturated"] == bool(flat or rates.index(best) < len(rates) - 1)
     for point in fused:
         assert POINT_KEYS <= set(point) and point["training.batch_size"] == point["batch_size"]
         assert point["samples_per_s_min"] <= point["samples_per_s"] <= point["samples_per_s_max"]

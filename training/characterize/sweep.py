@@ -2,11 +2,12 @@
 §IV–V) and where its throughput saturates.
 
 Each series holds the other swept keys fixed and doubles the global batch from `first`
-until throughput stops rising, memory runs out, or `last` is passed. The hardware's batch is
-the series' saturation point: the smallest batch that the next `patience` doublings each
-beat by less than `min_gain` (else the largest measured, the curve still rising). One noisy
-window on a shared machine moves a point by 10–20 %: a single doubling that gained little
-does not end the curve.
+until throughput stops rising (the next `patience` doublings each gain less than
+`min_gain`: one noisy window on a shared machine moves a point by 10–20 %, so a single flat
+doubling does not end the curve), memory runs out, or `last` is passed. The hardware's batch
+is the knee: the smallest batch measured whose throughput the best point beats by less than
+`min_gain` (doubling past it buys less than that). The curve saturated if the stopping rule
+ended it or its best point is not its largest batch.
 """
 
 from __future__ import annotations
@@ -44,13 +45,15 @@ def saturation_index(rates: list[float], min_gain: float, patience: int = 2) -> 
 
 
 def hardware_batch(points: list[MeasuredPoint], min_gain: float, patience: int = 2) -> tuple[MeasuredPoint | None, bool]:
-    """A series' saturation point, and whether the curve saturated at all (if not: its
-    largest measured batch)."""
+    """A series' knee (see the module), and whether its curve saturated."""
     ordered = sorted(points, key=lambda p: p.batch_size)
     if not ordered:
         return None, False
-    index = saturation_index([p.samples_per_s for p in ordered], min_gain, patience)
-    return (ordered[index], True) if index is not None else (ordered[-1], False)
+    best = max(ordered, key=lambda p: p.samples_per_s)
+    knee = next(p for p in ordered if best.samples_per_s < p.samples_per_s * (1 + min_gain))
+    rates = [p.samples_per_s for p in ordered]
+    saturated = saturation_index(rates, min_gain, patience) is not None or best is not ordered[-1]
+    return knee, saturated
 
 
 def batch_sweep(measure: Callable[[int], PointResult], batches: BatchRange) -> Iterator[PointResult]:

@@ -30,7 +30,7 @@ def test_integer_days_keep_a_random_slice_unless_asked() -> None:
 
 def test_configured_validation_days_win() -> None:
     config = load_config(DATED)
-    first = sorted(config.data.train_days)[0]
+    first = min(config.data.train_days)
     shown = config.data.shown(first)
     chosen = load_config(DATED, [f'tuning.validation_days=["{shown}"]'])
     assert validation_days(chosen) == (parse_day(shown),)

@@ -79,3 +79,20 @@ def test_a_point_refused_before_it_ran_ends_a_doubling_series() -> None:
 def test_a_bad_range_is_refused(first: int, last: int, gain: float, patience: int) -> None:
     with pytest.raises(ValueError):
         BatchRange(first=first, last=last, min_gain=gain, patience=patience)
+
+
+def test_a_curve_that_turns_down_at_the_last_batch_has_its_knee_before() -> None:
+    # this machine's demo curve: the sweep reached --max-batch before two flat doublings
+    rates = {512: 26_554.0, 1024: 34_974.0, 2048: 50_610.0, 4096: 63_996.0, 8192: 61_262.0}
+    results = list(batch_sweep(lambda b: point(b, rates[b]), BatchRange(first=512, last=8192)))
+    assert len(results) == 5
+    chosen, saturated = hardware_batch(results, 0.05)  # type: ignore[arg-type]
+    assert (chosen.batch_size, saturated) == (4096, True)
+
+
+def test_the_knee_is_the_smallest_batch_within_the_gain_of_the_best() -> None:
+    points = [point(b, r) for b, r in ((1024, 100.0), (2048, 150.0), (4096, 176.0), (8192, 180.0), (16384, 170.0))]
+    chosen, _ = hardware_batch(points, 0.05)
+    assert chosen.batch_size == 4096  # 180 / 176 = 1.023: doubling past 4,096 buys less than 5 %
+    chosen, _ = hardware_batch(points, 0.01)
+    assert chosen.batch_size == 8192
