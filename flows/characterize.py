@@ -3,7 +3,7 @@
     sweeps (--sweep KEY=V1,V2 …)  →  series (one setting of the non-batch keys each)
         →  per series, the batch-size sweep (training/characterize/sweep.py), each point a
            real short training job on rows generated to the config's shape
-        →  the hardware's batch (the saturation point), plots and a table in MLflow
+        →  the hardware's batch (the knee of the curve), plots and a table in MLflow
 
 Any config key can be swept (`sharding.compute_kernel`, `model.embedding_dim`,
 `preprocess.hash_size`, `model.bottom_mlp`, `training.nproc`, …): each value is applied as a
@@ -118,7 +118,8 @@ class SeriesResult:
 
 def characterize_series(series: Series, batches: BatchRange, windows: Windows, out: Path,
                         on_line: Callable[[str], None]) -> SeriesResult:  # fmt: skip
-    """The batch sweep of one series, each point's job folder removed once read."""
+    """The batch sweep of one series; each point's checkpoints are removed once it is read
+    (its folder keeps the measurements: metrics, profile, plan, logs)."""
     config = series.config
     device = runtime_device(config.training.device, 0)
     rows = generated_rows(config, min(MAX_ROWS, windows.rows_needed(batches.last)), out.parent / "rows", on_line)
