@@ -18,7 +18,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,13 +73,17 @@ def batch_range(config: PipelineConfig, sweeps: list[Sweep], first: int | None, 
 
 
 @dataclass(frozen=True)
-class GeneratedRows:
+class PointRows:
+    """The rows a characterization's jobs train on, and the tables they imply."""
+
     files: tuple[str, ...]
     table_sizes: dict[str, int]
     rows: int
+    dense_features: int = 13
+    pooling_factors: dict[str, float] = field(default_factory=dict)
 
 
-def generated_rows(config: PipelineConfig, rows: int, root: Path, on_line: Callable[[str], None]) -> GeneratedRows:
+def generated_rows(config: PipelineConfig, rows: int, root: Path, on_line: Callable[[str], None]) -> PointRows:
     """One generated day of the config's shape (its generator settings where it has them,
     its preprocessing), reused by every characterization that asks for the same rows."""
     synthetic = replace(config.data.synthetic if config.data.source == "synthetic" else SyntheticConfig(),
@@ -90,7 +94,7 @@ def generated_rows(config: PipelineConfig, rows: int, root: Path, on_line: Calla
     manifest = folder / "rows.json"
     if manifest.is_file():
         known = json.loads(manifest.read_text())
-        return GeneratedRows(tuple(known["files"]), known["table_sizes"], known["rows"])
+        return PointRows(tuple(known["files"]), known["table_sizes"], known["rows"])
     shutil.rmtree(folder, ignore_errors=True)
     on_line(f"generating {rows:,} rows of '{config.name}''s shape into {folder}")
     generate_day(synthetic, 0, folder / "raw", GroundTruth(synthetic))
@@ -100,7 +104,18 @@ def generated_rows(config: PipelineConfig, rows: int, root: Path, on_line: Calla
     files = tuple(str(path) for path in sorted(written.glob("*.parquet")))
     shutil.rmtree(folder / "raw")
     manifest.write_text(json.dumps({"files": files, "table_sizes": state.table_sizes, "rows": rows}))
-    return GeneratedRows(files, state.table_sizes, rows)
+    return PointRows(files, state.table_sizes, rows)
+
+
+def own_rows(config: PipelineConfig) -> PointRows:
+    """The config's own training features, as an earlier `dlrm run` or `dlrm preprocess`
+    left them (its tables, dense features and multi-hot bags: the model it will train)."""
+    from flows.feature_files import prepared_features
+
+    features = prepared_features(config)
+    state = features.state
+    return PointRows(features.train_files(config.data.train_days), state.table_sizes, state.train_rows,
+                     len(state.dense), dict(state.multi_hot))  # fmt: skip
 
 
 # -- the sweep ----------------------------------------------------------------------------
@@ -117,17 +132,19 @@ class SeriesResult:
 
 
 def characterize_series(series: Series, batches: BatchRange, windows: Windows, out: Path,
-                        on_line: Callable[[str], None]) -> SeriesResult:  # fmt: skip
+                        on_line: Callable[[str], None], own_features: bool = False) -> SeriesResult:  # fmt: skip
     """The batch sweep of one series; each point's checkpoints are removed once it is read
     (its folder keeps the measurements: metrics, profile, plan, logs)."""
     config = series.config
     device = runtime_device(config.training.device, 0)
-    rows = generated_rows(config, min(MAX_ROWS, windows.rows_needed(batches.last)), out.parent / "rows", on_line)
+    rows = own_rows(config) if own_features else generated_rows(
+        config, min(MAX_ROWS, windows.rows_needed(batches.last)), out.parent / "rows", on_line)  # fmt: skip
 
     def measure(batch: int) -> PointResult:
         training = replace(config.training, batch_size=batch)
         setup = PointSetup(values={**series.values, BATCH_KEY: batch}, model=config.model, sharding=config.sharding,
-                           training=training, table_sizes=rows.table_sizes, files=rows.files, rows=rows.rows)  # fmt: skip
+                           training=training, table_sizes=rows.table_sizes, files=rows.files, rows=rows.rows,
+                           dense_features=rows.dense_features, pooling_factors=rows.pooling_factors)  # fmt: skip
         folder = out / _slug(series.label) / f"batch-{batch}"
         started = time.perf_counter()
         result = measure_point(setup, windows, folder, device)
@@ -191,7 +208,7 @@ def chosen_series(results: list[SeriesResult]) -> SeriesResult | None:
 
 def characterize(all_series: list[Series], sweeps: list[Sweep], *,
                  first_batch: int | None = None, last_batch: int | None = None, min_gain: float = 0.05, patience: int = 2,
-                 windows: Windows | None = None, track: bool = True,
+                 windows: Windows | None = None, track: bool = True, own_features: bool = False,
                  on_line: Callable[[str], None] = print) -> CharacterizeReport:  # fmt: skip
     """Every series' batch sweep; the hardware batch; MLflow's run with the plots and table
     (`track`). `all_series`: `flows.sweeps.series_of` the sweeps."""
@@ -202,7 +219,7 @@ def characterize(all_series: list[Series], sweeps: list[Sweep], *,
     batches = batch_range(base, sweeps, first_batch, last_batch, min_gain, patience)
     out = base.path("characterize") / time.strftime("%Y%m%d-%H%M%S")
     windows = windows or Windows()
-    results = [characterize_series(series, batches, windows, out, on_line) for series in all_series]
+    results = [characterize_series(series, batches, windows, out, on_line, own_features) for series in all_series]
     chosen = chosen_series(results)
     batch = chosen.hardware_batch_size if chosen else None
     key = hardware_key(base, batch or base.training.batch_size)

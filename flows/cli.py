@@ -10,7 +10,7 @@
     dlrm ingest SOURCE... --warehouse DIR [--day N] [--multi-hot C3,C12] [--allow-empty] [--json]
     dlrm preprocess --config FILE [--days 0 1 2] [--json]
     dlrm plan --config FILE [--cluster CLUSTER.toml] [--json]
-    dlrm characterize --config FILE [--sweep KEY=V1,V2 ...] [--max-batch N] [--json]
+    dlrm characterize --config FILE [--sweep KEY=V1,V2 ...] [--max-batch N] [--own-features] [--json]
     dlrm port --config FILE [--cluster CLUSTER.toml] [--json]
     dlrm evaluate --predictions FILE.parquet [--json]
 
@@ -205,6 +205,9 @@ def _parser() -> argparse.ArgumentParser:
                               "share of throughput has saturated (default: %(default)s) ...")  # fmt: skip
     characterize.add_argument("--patience", type=int, default=2, help="... when this many doublings in a row "
                               "do (default: %(default)s)")  # fmt: skip
+    characterize.add_argument("--own-features", action="store_true", help="train on the config's own training "
+                              "features, as an earlier `dlrm run` or `dlrm preprocess` left them (default: rows "
+                              "generated to the config's shape)")  # fmt: skip
     characterize.add_argument("--no-tracking", action="store_true", help="do not log an MLflow run")
     characterize.add_argument("--json", action="store_true", help="print the report as one JSON object")
     characterize.set_defaults(handler=commands.characterize)

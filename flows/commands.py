@@ -246,6 +246,7 @@ def characterize(args: argparse.Namespace) -> int:
 
     report = run_characterization(series, sweeps, first_batch=args.first_batch,
                                   last_batch=args.max_batch, min_gain=args.min_gain, patience=args.patience, track=not args.no_tracking,
+                                  own_features=args.own_features,
                                   on_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout,
                                                              flush=True))  # fmt: skip
     emit(report, args.json)

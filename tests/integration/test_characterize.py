@@ -128,3 +128,29 @@ def test_the_characterize_flow_publishes_the_points_as_prefect_artifacts(prefect
     assert [row["batch_size"] for row in rows] == [512] and rows[0]["samples_per_s"] == report["points"][0]["samples_per_s"]
     (summary,) = asyncio.run(artifacts("characterization-summary"))
     assert "hardware batch: 512" in summary.data and report["mlflow_run_id"] in summary.data
+
+
+def test_own_features_characterize_the_model_the_config_trains(tmp_path: Path) -> None:
+    from ingestion.preprocess import PreprocessState
+    from training.job import TrainJob
+
+    run_dir = f'run_dir="{tmp_path}"'
+    args = ["characterize", "--config", "configs/tiny.toml", "--set", run_dir, "--own-features",
+            "--sweep", "training.batch_size=512", "--no-tracking", "--json"]  # fmt: skip
+    before = dlrm(*args)  # nothing preprocessed yet: one line saying what to run
+    assert before.returncode == 2 and "Traceback" not in before.stderr
+    assert "run `dlrm preprocess --config …` (or `dlrm run`)" in before.stderr.strip().splitlines()[-1]
+    assert dlrm("generate", "--config", "configs/tiny.toml", "--set", run_dir).returncode == 0
+    raw = sorted(str(p) for p in (tmp_path / "raw").glob("day_*.tsv.gz"))
+    assert dlrm("ingest", *raw, "--warehouse", str(tmp_path / "warehouse")).returncode == 0
+    assert dlrm("preprocess", "--config", "configs/tiny.toml", "--set", run_dir).returncode == 0
+    done = dlrm(*args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [p["batch_size"] for p in report["points"]] == [512]
+    job = TrainJob.load(Path(report["out_dir"]) / "as_configured" / "batch-512" / "job.json")
+    (state_file,) = (tmp_path / "features").glob("*/state.json")
+    state = PreprocessState.load(state_file)
+    assert job.table_sizes == state.table_sizes and job.dense_features == len(state.dense)
+    own = sorted(str(p) for day in (0, 1) for p in (state_file.parent / f"day={day}").glob("*.parquet"))
+    assert sorted(job.train_files) == own  # the training days' own feature files, not generated rows
