@@ -34,7 +34,8 @@ from flows.config import PipelineConfig, load_config
 from flows.feature_files import Features
 from flows.reports import IngestDay
 from flows.resolve import resolve_run
-from flows.retune import run_retune, train_and_score
+from flows.retune import run_retune
+from flows.trials import train_and_score
 from ingestion.preprocess import apply_state, fit_state
 from ingestion.synthetic import GroundTruth, generate_day
 from ingestion.warehouse import ingest_day

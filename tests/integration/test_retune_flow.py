@@ -14,7 +14,7 @@ from prefect.client.orchestration import get_client
 
 from flows.config import load_config
 from flows.features import prepare_features
-from flows.retune import validation_ne
+from flows.trials import validation_ne
 from training.job import JobFolder
 from training.tuning.key import tuning_key
 from training.tuning.study import best_of, study_name

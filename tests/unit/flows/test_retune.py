@@ -6,7 +6,7 @@ import optuna
 import pytest
 
 from flows.feature_files import Features
-from flows.retune import EpochEnds, StopEarly, TrainingTrial
+from flows.trials import EpochEnds, StopEarly, TrainingTrial
 from training.loop.progress import HeldoutRecord, TrainRecord
 
 
@@ -88,7 +88,7 @@ def test_a_watched_epoch_end_that_rose_stops_the_run() -> None:
 
 def test_early_stopping_trials_run_the_most_epochs_scored_on_every_validation_row(tiny_features, tmp_path) -> None:
     from flows.config import load_config
-    from flows.retune import tuning_data, validation_job
+    from flows.trials import tuning_data, validation_job
 
     state, files = tiny_features
     config = load_config("configs/tiny.toml", [f'run_dir="{tmp_path}"', "tuning.max_epochs=3", "training.epochs=1"])
@@ -102,7 +102,7 @@ def test_early_stopping_trials_run_the_most_epochs_scored_on_every_validation_ro
 
 def test_trials_validate_on_a_slice_of_the_training_rows_never_the_evaluation_days(tiny_features, tmp_path) -> None:
     from flows.config import load_config
-    from flows.retune import tuning_data
+    from flows.trials import tuning_data
 
     state, files = tiny_features
     config = load_config("configs/tiny.toml", [f'run_dir="{tmp_path}"'])

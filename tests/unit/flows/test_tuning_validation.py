@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from flows.config import ConfigError, load_config
-from flows.retune import validation_days
+from flows.trials import validation_days
 from ingestion.days import parse_day
 
 ROOT = Path(__file__).resolve().parents[3]
