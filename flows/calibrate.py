@@ -43,20 +43,23 @@ def joined(parts: Sequence[HoldoutSplit]) -> HoldoutSplit:
 
 
 def split_days(config: PipelineConfig, state_id: str, day_files: dict[int, Sequence[str]],
-               percent: float) -> dict[int, HoldoutSplit]:  # fmt: skip
-    """`percent` % of each day's rows held out by the holdout rule. Each day is split once
-    and reused (by the tuner, the run, and later nights' calibrators): a row's side depends
-    on the row alone, so the days' splits together are the split of their union."""
-    root = config.path(config.preprocess.features_dir) / state_id / f"holdout-{percent:g}pct"
+               percent: float, fold: int = 0) -> dict[int, HoldoutSplit]:  # fmt: skip
+    """`percent` % of each day's rows held out by the holdout rule (fold `fold`'s slice).
+    Each day is split once and reused (by the tuner, the run, and later nights'
+    calibrators): a row's side depends on the row alone, so the days' splits together are
+    the split of their union."""
+    root = config.path(config.preprocess.features_dir) / state_id / (f"holdout-{percent:g}pct"
+                                                                      + (f"-fold{fold}" if fold else ""))  # fmt: skip
     with exclusive(config.optuna_storage, f"{config.name}.holdout"):
         return {day: split_holdout(list(files), root / f"day={config.data.day_label(day)}", percent,
-                                   config.preprocess.row_group_size, config.preprocess.duckdb_threads)
+                                   config.preprocess.row_group_size, config.preprocess.duckdb_threads, fold)
                 for day, files in sorted(day_files.items())}  # fmt: skip
 
 
-def holdout_of(config: PipelineConfig, state_id: str, day_files: dict[int, Sequence[str]], percent: float) -> HoldoutSplit:
+def holdout_of(config: PipelineConfig, state_id: str, day_files: dict[int, Sequence[str]], percent: float,
+               fold: int = 0) -> HoldoutSplit:  # fmt: skip
     """The days' splits (`split_days`) taken together."""
-    return joined(list(split_days(config, state_id, day_files, percent).values()))
+    return joined(list(split_days(config, state_id, day_files, percent, fold).values()))
 
 
 def training_rows(config: PipelineConfig, features: Features, lineage_days: Sequence[int] = ()) -> TrainingRows:

@@ -23,6 +23,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.exceptions import MissingContextError
 
 from evaluation.metrics import binary_state, compute_ne
+from evaluation.report import Scores
 from flows.config import PipelineConfig, load_flow_config
 from flows.feature_files import Features
 from flows.features import prepare_features, run_logger
@@ -36,7 +37,7 @@ from flows.trials import (
     TuningData,
     mlflow_param,
     trial_seeds,
-    tuning_data,
+    tuning_folds,
     validation_job,
 )
 from training.codec import encode
@@ -126,9 +127,9 @@ def run_retune(run: ResolvedRun, features: Features) -> RetuneResult:
         budget_text(config.tuning),
         f"; warm start from {nearest.study_name} with {warm} scaled trial(s)" if warm and nearest else "",
     )  # fmt: skip
-    data = tuning_data(config, features)
-    log.info("retune: trials are scored on %s, never on the evaluation days", data.description)
-    objective = TrainingTrial(config, data, client, parent, key, log)
+    folds = tuning_folds(config, features)
+    log.info("retune: trials are scored on %s, never on the evaluation days", "; ".join(f.description for f in folds))
+    objective = TrainingTrial(config, folds, client, parent, key, log)
     try:
         outcome = run_worker(study, objective, config.tuning, storage_url, worker)
     except BaseException as error:  # the study's MLflow run is not left running
@@ -137,7 +138,7 @@ def run_retune(run: ResolvedRun, features: Features) -> RetuneResult:
     best, verdict = best_of(study), ""
     if best is not None:
         with trainer_slot(config, log):
-            verdict = judge_against_configured(config, data, study, best, log)["verdict"]
+            verdict = judge_against_configured(config, folds, study, best, log)["verdict"]
         best = best_of(study)  # the configured values, if the trial did not beat them beyond the noise
     _finish_parent(client, parent, study, best)
     _publish(study, best)
@@ -147,12 +148,13 @@ def run_retune(run: ResolvedRun, features: Features) -> RetuneResult:
     return RetuneResult(study.study_name, key, best, outcome.trials_run, outcome.stopped_by, warm, parent, verdict)
 
 
-def judge_against_configured(config: PipelineConfig, data: TuningData, study: optuna.Study, best: TunedParams,
-                             log: logging.Logger | logging.LoggerAdapter) -> dict[str, Any]:  # fmt: skip
-    """Train the configured values and the best trial's values once each, as a run would (the
-    trial's chosen epochs, the first trial seed, the same rows), and keep the tuned values
-    only if a paired bootstrap over the validation rows finds them better beyond the noise.
-    The verdict is stored with the study (`decision`), once per best trial."""
+def judge_against_configured(config: PipelineConfig, folds: list[TuningData], study: optuna.Study,
+                             best: TunedParams, log: logging.Logger | logging.LoggerAdapter) -> dict[str, Any]:  # fmt: skip
+    """Train the configured values and the best trial's values once each per fold, as a run
+    would (the trial's chosen epochs, the first trial seed, the same rows), and keep the
+    tuned values only if a paired bootstrap over the validation rows (every fold's: each
+    scored by the run that did not train on it) finds them better beyond the noise. The
+    verdict is stored with the study (`decision`), once per best trial."""
     configured = params_of(config.training, config.model, config.tuning)
     earlier = study.user_attrs.get(DECISION)
     if earlier and earlier.get("trial") == best.trial_number and earlier.get("configured_params") == configured:
@@ -161,10 +163,13 @@ def judge_against_configured(config: PipelineConfig, data: TuningData, study: op
     seed = trial_seeds(config)[0]
     scores = {}
     for name, params in (("configured", configured), (f"trial-{best.trial_number:04d}", best.params)):
-        job = validation_job(config, data, params, folder / name, seed)
-        if not (job.folder.summary_file.is_file() and job.folder.read_predictions().labels.size):
-            launch(job, on_line=lambda line: None)
-        scores[name] = job.folder.read_predictions()
+        parts = []
+        for fold, data in enumerate(folds):
+            job = validation_job(config, data, params, folder / name / (f"fold-{fold}" if len(folds) > 1 else ""), seed)
+            if not (job.folder.summary_file.is_file() and job.folder.read_predictions().labels.size):
+                launch(job, on_line=lambda line: None)
+            parts.append(job.folder.read_predictions())
+        scores[name] = Scores.concat(parts)
     first, second = scores.values()
     gain = paired_gain(first.labels, first.predictions, second.predictions)
     decision = {

@@ -61,32 +61,54 @@ def validation_days(config: PipelineConfig) -> tuple[int, ...]:
     return ()
 
 
-def tuning_data(config: PipelineConfig, features: Features) -> TuningData:
-    """The validation days (`validation_days`; trials train on the other training days), else
-    a slice of `tuning.validation_percent` % of the training rows, chosen by a hash of each
-    row (ingestion/holdout.py; trials train on the rest). The final run trains on the same
-    rest when its calibration share is the same (its calibrator is fitted on these rows), else
-    on its own split (flows/calibrate.py)."""
+# Fewer training rows than this, and a study scores each trial on several folds
+# (`tuning.validation_folds = 0`): one 10 % slice of a few thousand rows ranks trials by noise.
+SMALL_DATA_ROWS = 50_000
+
+
+def fold_count(config: PipelineConfig, train_rows: int) -> int:
+    """How many validation slices a trial is scored on (random validation only)."""
+    tuning = config.tuning
+    if tuning.validation_folds:
+        return tuning.validation_folds
+    return min(3, int(100 // tuning.validation_percent)) if train_rows < SMALL_DATA_ROWS else 1
+
+
+def tuning_folds(config: PipelineConfig, features: Features) -> list[TuningData]:
+    """What trials train on and are scored on, one `TuningData` per fold: the validation days
+    (`validation_days`; trials train on the other training days), else `fold_count` disjoint
+    slices of `tuning.validation_percent` % of the training rows, chosen by a hash of each
+    row (ingestion/holdout.py; each fold's runs train on the rest). The final run trains on
+    the first fold's rest when its calibration share is the same (its calibrator is fitted on
+    those rows), else on its own split (flows/calibrate.py)."""
     days, data = validation_days(config), config.data
     if days:
         train = features.train_files(tuple(d for d in data.train_days if d not in days))
-        return TuningData(features, train, {data.day_label(d): tuple(features.files[d]) for d in days},
-                          f"validation days {data.shown_days(days)}"
-                          + (" (the newest: progressive validation)" if not config.tuning.validation_days else ""))  # fmt: skip
-    percent = config.tuning.validation_percent
-    split = holdout_of(config, features.state.state_id, {day: features.files[day] for day in data.train_days}, percent)
-    return TuningData(features, split.fit_files, {"holdout": split.validation_files},
-                      f"{split.validation_rows:,} held-out training rows ({percent:g} %), trials train on "
-                      f"the other {split.fit_rows:,}")  # fmt: skip
+        return [TuningData(features, train, {data.day_label(d): tuple(features.files[d]) for d in days},
+                           f"validation days {data.shown_days(days)}"
+                           + (" (the newest: progressive validation)" if not config.tuning.validation_days else ""))]  # fmt: skip
+    percent, day_files = config.tuning.validation_percent, {day: features.files[day] for day in data.train_days}
+    folds = fold_count(config, features.state.train_rows)
+    splits = [holdout_of(config, features.state.state_id, day_files, percent, fold) for fold in range(folds)]
+    of = f" (fold {{}} of {folds})" if folds > 1 else ""
+    return [TuningData(features, split.fit_files, {"holdout": split.validation_files},
+                       f"{split.validation_rows:,} held-out training rows ({percent:g} %){of.format(fold + 1)}, "
+                       f"trials train on the other {split.fit_rows:,}")
+            for fold, split in enumerate(splits)]  # fmt: skip
+
+
+def tuning_data(config: PipelineConfig, features: Features) -> TuningData:
+    """The first fold (`tuning_folds`)."""
+    return tuning_folds(config, features)[0]
 
 
 class TrainingTrial:
     """One trial: train with the suggested parameters, report held-out NE, return NE."""
 
-    def __init__(self, config: PipelineConfig, data: TuningData, client: MlflowClient, parent_run: str,
+    def __init__(self, config: PipelineConfig, folds: list[TuningData], client: MlflowClient, parent_run: str,
                  key: TuningKey, log: logging.Logger | logging.LoggerAdapter) -> None:  # fmt: skip
-        self.config, self.data, self.client, self.parent_run, self.key, self.log = (
-            config, data, client, parent_run, key, log,
+        self.config, self.folds, self.client, self.parent_run, self.key, self.log = (
+            config, folds, client, parent_run, key, log,
         )  # fmt: skip
 
     def __call__(self, trial: optuna.Trial) -> float:
@@ -136,28 +158,36 @@ class TrainingTrial:
 
     def _train_seeds(self, trial: optuna.Trial, run_id: str, params: Params, out: Path, per_seed: list[float],
                      best_epochs: list[int]) -> None:  # fmt: skip
-        """Train the trial once per seed; each seed's validation NE (and best epoch count) is appended."""
-        seeds = trial_seeds(self.config)
-        for seed, job in seed_jobs(self.config, self.data, params, out, early_stopping=True):
-            # Only the first seed's held-out NE feeds the pruner: Optuna compares trials
-            # at the same step, and every trial's first run has the same seed.
-            first = seed == seeds[0]
-            metric = "heldout_ne" if len(seeds) == 1 else f"heldout_ne.seed_{seed}"
+        """Train the trial once per seed and fold; each seed's validation NE (the mean over
+        its folds) and each run's best epoch count are appended."""
+        seeds, folds = trial_seeds(self.config), len(self.folds)
+        per_run: dict[tuple[int, int], float] = {}
+        for seed, fold, job in trial_jobs(self.config, self.folds, params, out, early_stopping=True):
+            # Only the first run's held-out NE feeds the pruner: Optuna compares trials at
+            # the same step, and every trial's first run has the same seed and fold.
+            first = (seed, fold) == (seeds[0], 0)
+            metric = "heldout_ne" + (f".seed_{seed}" if len(seeds) > 1 else "") + (f".fold_{fold}" if folds > 1 else "")
             epochs = EpochEnds(self.config.tuning.max_epochs)
             watch = functools.partial(self._on_progress, trial, run_id, metric=metric, prune=first,
                                       epochs=epochs)  # fmt: skip
             try:
                 launch(job, on_line=lambda line: None, on_progress=watch)
             except StopEarly:
-                pass  # the job is stopped; its best epoch's NE is the seed's score
+                pass  # the job is stopped; its best epoch's NE is the run's score
             if epochs.early_stopping:
-                best_epoch, ne = epochs.best()
+                best_epoch, per_run[seed, fold] = epochs.best()
                 best_epochs.append(best_epoch)
-                per_seed.append(ne)
             else:
-                per_seed.append(validation_ne(job.folder))
-            if len(seeds) > 1:
-                self.client.log_metric(run_id, f"ne.seed_{seed}", per_seed[-1])
+                per_run[seed, fold] = validation_ne(job.folder)
+            if folds > 1:
+                self.client.log_metric(run_id, f"ne.seed_{seed}.fold_{fold}", per_run[seed, fold])
+            if fold == folds - 1:
+                per_seed.append(statistics.fmean(per_run[seed, f] for f in range(folds)))
+                if len(seeds) > 1:
+                    self.client.log_metric(run_id, f"ne.seed_{seed}", per_seed[-1])
+        if folds > 1:
+            trial.set_user_attr("ne_per_fold", {str(f): statistics.fmean(per_run[s, f] for s in seeds)
+                                                for f in range(folds)})  # fmt: skip
 
     def _on_progress(self, trial: optuna.Trial, run_id: str, record: MetricsRecord, *, metric: str,
                      prune: bool, epochs: EpochEnds | None = None) -> None:  # fmt: skip
@@ -219,13 +249,15 @@ def trial_seeds(config: PipelineConfig) -> list[int]:
     return [config.training.seed + i for i in range(config.tuning.seeds_per_trial)]
 
 
-def seed_jobs(config: PipelineConfig, data: TuningData, params: Params, out: Path,
-              early_stopping: bool = False) -> Iterator[tuple[int, TrainJob]]:  # fmt: skip
-    """One validation run per trial seed, each in its own folder under `out` (when several)."""
+def trial_jobs(config: PipelineConfig, folds: list[TuningData], params: Params, out: Path,
+               early_stopping: bool = False) -> Iterator[tuple[int, int, TrainJob]]:  # fmt: skip
+    """One validation run per trial seed and fold, each in its own folder under `out`
+    (`seed-S/`, `fold-F/`, where there are several)."""
     seeds = trial_seeds(config)
     for seed in seeds:
-        folder = out if len(seeds) == 1 else out / f"seed-{seed}"
-        yield seed, validation_job(config, data, params, folder, seed, early_stopping)
+        for fold, data in enumerate(folds):
+            folder = out / (f"seed-{seed}" if len(seeds) > 1 else "") / (f"fold-{fold}" if len(folds) > 1 else "")
+            yield seed, fold, validation_job(config, data, params, folder, seed, early_stopping)
 
 
 def validation_job(config: PipelineConfig, data: TuningData, params: Params, out: Path,
@@ -248,11 +280,10 @@ def validation_job(config: PipelineConfig, data: TuningData, params: Params, out
 
 
 def train_and_score(config: PipelineConfig, features: Features, params: Params, out: Path) -> float:
-    """Training runs with fixed parameters, one per trial seed; their mean NE on the
-    validation rows, comparable with the study's trial values."""
-    data = tuning_data(config, features)
+    """Training runs with fixed parameters, one per trial seed and fold; their mean NE on
+    the validation rows, comparable with the study's trial values."""
     scores = []
-    for _, job in seed_jobs(config, data, params, out):
+    for _, _, job in trial_jobs(config, tuning_folds(config, features), params, out):
         launch(job, on_line=lambda line: None)
         scores.append(validation_ne(job.folder))
     return statistics.fmean(scores)

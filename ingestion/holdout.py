@@ -33,14 +33,19 @@ class HoldoutSplit:
 
 
 def split_holdout(train_files: Sequence[str], out_dir: Path, percent: float, row_group_size: int = 131_072,
-                  threads: int = 2) -> HoldoutSplit:  # fmt: skip
+                  threads: int = 2, fold: int = 0) -> HoldoutSplit:  # fmt: skip
     """Split `train_files` (feature Parquet) into fit and validation parts under `out_dir`,
     `percent` % of the rows to validation; reused when `out_dir` holds a finished split of
-    the same files."""
+    the same files. Fold `f` takes the `f`-th slice of `percent` % of the buckets: folds
+    0, 1, … hold disjoint validation rows (k-fold scoring on small data); fold 0 is the
+    slice tuning and calibration use by default."""
     if not 0 < percent < 100:
         raise ValueError(f"holdout percent must be in (0, 100), got {percent}")
+    cut = round(percent * BUCKETS / 100)
+    if fold < 0 or (fold + 1) * cut > BUCKETS:
+        raise ValueError(f"holdout fold {fold}: {fold + 1} slices of {percent:g} % do not fit in the rows")
     marker = out_dir / "_done.json"
-    wanted = {"files": sorted(map(str, train_files)), "percent": percent}
+    wanted = {"files": sorted(map(str, train_files)), "percent": percent, **({"fold": fold} if fold else {})}
     if marker.is_file():
         done = json.loads(marker.read_text())
         if {k: done.get(k) for k in wanted} == wanted:
@@ -52,11 +57,11 @@ def split_holdout(train_files: Sequence[str], out_dir: Path, percent: float, row
         # The hash covers every feature value and the label: a row's side is its own.
         columns = pq.read_schema(train_files[0]).names
         key = "hash(" + ", ".join('"' + name + '"' for name in columns) + f") % {BUCKETS}"
-        cut = round(percent * BUCKETS / 100)
+        slice_ = f"{key} BETWEEN {fold * cut} AND {(fold + 1) * cut - 1}"
         rows = {}
-        for part, condition in (("fit", f">= {cut}"), ("validation", f"< {cut}")):
+        for part, condition in (("fit", f"NOT ({slice_})"), ("validation", slice_)):
             (staging / part).mkdir()
-            con.execute(f"COPY (SELECT * FROM {source} WHERE {key} {condition}) TO '{staging / part / 'part-00000.parquet'}' "
+            con.execute(f"COPY (SELECT * FROM {source} WHERE {condition}) TO '{staging / part / 'part-00000.parquet'}' "
                         f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {row_group_size})")  # fmt: skip
             rows[part] = con.execute(f"SELECT count(*) FROM read_parquet('{staging / part}/*.parquet')").fetchall()[0][0]
         done = {**wanted, "rows": rows}

@@ -189,15 +189,25 @@ def test_early_stopping_trials_choose_the_epochs_the_tuned_run_trains(prefect_se
 
 
 def test_a_search_space_that_cannot_beat_the_configured_values_keeps_them(prefect_server, tmp_path) -> None:
-    """Learning rates a hundred times too small: the trials finish (nothing prunes them here)
-    but lose to the configured values, so the key's tuned values are the configured ones."""
+    """Learning rates a hundred times too small: the trial finishes (nothing prunes it here)
+    but loses to the configured values, so the key's tuned values are the configured ones.
+    Scored on 2 folds: each trial and each side of the verdict trains once per fold, and the
+    verdict pairs every fold's rows."""
     from flows.retune import retune
     from training.tuning.study import open_storage, tuned_keys
 
-    overrides = [f'run_dir="{tmp_path}"', "tuning.n_trials=2", "tuning.embedding_lr=[0.0001, 0.0002]",
-                 "tuning.dense_lr=[0.00001, 0.00002]", "tuning.prune_after_pct=99", 'tuning.sampler="tpe"']  # fmt: skip
+    overrides = [f'run_dir="{tmp_path}"', "tuning.n_trials=1", "tuning.embedding_lr=[0.0001, 0.0002]",
+                 "tuning.dense_lr=[0.00001, 0.00002]", "tuning.prune_after_pct=99", 'tuning.sampler="tpe"',
+                 "tuning.validation_folds=2"]  # fmt: skip
     result = retune(CONFIG, overrides)
     config = load_config(CONFIG, overrides)
+    (trial,) = _study(config).trials
+    folds = trial.user_attrs["ne_per_fold"]
+    assert sorted(folds) == ["0", "1"] and trial.value == pytest.approx(sum(folds.values()) / 2)
+    trial_dir = config.path("tuning") / _study(config).study_name / "trial-0000"
+    fold_rows = [JobFolder(trial_dir / f"fold-{f}").read_predictions().labels.size for f in (0, 1)]
+    assert all(rows > 0 for rows in fold_rows)
+    assert _study(config).user_attrs["decision"]["rows"] == sum(fold_rows), "the verdict pairs both folds' rows"
     assert result["decision"].startswith("kept the configured values: NE "), result["decision"]
     assert "paired bootstrap over" in result["decision"]
     assert result["best_trial"] == -1 and result["best_params"]["training.embedding_lr"] == config.training.embedding_lr

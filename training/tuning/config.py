@@ -83,6 +83,11 @@ class TuningConfig:
     validation: Literal["auto", "newest_days", "random"] = "auto"
     validation_newest_days: int = 1
     validation_percent: float = 10.0
+    # With random validation, score each trial on this many disjoint slices of
+    # `validation_percent` % (k-fold: each run trains on the rest); 0: 3 on small data
+    # (fewer than 50,000 training rows), where one slice's NE is too noisy to rank trials,
+    # else 1. Each fold costs a run.
+    validation_folds: int = 0
     # A worker that stops beating for `3 × heartbeat_s` is dead; its trial is retried.
     heartbeat_s: int = 10
 
@@ -115,6 +120,9 @@ class TuningConfig:
             raise ValueError(f"prune_after_pct: must be in [0, 100), got {self.prune_after_pct}")
         if self.validation_newest_days < 1:
             raise ValueError(f"validation_newest_days: must be at least 1, got {self.validation_newest_days}")
+        if self.validation_folds < 0 or self.validation_folds * self.validation_percent > 100:
+            raise ValueError(f"validation_folds: {self.validation_folds} slices of validation_percent = "
+                             f"{self.validation_percent:g} % do not fit in the rows (0: automatic)")
         if not 0 < self.validation_percent < 100:
             raise ValueError(f"validation_percent: must be in (0, 100), got {self.validation_percent}")
         if self.n_trials < 0 or (self.n_trials == 0 and not self.timeout_s):

@@ -40,3 +40,14 @@ def test_newest_days_that_leave_no_day_to_train_on_are_one_line() -> None:
     config = load_config(TINY, ['tuning.validation="newest_days"', "tuning.validation_newest_days=2"])
     with pytest.raises(ConfigError, match="leave no day to train trials on"):
         validation_days(config)
+
+
+def test_small_data_scores_trials_on_three_folds_unless_told() -> None:
+    from flows.trials import fold_count
+
+    config = load_config(TINY, ["tuning.validation_folds=0"])
+    assert fold_count(config, train_rows=12_000) == 3 and fold_count(config, train_rows=600_000) == 1
+    assert fold_count(load_config(TINY, ["tuning.validation_folds=0", "tuning.validation_percent=40"]), 12_000) == 2
+    assert fold_count(load_config(TINY), 12_000) == 1  # tiny.toml asks for one
+    with pytest.raises(ConfigError, match="validation_folds"):
+        load_config(TINY, ["tuning.validation_folds=11"])  # 11 slices of 10 % do not fit

@@ -29,3 +29,20 @@ def test_the_same_rows_land_on_the_same_side_whatever_the_file_order(tiny_featur
     assert _rows(one.validation_files) == _rows(two.validation_files)
     again = split_holdout(train, tmp_path / "one", percent=10)  # reused, not redone
     assert again == one
+
+
+def test_folds_hold_disjoint_validation_slices_and_each_fit_is_the_rest(tiny_features, tmp_path) -> None:
+    import pytest
+
+    _, files = tiny_features
+    train = files[0] + files[1]
+    folds = [split_holdout(train, tmp_path / f"fold-{f}", percent=10, fold=f) for f in range(3)]
+    validations = [set(_rows(split.validation_files)) for split in folds]
+    assert all(not (a & b) for i, a in enumerate(validations) for b in validations[i + 1 :]), "disjoint slices"
+    for split, validation in zip(folds, validations, strict=True):
+        assert sorted(_rows(split.fit_files) + sorted(validation)) == _rows(train)
+        assert 0.07 < len(validation) / len(_rows(train)) < 0.13
+    # fold 0 is the slice tuning and calibration use by default
+    assert validations[0] == set(_rows(split_holdout(train, tmp_path / "default", percent=10).validation_files))
+    with pytest.raises(ValueError, match="do not fit"):
+        split_holdout(train, tmp_path / "too-many", percent=40, fold=2)
