@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from flows.config import PROJECT_CONFIGS, load_flow_config, read_toml
+from flows.config import flow_config_path, load_flow_config, read_toml
 from flows.features import run_logger
 from flows.stopped_runs import cancel_when_stopped
 from flows.sweeps import parse_sweep, series_of
@@ -25,9 +24,7 @@ def characterize_flow(config_path: str = "configs/demo.toml", overrides: list[st
 
     overrides = list(overrides or [])
     config = load_flow_config(config_path, overrides)  # only configs and data paths a flow may read
-    path = Path(config_path) if Path(config_path).is_absolute() else Path.cwd() / config_path
-    if not path.is_file():
-        path = PROJECT_CONFIGS.parent / config_path
+    path = flow_config_path(config_path)
     parsed = [parse_sweep(text) for text in sweeps or []]
     log = run_logger("flows.characterize")
     report = characterize(series_of(read_toml(path), overrides, parsed, path), parsed, last_batch=max_batch,

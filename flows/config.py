@@ -210,9 +210,9 @@ PROJECT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 CONFIG_DIRS_ENV = "DLRM_CONFIG_DIRS"
 
 
-def load_flow_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> PipelineConfig:
-    """`load_config` for a flow's parameter: the file must lie in the project's `configs/` or
-    a folder of DLRM_CONFIG_DIRS, so a Run-button parameter cannot read any file on the host."""
+def flow_config_path(path: str | Path) -> Path:
+    """A flow parameter's config file, resolved: it must lie in the project's `configs/` or a
+    folder of DLRM_CONFIG_DIRS, so a Run-button parameter cannot read any file on the host."""
     resolved = (Path(path) if Path(path).is_absolute() else Path.cwd() / path).resolve()
     roots = [PROJECT_CONFIGS, *(Path(p).resolve() for p in os.environ.get(CONFIG_DIRS_ENV, "").split(os.pathsep) if p)]
     if not any(resolved.is_relative_to(root) for root in roots):
@@ -220,6 +220,13 @@ def load_flow_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> 
             f"{path}: configs are read only from {', '.join(map(str, roots))}; "
             f"put it there or add its folder to {CONFIG_DIRS_ENV}"
         )
+    return resolved
+
+
+def load_flow_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> PipelineConfig:
+    """`load_config` for a flow's parameter (`flow_config_path`), whose overrides keep its
+    data paths where a flow may write."""
+    resolved = flow_config_path(path)
     raw = read_toml(resolved)
     config = build_config(copy.deepcopy(raw), overrides, resolved)
     if overrides:

@@ -56,7 +56,7 @@ def choose_hyperparameters(lookup: ResolvedRun, features: Features, source: Conf
     if decision.action == "characterize_then_retune":
         from flows.port import port_decision
 
-        decision = port_decision(decision, lookup_at or (lambda batch: lookup), features, configured)
+        decision = port_decision(decision, lookup, lookup_at or (lambda batch: lookup), features, configured)
     if decision.schedule_retune:
         scheduled = schedule_retune(config, source)
         decision = dataclasses.replace(decision, reason=f"{decision.reason} ({scheduled})")

@@ -32,14 +32,14 @@ def with_batch(config: PipelineConfig, batch: int) -> PipelineConfig:
     return dataclasses.replace(config, training=dataclasses.replace(config.training, batch_size=batch))
 
 
-def port_decision(decision: TuningDecision, lookup_at: Callable[[int], ResolvedRun], features: Features,
-                  configured: Params) -> TuningDecision:  # fmt: skip
+def port_decision(decision: TuningDecision, lookup: ResolvedRun, lookup_at: Callable[[int], ResolvedRun],
+                  features: Features, configured: Params) -> TuningDecision:  # fmt: skip
     """Characterize, then retune at the hardware's batch (unless that key is tuned already):
     the decision trains at that batch with the retune's best."""
     from flows.characterize import characterize
 
     log = run_logger("flows.port")
-    config = lookup_at(decision.key.global_batch_size).config
+    config = lookup.config
     storage = open_storage(config.optuna_storage, config.tuning.heartbeat_s)
     tuned_before = tuned_keys(storage, config.name)
     report = characterize([Series({}, config)], [], last_batch=config.tuning.characterize_max_batch or None,
