@@ -8,7 +8,9 @@ reason:
 2. the hyperparameters the tuning decision chose (flows/hyperparameters.py);
 3. the champion's model shape, which a warm start keeps whatever the config or the tuner say;
 4. the run length, fitted last so that it sees any tuned batch: the global batch is halved
-   until the run has `training.min_steps` steps (training/loop/run_length.py).
+   until the run has `training.min_steps` steps (training/loop/run_length.py);
+5. with that length known, a study's batch sizes (`tuning.batch_sizes = "auto"`): the
+   run's batch, its half and its quarter (training/tuning/space.py, `search_batches`).
 
 The tuning key is then taken from the result, so the key, the training job, the summary and
 MLflow all name the batch and the workers the run trains with. A run is resolved in stages
@@ -28,7 +30,7 @@ from ingestion.preprocess import PreprocessState
 from training.config import Workers
 from training.loop.run_length import fit_run_length
 from training.tuning.key import TuningKey, tuning_key
-from training.tuning.space import apply_params
+from training.tuning.space import apply_params, search_batches
 from training.tuning.trigger import TuningDecision
 
 
@@ -80,11 +82,19 @@ def resolve_run(config: PipelineConfig, night: Night | None = None, state: Prepr
         fitted = fit_run_length(config.training, state.train_rows, config.workers)
         config = apply("run length", (dataclasses.replace(config, training=fitted.training), fitted.note))
         steps = fitted.steps
+        if config.tuning.batch_sizes == "auto":
+            config = apply("search batches", _with_search_batches(config))
     key = tuning_key(config.training, config.workers, trainer_cluster(config))
     if tuning is not None and key != tuning.key:
         changes.append(Change("tuning key", f"the run trains at batch {key.global_batch_size:,}, so its key is "
                               f"{key.fingerprint} (its parameters came by key {tuning.key.fingerprint})"))  # fmt: skip
     return ResolvedRun(config, night, key, steps, tuning, tuple(changes))
+
+
+def _with_search_batches(config: PipelineConfig) -> tuple[PipelineConfig, str]:
+    batches = search_batches(config.training.batch_size, config.workers.world_size)
+    tuning = dataclasses.replace(config.tuning, batch_sizes=batches)
+    return dataclasses.replace(config, tuning=tuning), ""  # the study says what it searches
 
 
 def _with_tuned(config: PipelineConfig, tuning: TuningDecision) -> tuple[PipelineConfig, str]:

@@ -46,7 +46,7 @@ from training.locking import exclusive
 from training.tuning.config import TuningConfig, budget_overrides
 from training.tuning.decision import paired_gain
 from training.tuning.key import TuningKey
-from training.tuning.space import Params, params_of
+from training.tuning.space import Params, params_of, resolved_batches
 from training.tuning.study import (
     DECISION,
     TunedParams,
@@ -129,6 +129,9 @@ def run_retune(run: ResolvedRun, features: Features) -> RetuneResult:
     )  # fmt: skip
     folds = tuning_folds(config, features)
     log.info("retune: trials are scored on %s, never on the evaluation days", "; ".join(f.description for f in folds))
+    log.info("retune: batch sizes %s; up to %d epoch(s) a trial%s", ", ".join(f"{b:,}" for b in resolved_batches(config.tuning))
+             or f"{config.training.batch_size:,} (the run's)", config.tuning.max_epochs,
+             ", stopped early when validation NE rises" if config.tuning.max_epochs > 1 else "")  # fmt: skip
     objective = TrainingTrial(config, folds, client, parent, key, log)
     try:
         outcome = run_worker(study, objective, config.tuning, storage_url, worker)

@@ -5,6 +5,7 @@ Validation errors are `ValueError("key: problem")`; the loader prefixes the sect
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,15 @@ class SyntheticConfig:
     # demo's strong signal (Bayes-optimal NE near 0.65); 0.55: weak, like real logs (Bayes NE
     # 0.86–0.87; 0.45 gives 0.90). The bias is re-solved, so the click rate stays `click_rate`.
     signal_scale: float = 1.0
+    # Drift from day to day (0: every day has one ground truth). `signal_drift`: radians a
+    # day by which every effect turns toward an independent one, so effects k days apart
+    # correlate by cos(k × signal_drift) (0.15: a week apart 0.49; pairwise terms, products of
+    # two effects, by its square): what a model learnt goes
+    # stale. `id_lifetime_days`: each value is logged under an id that lives this many days,
+    # then gives way to a new id with effects of its own (each day 1/lifetime of a feature's
+    # ids is new and as many stop, at every popularity); 0: ids live for ever.
+    signal_drift: float = 0.0
+    id_lifetime_days: int = 0
 
     def __post_init__(self) -> None:
         if self.rows_per_day <= 0:
@@ -43,6 +53,10 @@ class SyntheticConfig:
             raise ValueError(f"multi_hot_mean_ids: must be in [1, 1000], got {self.multi_hot_mean_ids}")
         if not 0.0 <= self.signal_scale <= 10.0:
             raise ValueError(f"signal_scale: must be in [0, 10], got {self.signal_scale}")
+        if not 0.0 <= self.signal_drift <= math.pi:
+            raise ValueError(f"signal_drift: radians a day in [0, π], got {self.signal_drift}")
+        if self.id_lifetime_days < 0:
+            raise ValueError(f"id_lifetime_days: days (0: ids live for ever), got {self.id_lifetime_days}")
 
 
 @dataclass(frozen=True)

@@ -32,17 +32,19 @@ NAN_PRICE_EVERY = 2000  # one row in this many has a NaN price
 
 
 def write_sample_warehouse(root: Path, dates: Sequence[str], rows_per_day: int, seed: int = 7,
-                           files_per_day: int = 2, cardinality_scale: float = 0.01) -> None:  # fmt: skip
-    """Write one partition per date (an existing partition is rewritten)."""
+                           files_per_day: int = 2, cardinality_scale: float = 0.01, signal_drift: float = 0.0,
+                           signal_scale: float = 1.0) -> None:  # fmt: skip
+    """Write one partition per date (an existing partition is rewritten). The i-th date is
+    the generator's day i: with `signal_drift`, its click signal has turned i times."""
     config = SyntheticConfig(rows_per_day=rows_per_day, seed=seed, cardinality_scale=cardinality_scale,
-                             multi_hot_mean_ids=3.0)  # fmt: skip
+                             multi_hot_mean_ids=3.0, signal_drift=signal_drift, signal_scale=signal_scale)  # fmt: skip
     truth = GroundTruth(config, multi_hot=(TAGS[1],))
     for index, date in enumerate(dates):
         rng = np.random.default_rng([seed, 0x5A, index])
         folder = root / f"ds={date}"
         folder.mkdir(parents=True, exist_ok=True)
         for part, rows in enumerate(np.array_split(np.arange(rows_per_day), files_per_day)):
-            raw, _ = generate_chunk(truth, rng, len(rows))
+            raw, _ = generate_chunk(truth, rng, len(rows), index)
             pq.write_table(user_table(raw, rng), folder / f"part-{part:05d}.parquet", row_group_size=16_384)
         (folder / "_SUCCESS").touch()
 

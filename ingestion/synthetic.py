@@ -13,6 +13,11 @@ Value frequencies follow a power law per feature; cardinalities are Kaggle Crite
 by `cardinality_scale`. Every per-value quantity is a hash of (feature, value), so days
 share one ground truth without storing tables of millions of values.
 
+Days can drift (`signal_drift`: every effect turns a little each day toward an independent
+one; `id_lifetime_days`: each value is logged under an id that is replaced after so many
+days, staggered so that a share of every feature's ids is new each day). At the defaults
+every day shares one ground truth, byte for byte as before these settings existed.
+
 A multi-hot feature holds a bag of 1 + Poisson(mean − 1) ids drawn from its power law (or
 none, when empty); its effects are the sum over the bag divided by √mean, which a
 sum-pooled embedding can represent exactly.
@@ -56,6 +61,9 @@ _HEX_PAIRS = np.array(
     [int.from_bytes(f"{b:02x}".encode(), "little") for b in range(256)], dtype=np.uint16
 )
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+# Salts of the drift's second effect draw and of an id's replacement phase.
+_DRIFT_SALT = np.uint64(0xD81F7A5EC0FFEE11)
+_PHASE_SALT = np.uint64(0x1D11FE7133AA55CC)
 # A multi-hot feature's bags: feature index → (ids per row [rows], the ranks of all ids).
 Bags = dict[int, tuple[np.ndarray, np.ndarray]]
 
@@ -117,6 +125,9 @@ class GroundTruth:
         self.latent_dim = 4
         self.feature_salt = rng.integers(1, 2**62, NUM_SPARSE, dtype=np.int64)
         self.normals = _normal_table(config.seed)
+        # the dense weights a drifting ground truth turns toward (its own stream: the days'
+        # random draws stay those of a ground truth without drift)
+        self.dense_weight_drift = signal * np.random.default_rng([config.seed, 0xD81F7]).normal(0.0, 0.25, NUM_DENSE)
         self.bias = 0.0
         self.bias = self._calibrate_bias(config.click_rate)
 
@@ -163,17 +174,20 @@ class GroundTruth:
         counts[rng.random((rows, NUM_DENSE)) < self.dense_missing] = np.nan
         return counts
 
-    def logits(self, ranks: np.ndarray, dense: np.ndarray, bags: Bags | None = None) -> np.ndarray:
+    def logits(self, ranks: np.ndarray, dense: np.ndarray, bags: Bags | None = None, day: int = 0) -> np.ndarray:
+        """Each row's logit on `day` (which a drifting ground truth depends on)."""
         bags = bags or {}
         z = np.full(ranks.shape[0], self.bias, dtype=np.float64)
-        value_hash = [self._value_hash(bags[j][1] if j in bags else ranks[:, j], j) for j in range(NUM_SPARSE)]
+        value_hash = [self._value_hash(bags[j][1] if j in bags else ranks[:, j], j, day) for j in range(NUM_SPARSE)]
+        turn = self.config.signal_drift * day
 
         def effect(j: int, slot: int) -> np.ndarray:
             if j not in bags:
-                return self._effect(value_hash[j], ranks[:, j], slot)
+                return self._turned_effect(value_hash[j], ranks[:, j], slot, turn)
             lengths, flat = bags[j]
             rows_of = np.repeat(np.arange(len(lengths)), lengths)
-            pooled = np.bincount(rows_of, weights=self._effect(value_hash[j], flat, slot), minlength=len(lengths))
+            each = self._turned_effect(value_hash[j], flat, slot, turn)
+            pooled = np.bincount(rows_of, weights=each, minlength=len(lengths))
             return pooled / math.sqrt(self.config.multi_hot_mean_ids)
 
         for j in range(NUM_SPARSE):
@@ -185,11 +199,33 @@ class GroundTruth:
                 dot += effect(a, 1 + d) * effect(b, 1 + self.latent_dim + d)
             z += self.pair_weight * dot / math.sqrt(self.latent_dim)
         log_dense = np.log1p(np.maximum(np.nan_to_num(dense, nan=0.0), 0.0))
-        z += (log_dense - self.dense_log_mean) @ self.dense_weight
+        dense_weight = self.dense_weight
+        if turn:
+            dense_weight = math.cos(turn) * self.dense_weight + math.sin(turn) * self.dense_weight_drift
+        z += (log_dense - self.dense_log_mean) @ dense_weight
         return z
 
-    def _value_hash(self, ranks: np.ndarray, feature: int) -> np.ndarray:
-        return _splitmix64(ranks.astype(np.uint64) ^ np.uint64(self.feature_salt[feature]))
+    def value_keys(self, ranks: np.ndarray, feature: int, day: int) -> np.ndarray:
+        """The key of the id each value is logged under on `day`: its rank, and with
+        `id_lifetime_days` the id's generation, which turns over on a day of its own per value."""
+        keys = ranks.astype(np.uint64)
+        lifetime = self.config.id_lifetime_days
+        if not lifetime:
+            return keys
+        phase = _splitmix64(keys ^ _PHASE_SALT ^ np.uint64(self.feature_salt[feature])) % np.uint64(lifetime)
+        generation = (np.uint64(day) + phase) // np.uint64(lifetime)
+        return keys | (generation << np.uint64(40))  # ranks stay below 2^40
+
+    def _value_hash(self, ranks: np.ndarray, feature: int, day: int) -> np.ndarray:
+        return _splitmix64(self.value_keys(ranks, feature, day) ^ np.uint64(self.feature_salt[feature]))
+
+    def _turned_effect(self, value_hash: np.ndarray, ranks: np.ndarray, slot: int, turn: float) -> np.ndarray:
+        """The effect turned by `turn` radians toward an independent draw (none: unchanged)."""
+        effect = self._effect(value_hash, ranks, slot)
+        if not turn:
+            return effect
+        other = self._effect(_splitmix64(value_hash ^ _DRIFT_SALT), ranks, slot)
+        return np.float32(math.cos(turn)) * effect + np.float32(math.sin(turn)) * other
 
     def _effect(self, value_hash: np.ndarray, ranks: np.ndarray, slot: int) -> np.ndarray:
         """Latent effect number `slot` of each value; an empty cell contributes nothing.
@@ -201,9 +237,9 @@ class GroundTruth:
         index = (rotated ^ (rotated >> np.uint64(29 + slot))) & np.uint64(0xFFFF)
         return np.where(ranks >= 0, self.normals[index], np.float32(0.0))
 
-    def hex_ids(self, ranks: np.ndarray, feature: int) -> np.ndarray:
-        """The 32-bit id a value is logged as (Criteo logs hashed ids, not ranks)."""
-        key = ranks.astype(np.uint64) + (np.uint64(self.feature_salt[feature]) << np.uint64(1))
+    def hex_ids(self, ranks: np.ndarray, feature: int, day: int = 0) -> np.ndarray:
+        """The 32-bit id a value is logged as on `day` (Criteo logs hashed ids, not ranks)."""
+        key = self.value_keys(ranks, feature, day) + (np.uint64(self.feature_salt[feature]) << np.uint64(1))
         return (_splitmix64(key) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
 
     def _calibrate_bias(self, click_rate: float) -> float:
@@ -237,12 +273,12 @@ def _hex_list_column(ids: np.ndarray, lengths: np.ndarray) -> pa.Array:
     return pc.binary_join(bags, MULTI_HOT_SEPARATOR)
 
 
-def generate_chunk(truth: GroundTruth, rng: np.random.Generator, rows: int) -> tuple[pa.Table, np.ndarray]:
-    """One chunk of raw rows as an Arrow table of the 40 Criteo fields, and each row's p."""
+def generate_chunk(truth: GroundTruth, rng: np.random.Generator, rows: int, day: int = 0) -> tuple[pa.Table, np.ndarray]:
+    """One chunk of `day`'s raw rows as an Arrow table of the 40 Criteo fields, and each row's p."""
     ranks = truth.sample_ranks(rng, rows)
     dense = truth.sample_dense(rng, rows)
     bags = truth.sample_bags(rng, ranks)
-    probability = 1.0 / (1.0 + np.exp(-truth.logits(ranks, dense, bags)))
+    probability = 1.0 / (1.0 + np.exp(-truth.logits(ranks, dense, bags, day)))
     labels = (rng.random(rows) < probability).astype(np.int8)
     columns: list[pa.Array] = [pa.array(labels)]
     for i in range(NUM_DENSE):
@@ -251,9 +287,9 @@ def generate_chunk(truth: GroundTruth, rng: np.random.Generator, rows: int) -> t
     for j in range(NUM_SPARSE):
         if j in bags:
             lengths, flat = bags[j]
-            columns.append(_hex_list_column(truth.hex_ids(flat, j), lengths))
+            columns.append(_hex_list_column(truth.hex_ids(flat, j, day), lengths))
         else:
-            columns.append(_hex_column(truth.hex_ids(ranks[:, j], j), ranks[:, j] < 0))
+            columns.append(_hex_column(truth.hex_ids(ranks[:, j], j, day), ranks[:, j] < 0))
     return pa.Table.from_arrays(columns, names=list(RAW_COLUMNS)), probability
 
 
@@ -276,7 +312,7 @@ def generate_day(
         pending = None
         for start in range(0, config.rows_per_day, CHUNK_ROWS):
             rows = min(CHUNK_ROWS, config.rows_per_day - start)
-            table, p = generate_chunk(truth, rng, rows)
+            table, p = generate_chunk(truth, rng, rows, day)
             text = pa.BufferOutputStream()
             pacsv.write_csv(table, text, options)
             if pending is not None:
@@ -300,7 +336,7 @@ def generate_day(
 
 # Settings added after GENERATOR_VERSION 2: described only when not at their default, so
 # days written before they existed (byte-identical at the default) keep their fingerprint.
-_LATER_SETTINGS = {"signal_scale": 1.0}
+_LATER_SETTINGS = {"signal_scale": 1.0, "signal_drift": 0.0, "id_lifetime_days": 0}
 
 
 def generator_fingerprint(config: SyntheticConfig, multi_hot: Sequence[str] = ()) -> str:

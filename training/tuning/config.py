@@ -62,10 +62,14 @@ class TuningConfig:
     # Up to this many epochs per trial, with early stopping: validation NE at every epoch
     # end, the trial stops when it rises, and its best epoch count becomes
     # `training.epochs` (the run's learning-rate schedule then spans those epochs, where the
-    # trial's spanned max_epochs). 1: every trial trains the configured epochs.
-    max_epochs: int = 1
+    # trial's spanned max_epochs). 1: every trial trains the configured epochs. Small, noisy
+    # data often wants a second epoch; large data stops after the first.
+    max_epochs: int = 3
     # Global batch sizes to choose among (`training.batch_size`); empty keeps the run's.
-    batch_sizes: tuple[int, ...] = ()
+    # "auto": the run's batch, its half and its quarter (see `search_batches`): the run's
+    # batch is what the hardware runs well (`dlrm characterize`, the port workflow set it),
+    # and small or noisy data often trains better at a smaller one.
+    batch_sizes: tuple[int, ...] | Literal["auto"] = "auto"
     # Optional: the dense optimizer as a searched choice ("adagrad", "adam"); empty keeps
     # the configured one. Large batches often favour Adam for the MLPs.
     dense_optimizers: tuple[str, ...] = ()
@@ -137,7 +141,7 @@ class TuningConfig:
             raise ValueError(f"characterize_max_batch: must be ≥ 0 (0: the default), got {self.characterize_max_batch}")
         if self.max_epochs < 1:
             raise ValueError(f"max_epochs: must be at least 1, got {self.max_epochs}")
-        if any(b < 1 for b in self.batch_sizes):
+        if self.batch_sizes != "auto" and any(b < 1 for b in self.batch_sizes):
             raise ValueError(f"batch_sizes: must be positive, got {list(self.batch_sizes)}")
         if any(d <= 0 or d % 4 for d in self.embedding_dims) or any(f <= 0 for f in self.mlp_width_factors):
             raise ValueError("embedding_dims: dimensions must be positive multiples of 4 and width factors positive, "

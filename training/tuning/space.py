@@ -44,8 +44,8 @@ def suggest(trial: Suggests, space: TuningConfig) -> Params:
             "training.embedding_weight_decay", *space.embedding_weight_decay, log=True
         ),
     }
-    if space.batch_sizes:
-        params["training.batch_size"] = trial.suggest_categorical("training.batch_size", list(space.batch_sizes))
+    if batches := resolved_batches(space):
+        params["training.batch_size"] = trial.suggest_categorical("training.batch_size", list(batches))
     if space.dense_optimizers:
         params["training.dense_optimizer"] = trial.suggest_categorical(
             "training.dense_optimizer", list(space.dense_optimizers)
@@ -96,6 +96,26 @@ def params_of(training: TrainingConfig, model: ModelConfig, space: TuningConfig)
     return params
 
 
+def search_batches(batch_size: int, world_size: int) -> tuple[int, ...]:
+    """`tuning.batch_sizes = "auto"`: the run's global batch, its half and its quarter,
+    each a whole number of rows per process and never below 32 rows a process (the run
+    length's floor), largest first (the configured batch is the first choice)."""
+    floor = 32 * world_size
+    choices = [batch_size]
+    for divisor in (2, 4):
+        smaller = batch_size // divisor
+        if smaller >= floor and smaller % world_size == 0:
+            choices.append(smaller)
+    return tuple(choices)
+
+
+def resolved_batches(space: TuningConfig) -> tuple[int, ...]:
+    """The batch sizes a study searches; "auto" is resolved with the run (flows/resolve.py)."""
+    if space.batch_sizes == "auto":
+        raise ValueError("tuning.batch_sizes = \"auto\" is resolved with the run's batch before a study starts")
+    return space.batch_sizes
+
+
 def scale_params(params: Params, from_batch: int, to_batch: int, rule: str) -> Params:
     """Learning rates moved to another global batch size.
 
@@ -135,7 +155,7 @@ def clip_to_space(params: Params, space: TuningConfig) -> Params:
         clipped["training.lr_decay"] = space.lr_decay[0]
     for name, choices in (("training.dense_optimizer", space.dense_optimizers), ("model.embedding_dim", space.embedding_dims),
                           ("model.mlp_width_factor", space.mlp_width_factors),
-                          ("training.batch_size", space.batch_sizes)):  # fmt: skip
+                          ("training.batch_size", resolved_batches(space))):  # fmt: skip
         if choices and clipped.get(name) not in choices:
             clipped[name] = choices[0]
         if not choices:

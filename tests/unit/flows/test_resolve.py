@@ -81,3 +81,16 @@ def _summary(batch: int, world: int) -> TrainSummary:
                         precision="fp32", cpu={}, rows_trained=12_000, rows_fingerprint=int(np.uint64(7)),
                         resumed_from_step=0, world_size=world, global_batch_size=batch, device="cpu", backend="gloo",
                         pipeline="plain", checkpoint="/c", eval_rows_rank0=3000)  # fmt: skip
+
+
+def test_auto_batch_sizes_are_resolved_from_the_batch_the_run_trains_at(tmp_path: Path) -> None:
+    """The default search space's batches are the run's batch after the run-length rule,
+    its half and its quarter; a configured list stays as written."""
+    auto = load_config(TINY, [f'run_dir="{tmp_path}"', 'tuning.batch_sizes="auto"', "training.batch_size=4096"])
+    assert auto.tuning.batch_sizes == "auto"
+    run = resolve_run(auto, state=STATE)  # 4,096 halved to 512 for 20 steps on 12,000 rows
+    assert run.config.training.batch_size == 512 and run.config.tuning.batch_sizes == (512, 256, 128)
+    assert [change.step for change in run.changes] == ["run length"], "the study says what it searches"
+    assert resolve_run(auto).config.tuning.batch_sizes == "auto", "not before the rows are known"
+    listed = load_config(TINY, [f'run_dir="{tmp_path}"', "tuning.batch_sizes=[64, 256]"])
+    assert resolve_run(listed, state=STATE).config.tuning.batch_sizes == (64, 256)

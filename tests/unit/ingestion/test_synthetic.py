@@ -161,3 +161,40 @@ def test_small_real_days_are_small_weak_and_heavy_tailed() -> None:
         assert 0.2 < labels.mean() < 0.3
         counts = np.concatenate([pc.value_counts(table[c].drop_null()).field("counts").to_numpy() for c in SPARSE_COLUMNS])
         assert np.mean(counts == 1) > 0.5, "most ids are seen once"
+
+
+def test_a_drifting_signal_turns_by_the_configured_angle_a_day() -> None:
+    """Logits of the same rows on days 0 and k: each effect correlates by cos(k × drift),
+    the pairwise terms (products of two) by its square, so the logits lie between; without
+    drift the days are the same ground truth exactly."""
+    config = SyntheticConfig(cardinality_scale=0.01, signal_drift=0.5)
+    truth, still = GroundTruth(config), GroundTruth(SyntheticConfig(cardinality_scale=0.01))
+    rng = np.random.default_rng(3)
+    ranks, dense = truth.sample_ranks(rng, 40_000), truth.sample_dense(rng, 40_000)
+    assert np.array_equal(still.logits(ranks, dense, day=0), still.logits(ranks, dense, day=5))
+    assert np.array_equal(truth.logits(ranks, dense, day=0), still.logits(ranks, dense, day=0)), "day 0: as before"
+    base = truth.logits(ranks, dense, day=0) - truth.bias
+    for days in (1, 2):
+        turned = truth.logits(ranks, dense, day=days) - truth.bias
+        correlation, cos = float(np.corrcoef(base, turned)[0, 1]), np.cos(0.5 * days)
+        assert cos**2 - 0.03 < correlation < cos + 0.03, (days, correlation)
+        assert abs(turned.std() / base.std() - 1) < 0.1, "a turn keeps the signal's strength"
+
+
+def test_ids_live_their_lifetime_then_give_way_to_new_ones() -> None:
+    """With id_lifetime_days = 4, each day about a quarter of a feature's values is logged
+    under a new id; an id never comes back once replaced; without it ids never change."""
+    truth = GroundTruth(SyntheticConfig(cardinality_scale=0.05, id_lifetime_days=4))
+    ranks = np.arange(20_000)
+    feature = 2
+    by_day = [truth.hex_ids(ranks, feature, day) for day in range(9)]
+    for day in range(1, 9):
+        changed = float(np.mean(by_day[day] != by_day[day - 1]))
+        assert 0.2 < changed < 0.3, (day, changed)
+    # a value's id over the days: runs of at most 4 days, never an earlier id again
+    per_value = np.stack(by_day, axis=1)  # [values, days]
+    for row in per_value[:200]:
+        runs = [len(list(group)) for _, group in __import__("itertools").groupby(row)]
+        assert max(runs) <= 4 and len(set(row.tolist())) == len(runs)
+    forever = GroundTruth(SyntheticConfig(cardinality_scale=0.05))
+    assert np.array_equal(forever.hex_ids(ranks, feature, 0), forever.hex_ids(ranks, feature, 8))

@@ -8,9 +8,9 @@ import pytest
 
 from training.config import ModelConfig, TrainingConfig
 from training.tuning.config import TuningConfig
-from training.tuning.space import apply_params, clip_to_space, params_of, scale_params, suggest
+from training.tuning.space import apply_params, clip_to_space, params_of, scale_params, search_batches, suggest
 
-SPACE = TuningConfig()
+SPACE = TuningConfig(batch_sizes=())  # the run's batch ("auto" is resolved with a run)
 
 
 def test_suggestions_stay_in_range_and_apply_to_the_config() -> None:
@@ -27,7 +27,7 @@ def test_suggestions_stay_in_range_and_apply_to_the_config() -> None:
 
 
 def test_architecture_search_keeps_the_model_valid() -> None:
-    space = TuningConfig(embedding_dims=(8, 32), mlp_width_factors=(0.5, 2.0))
+    space = TuningConfig(batch_sizes=(), embedding_dims=(8, 32), mlp_width_factors=(0.5, 2.0))
     params = {**params_of(TrainingConfig(), ModelConfig(), space), "model.embedding_dim": 32,
               "model.mlp_width_factor": 0.5}  # fmt: skip
     _, model = apply_params(TrainingConfig(), ModelConfig(), params)
@@ -77,7 +77,7 @@ def test_bad_ranges_are_rejected_with_the_key() -> None:
 
 
 def test_the_dense_optimizer_is_searched_only_when_asked() -> None:
-    space = TuningConfig(dense_optimizers=("adagrad", "adam"))
+    space = TuningConfig(batch_sizes=(), dense_optimizers=("adagrad", "adam"))
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     chosen = {suggest(study.ask(), space)["training.dense_optimizer"] for _ in range(20)}
     assert chosen == {"adagrad", "adam"}
@@ -126,3 +126,11 @@ def test_a_trials_own_epoch_choice_and_batch_size_do_not_travel_to_another_study
     assert "training.epochs" not in clipped, "early stopping chose it; it is not a point to sample"
     assert "training.batch_size" not in clipped, "not searched in this space"
     assert clip_to_space(tuned, TuningConfig(batch_sizes=(64, 128)))["training.batch_size"] == 64
+
+
+def test_auto_batch_sizes_are_the_runs_batch_its_half_and_quarter_never_below_32_a_process() -> None:
+    assert search_batches(2048, 2) == (2048, 1024, 512)
+    assert search_batches(128, 2) == (128, 64), "32 would be 16 rows a process"
+    assert search_batches(96, 3) == (96,), "48 rows would be 16 a process"
+    with pytest.raises(ValueError, match="resolved with the run"):
+        suggest(optuna.create_study().ask(), TuningConfig())

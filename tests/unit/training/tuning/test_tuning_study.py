@@ -44,7 +44,7 @@ KEY = TuningKey(2048, 2, 1, "cpu", "EPYC", 12)
 def bowl(trial: optuna.Trial, delay: float = 0.0) -> float:
     """Smallest at embedding_lr = 0.1, dense_lr = 0.01; reports two steps for the pruner.
     `delay` stands for training time, after the parameters are chosen."""
-    params = suggest(trial, TuningConfig())
+    params = suggest(trial, TuningConfig(batch_sizes=()))
     time.sleep(delay)
     value = (math.log10(params["training.embedding_lr"]) + 1) ** 2 + (math.log10(params["training.dense_lr"]) + 2) ** 2
     for percent in (50, 100):
@@ -61,7 +61,7 @@ def _study(url: str, space: TuningConfig, model: str = "m", key: TuningKey = KEY
 
 def test_one_worker_runs_exactly_the_budget_and_finds_the_bowl(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    space = TuningConfig(n_trials=14, sampler="tpe", seed=1)
+    space = TuningConfig(n_trials=14, batch_sizes=(), sampler="tpe", seed=1)
     study, worker = _study(url, space)
     outcome = run_worker(study, bowl, space, url, worker)
     counted = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
@@ -85,7 +85,7 @@ def test_a_timeout_alone_runs_trials_until_the_time_is_up(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="0 \\(no count\\) with a timeout_s"):
         TuningConfig(n_trials=0)
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    space = TuningConfig(n_trials=0, timeout_s=2.0, sampler="tpe", seed=1)
+    space = TuningConfig(n_trials=0, timeout_s=2.0, batch_sizes=(), sampler="tpe", seed=1)
     study, worker = _study(url, space)
     started = time.monotonic()
     outcome = run_worker(study, lambda trial: bowl(trial, delay=0.1), space, url, worker)
@@ -95,7 +95,7 @@ def test_a_timeout_alone_runs_trials_until_the_time_is_up(tmp_path: Path) -> Non
 
 def test_warm_start_queues_the_nearest_best_scaled_by_both_rules_once(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    space = TuningConfig(n_trials=5, seed=2)
+    space = TuningConfig(n_trials=5, batch_sizes=(), seed=2)
     small = TuningKey(256, 2, 1, "cpu", "EPYC", 12)
     nearest = TunedParams(small, {"training.embedding_lr": 0.02, "training.dense_lr": 0.001,
                                   "training.warmup_fraction": 0.05, "training.lr_decay": "cosine",
@@ -129,7 +129,7 @@ WORKER = textwrap.dedent(
     def slow_bowl(trial):
         return bowl(trial, delay={sleep})
 
-    space = TuningConfig(n_trials={n_trials}, sampler="tpe", seed=4, heartbeat_s=1)
+    space = TuningConfig(n_trials={n_trials}, batch_sizes=(), sampler="tpe", seed=4, heartbeat_s=1)
     study, worker = _study({url!r}, space, model={model!r})
     outcome = run_worker(study, slow_bowl, space, {url!r}, worker)
     print("RAN", worker, outcome.trials_run, flush=True)
@@ -163,7 +163,7 @@ def test_a_study_resumes_after_its_worker_is_killed(tmp_path: Path) -> None:
     assert len(interrupted) == 1, "one trial was cut off mid-run"
 
     time.sleep(5.0)  # well past the grace period (3 heartbeats): the dead worker's trial is stale
-    space = TuningConfig(n_trials=6, sampler="tpe", seed=4, heartbeat_s=1)
+    space = TuningConfig(n_trials=6, batch_sizes=(), sampler="tpe", seed=4, heartbeat_s=1)
     study, worker = _study(url, space)
     assert worker == 1, "the resumed run joins as a second worker"
     run_worker(study, bowl, space, url, worker)
