@@ -139,6 +139,9 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         self._check_slice_feature()
         self.workers.per_rank_batch(self.training.batch_size)  # a batch the world size divides
+        if self.preprocess.categorical_mode == "managed" and self.training.pipeline == "sparse_dist":
+            raise ValueError('training.pipeline: "sparse_dist" starts the ids\' all-to-all before managed ids are '
+                             'remapped; use "auto" or "plain" with preprocess.categorical_mode = "managed"')
         validation = set(self.tuning.validation_days)
         if validation - set(self.data.train_days):
             raise ValueError(

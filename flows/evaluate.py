@@ -31,7 +31,7 @@ from ingestion.synthetic import read_day_stats
 from training.job import JobFolder
 from training.reference import fit_logistic_regression
 from training.serving.export import ServingModel, write_serving_model
-from training.serving.scoring import dlrm_logits, score_files
+from training.serving.scoring import LogitFn, dlrm_logits, score_files
 
 DayScores = dict[int | str, Scores]  # day as the config writes it → its scores
 
@@ -52,8 +52,9 @@ def baseline_task(config: PipelineConfig, features: Features, train_files: tuple
     model (training/reference.py)."""
     torch.set_num_threads(max(1, config.training.nproc * config.training.threads_per_proc))
     data = config.data
-    fit = fit_logistic_regression(features.state.table_sizes, list(train_files),
-                                  seed=config.training.seed, max_rows=config.evaluation.reference_max_rows)  # fmt: skip
+    fit = fit_logistic_regression(features.state.table_sizes, list(train_files), seed=config.training.seed,
+                                  max_rows=config.evaluation.reference_max_rows,
+                                  raw_ids=features.state.mode == "managed")  # fmt: skip
     get_run_logger().info(
         "logistic regression: L2 chosen on %s held-out training rows (C %.4g, validation NE %.4f), refit on %s; %s",
         f"{fit.validation_rows:,}", fit.c, fit.validation_ne,
@@ -151,13 +152,16 @@ def registered_dlrm(model_uri: str) -> torch.nn.Module:
     return registered_scorer(model_uri)[0]
 
 
-def registered_scorer(model_uri: str) -> tuple[torch.nn.Module, Calibrator]:
-    """The DLRM of a registered version, on CPU, and the calibrator it serves with (the
-    identity for versions logged before calibration, and for the `pytorch` flavour)."""
+def registered_scorer(model_uri: str) -> tuple[torch.nn.Module, Calibrator, LogitFn]:
+    """The DLRM of a registered version, on CPU, the calibrator it serves with (the identity
+    for versions logged before calibration, and for the `pytorch` flavour), and its logits of
+    feature files' batches (managed ids remapped as it serves)."""
     if "pytorch" in mlflow.models.get_model_info(model_uri).flavors:
-        return mlflow.pytorch.load_model(model_uri, map_location="cpu"), Calibrator()
+        model = mlflow.pytorch.load_model(model_uri, map_location="cpu")
+        return model, Calibrator(), dlrm_logits(model)
     served = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
-    return served.dlrm.cpu(), Calibrator.from_dict(served.calibrator.as_dict())
+    model = served.dlrm.cpu()
+    return model, Calibrator.from_dict(served.calibrator.as_dict()), dlrm_logits(model, served.features.feature_rows)
 
 
 def champion_ne(config: PipelineConfig, champion: ModelVersion) -> float | None:
@@ -169,7 +173,7 @@ def champion_ne(config: PipelineConfig, champion: ModelVersion) -> float | None:
         return None  # a champion without its preprocessing state cannot score new days
     mlflow.set_tracking_uri(config.tracking_uri)
     try:
-        model, calibrator = registered_scorer(f"models:/{config.tracking.registered_model}/{champion.version}")
+        _, calibrator, logits_of = registered_scorer(f"models:/{config.tracking.registered_model}/{champion.version}")
     except Exception as error:  # noqa: BLE001 - e.g. a version pickled with classes this release no longer has
         get_run_logger().warning("champion version %s cannot be loaded (%s): it cannot be compared, so nothing "
                                  "is promoted; set the alias by hand to move on", champion.version, error)  # fmt: skip
@@ -179,6 +183,6 @@ def champion_ne(config: PipelineConfig, champion: ModelVersion) -> float | None:
     for day in config.data.eval_days:
         folder = apply_state(config.preprocess, state, warehouse, features_root, day)
         files = [str(p) for p in sorted(folder.glob("*.parquet"))]
-        parts.append(score_files(dlrm_logits(model), files, config.evaluation.slice_feature))
+        parts.append(score_files(logits_of, files, config.evaluation.slice_feature))
     joined = Scores.concat(parts)
     return compute_ne(binary_state(joined.labels, calibrator.apply(joined.predictions)))

@@ -51,7 +51,7 @@ def choose_hyperparameters(lookup: ResolvedRun, features: Features, source: Conf
         else:
             decision = dataclasses.replace(
                 decision, params=result.best.params, source=result.best,
-                reason=f"{decision.reason}; retuned to NE {result.best.ne:.5f} (trial #{result.best.trial_number})",
+                reason=f"{decision.reason}; {result.decision or f'retuned to NE {result.best.ne:.5f}'}",
             )  # fmt: skip
     if decision.action == "characterize_then_retune":
         from flows.port import port_decision

@@ -12,6 +12,7 @@ from flows.config import ClusterConfig, ConfigError, PipelineConfig
 from flows.reports import PlanReport
 from training.loop.optimizers import attach_embedding_optimizer
 from training.model.build import build_train_model, row_width, table_name
+from training.model.managed_ids import state_bytes
 from training.sharding.plan import (
     cluster_topology,
     describe_plan,
@@ -33,8 +34,10 @@ def plan_report(config: PipelineConfig, cluster: ClusterConfig, sizes: dict[str,
         per_rank_batch = cluster.workers.per_rank_batch(config.training.batch_size)
     except ValueError as error:
         raise ConfigError(f"{error} on {cluster.name}") from None
+    managed = config.preprocess.managed if config.preprocess.categorical_mode == "managed" else None
+    reserved = state_bytes(sizes, managed.policy) if managed else 0  # the remapper, on every process
     plan, estimates = plan_sharding(
-        model, config.sharding, cluster_topology(cluster), per_rank_batch,
+        model, config.sharding, cluster_topology(cluster, reserved), per_rank_batch,
         pooling_factor=config.model.declared_tables.pooling_factor,
     )  # fmt: skip
     shapes = {table_name(f): (rows, row_width(config.model)) for f, rows in sizes.items()}

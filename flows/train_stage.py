@@ -72,6 +72,7 @@ def build_job(config: PipelineConfig, features: Features, warm_start: str = "", 
         initial_click_rate=state.train_click_rate if config.training.start_at_click_rate else 0.0,
         init_checkpoint=warm_start,
         init_optimizer=bool(warm_start),
+        managed_ids=config.preprocess.managed if state.mode == "managed" else None,
     )
     return job if run_id else dataclasses.replace(job, run_id=job_fingerprint(job))
 

@@ -38,7 +38,8 @@ class SyntheticConfig:
     # two effects, by its square): what a model learnt goes
     # stale. `id_lifetime_days`: each value is logged under an id that lives this many days,
     # then gives way to a new id with effects of its own (each day 1/lifetime of a feature's
-    # ids is new and as many stop, at every popularity); 0: ids live for ever.
+    # ids is new and as many stop, at every popularity; features of fewer than 1,000 values,
+    # a device or a country, keep theirs); 0: ids live for ever.
     signal_drift: float = 0.0
     id_lifetime_days: int = 0
 
@@ -183,6 +184,29 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class ManagedIdsConfig:
+    """`categorical_mode = "managed"`: how ids win and lose their rows (training/model/managed_ids.py).
+
+    Each table (`hash_size` rows at most) gives its rows to the ids it admits; the last row is
+    shared by every id without one. Every `eviction_interval` training steps (and before each
+    checkpoint and at a run's end) the ids seen since the last round are counted: those seen
+    at least `admit_min_count` times are candidates, and `policy` picks the residents they
+    replace: "lfu" the least used since admitted, "lru" the longest unseen, "distance_lfu"
+    uses divided by the rounds since seen (both).
+    """
+
+    policy: Literal["lfu", "lru", "distance_lfu"] = "lru"
+    eviction_interval: int = 100
+    admit_min_count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.eviction_interval < 1:
+            raise ValueError(f"eviction_interval: training steps between rounds, at least 1, got {self.eviction_interval}")
+        if self.admit_min_count < 1:
+            raise ValueError(f"admit_min_count: at least 1, got {self.admit_min_count}")
+
+
+@dataclass(frozen=True)
 class PreprocessConfig:
     """DuckDB feature preprocessing: log-transformed dense features; categoricals hashed or
     looked up in a vocabulary fitted on the training days."""
@@ -192,12 +216,15 @@ class PreprocessConfig:
     # "hash": 1 + value mod buckets. "vocab": values seen at least `min_count` times on the
     # training days get their own row (the most frequent first, at most hash_size - 2 of
     # them); every other value shares the out-of-vocabulary row 1.
-    categorical_mode: Literal["hash", "vocab"] = "hash"
+    # "managed": each id keeps its raw value and a managed-collision module in front of the
+    # table admits new ids and evicts stale ones (`managed`): for ids that come and go.
+    categorical_mode: Literal["hash", "vocab", "managed"] = "hash"
     min_count: int = 1
     # Vocabulary mode: free table rows beyond the fitted vocabulary, as a fraction of it (up
     # to hash_size rows in all). A recurring run (`--as-of`) gives new frequent ids these
     # rows and keeps every existing id's row; with none left, new ids share row 1.
     vocab_headroom: float = 0.5
+    managed: ManagedIdsConfig = field(default_factory=ManagedIdsConfig)
     features_dir: str = "features"
     duckdb_memory_limit: str = "2GB"
     duckdb_threads: int = 2

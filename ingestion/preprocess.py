@@ -7,7 +7,10 @@ table is "missing". Then, by `categorical_mode`:
   features don't pay for a table of `hash_size` rows;
 - vocab: values seen at least `min_count` times on the training days get rows 2, 3, … (the
   most frequent first, at most hash_size - 2); any other value maps to row 1, out of
-  vocabulary. Each feature's vocabulary is a Parquet file (value, index) beside the state.
+  vocabulary. Each feature's vocabulary is a Parquet file (value, index) beside the state;
+- managed: the raw id itself (BIGINT; a missing value is the id −2^63): the model's
+  managed-collision modules give ids rows as they come and go (training/model/managed_ids.py),
+  tables sized as in hash mode (rows = min(hash_size, 2 × distinct values + 1)).
 
 The features are the warehouse's (its days' manifests say which columns are dense and which
 categorical: the Criteo layout, or a Parquet source's own columns, ingestion/schema.py).
@@ -44,6 +47,8 @@ from ingestion.warehouse import partition_dir, read_manifest
 log = logging.getLogger(__name__)
 STATE_VERSION = 3  # 3: multi-hot features
 MISSING_ROW, OOV_ROW = 0, 1
+# Managed mode: a missing value is this raw id (an id like any other, admitted when frequent).
+MISSING_ID = -(2**63)
 
 
 class PreprocessError(RuntimeError):
@@ -189,6 +194,11 @@ def fit_state(config: PreprocessConfig, warehouse: Path, features_root: Path, tr
         buckets = _fit_vocabularies(con, config, globs, state_path.parent / "vocab", layout)
         table_rows = {name: min(config.hash_size, n + 2 + math.ceil(n * config.vocab_headroom))
                       for name, n in buckets.items()}  # fmt: skip
+    elif config.categorical_mode == "managed":
+        # as hash mode sizes its tables: room for twice the ids the training days hold, at most
+        # hash_size rows (the last one every id without a row of its own shares)
+        table_rows = {name: max(2, min(config.hash_size, 2 * int(counts[name]) + 1)) for name in layout.sparse}
+        buckets = dict(table_rows)
     else:
         buckets = {name: max(1, min(config.hash_size - 1, 2 * int(counts[name]))) for name in layout.sparse}
     state = PreprocessState(state_id, buckets, tuple(sorted(train_days)), rows, click_rate, config.categorical_mode,
@@ -285,6 +295,15 @@ def vocabulary_path(features_root: Path, state: PreprocessState, feature: str) -
 def feature_sql(state: PreprocessState, features_root: Path | None = None) -> str:
     """The SELECT that turns warehouse rows into features (`{source}` is the input)."""
     dense = [f"ln(1 + greatest(coalesce(s.{quoted(c)}, 0), 0))::FLOAT AS {quoted(c)}" for c in state.dense]
+    if state.mode == "managed":  # raw ids: the model's managed-collision modules give them rows
+        missing = f"({MISSING_ID + 1} - 1)::BIGINT"  # -2^63 itself is no BIGINT literal
+        sparse = [
+            f"CASE WHEN coalesce(len(s.{quoted(c)}), 0) = 0 THEN [{missing}] "
+            f"ELSE list_transform(s.{quoted(c)}, lambda id: coalesce(id::BIGINT, {missing})) END AS {quoted(c)}"
+            if c in state.multi_hot else f"coalesce(s.{quoted(c)}::BIGINT, {missing}) AS {quoted(c)}"
+            for c in state.buckets
+        ]  # fmt: skip
+        return "SELECT s.label::TINYINT AS label, " + ", ".join(dense + sparse) + " FROM {source} s"
     if state.mode != "vocab":
         sparse = [
             f"CASE WHEN coalesce(len(s.{quoted(c)}), 0) = 0 THEN [{MISSING_ROW}] "

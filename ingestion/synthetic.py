@@ -61,6 +61,8 @@ _HEX_PAIRS = np.array(
     [int.from_bytes(f"{b:02x}".encode(), "little") for b in range(256)], dtype=np.uint16
 )
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+# With `id_lifetime_days`, the features with at least this many values have ids that come and go.
+CHURNING_VALUES = 1_000
 # Salts of the drift's second effect draw and of an id's replacement phase.
 _DRIFT_SALT = np.uint64(0xD81F7A5EC0FFEE11)
 _PHASE_SALT = np.uint64(0x1D11FE7133AA55CC)
@@ -207,10 +209,12 @@ class GroundTruth:
 
     def value_keys(self, ranks: np.ndarray, feature: int, day: int) -> np.ndarray:
         """The key of the id each value is logged under on `day`: its rank, and with
-        `id_lifetime_days` the id's generation, which turns over on a day of its own per value."""
+        `id_lifetime_days` the id's generation, which turns over on a day of its own per value.
+        Only features of at least `CHURNING_VALUES` values churn (users, items, ads); a
+        device or a country keeps its id."""
         keys = ranks.astype(np.uint64)
         lifetime = self.config.id_lifetime_days
-        if not lifetime:
+        if not lifetime or self.cardinality[feature] < CHURNING_VALUES:
             return keys
         phase = _splitmix64(keys ^ _PHASE_SALT ^ np.uint64(self.feature_salt[feature])) % np.uint64(lifetime)
         generation = (np.uint64(day) + phase) // np.uint64(lifetime)

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from evaluation.config import EvaluationConfig
 from evaluation.report import Scores
+from ingestion.config import ManagedIdsConfig
 from training.codec import dumps, loads
 from training.config import ModelConfig, ShardingConfig, TrainingConfig, Workers
 from training.loop.profile import StepProfile
@@ -76,6 +77,9 @@ class TrainJob:
     profile_steps: int = 0
     # Stop after this many steps, before the epochs end (a characterization's short job). 0: none.
     max_steps: int = 0
+    # Managed-collision ids (`preprocess.categorical_mode = "managed"`): the features hold raw
+    # ids and these settings admit and evict them (training/model/managed_ids.py). None: rows.
+    managed_ids: ManagedIdsConfig | None = None
 
     @property
     def scored_parts(self) -> dict[str, tuple[str, ...]]:

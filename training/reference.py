@@ -44,10 +44,15 @@ _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 class HashedLogisticRegression(nn.Module):
-    def __init__(self, table_sizes: Mapping[str, int], dense_features: int = DENSE_FEATURES) -> None:
+    """`raw_ids`: the features hold raw ids (managed mode), hashed here into the table's rows
+    as hash mode would (id mod rows), since the model's own rows depend on its training."""
+
+    def __init__(self, table_sizes: Mapping[str, int], dense_features: int = DENSE_FEATURES, raw_ids: bool = False) -> None:
         super().__init__()
         self.features = list(table_sizes)  # the KJT keys, in this order
+        self.raw_ids = raw_ids
         sizes = [table_sizes[name] for name in self.features]
+        self.register_buffer("sizes", torch.tensor(sizes, dtype=torch.int64))
         self.register_buffer("offsets", torch.tensor(np.concatenate(([0], np.cumsum(sizes[:-1]))), dtype=torch.int64))
         self.weights = nn.EmbeddingBag(int(sum(sizes)), 1, mode="sum", sparse=True)
         nn.init.zeros_(self.weights.weight)
@@ -59,7 +64,11 @@ class HashedLogisticRegression(nn.Module):
         if sparse.keys() != self.features:
             sparse = sparse.permute([sparse.keys().index(name) for name in self.features])
         # every id moved into its feature's block of the one weight table
-        ids = sparse.values() + torch.repeat_interleave(self.offsets, torch.tensor(sparse.length_per_key()))
+        per_key = torch.tensor(sparse.length_per_key())
+        ids = sparse.values()
+        if self.raw_ids:
+            ids = torch.remainder(ids, torch.repeat_interleave(self.sizes, per_key))
+        ids = ids + torch.repeat_interleave(self.offsets, per_key)
         per_bag = self.weights(ids, sparse.offsets()[:-1].to(torch.int64))  # [F·B, 1], feature-major
         return per_bag.view(len(self.features), batch).sum(0) + self.dense(dense).squeeze(-1)
 
@@ -108,6 +117,7 @@ def fit_logistic_regression(
     tolerance: float = 1e-6,
     batch_size: int = 65_536,
     max_rows: int = 0,
+    raw_ids: bool = False,
 ) -> LogisticFit:
     """Choose C on a hashed validation slice of the training rows, refit on all of them.
 
@@ -117,7 +127,8 @@ def fit_logistic_regression(
     10 L-BFGS iterations lower the objective by less than `tolerance` (relative), or after
     `max_iter`. The rows fitted are held in memory: at the peak about 1.7 GB per million
     rows (26 ids each). `max_rows` > 0 fits on a sample of about that many training rows,
-    picked by a hash of each row (the same rows on every run); 0 fits on all.
+    picked by a hash of each row (the same rows on every run); 0 fits on all. `raw_ids`: the
+    files hold raw ids (managed mode), hashed into the tables' rows (id mod rows).
     """
     if not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"validation_fraction: must be in (0, 1), got {validation_fraction}")
@@ -125,7 +136,8 @@ def fit_logistic_regression(
     sizes = [table_sizes[name] for name in features]
     total = sum(pq.ParquetFile(f).metadata.num_rows for f in train_files)
     sample = min(1.0, max_rows / total) if max_rows and total else 1.0
-    dense, ids, rows_of_ids, labels, row_hash = _read_training_rows(train_files, features, sizes, batch_size, sample)
+    dense, ids, rows_of_ids, labels, row_hash = _read_training_rows(train_files, features, sizes, batch_size, sample,
+                                                                    raw_ids)  # fmt: skip
     held_out = validation_rows(row_hash, validation_fraction, seed)
     seen = np.bincount(ids, minlength=int(sum(sizes))) > 0  # only the ids seen get a column
     columns, column_of = np.flatnonzero(seen), (np.cumsum(seen, dtype=np.int64) - 1)[ids].astype(np.int32)
@@ -141,7 +153,7 @@ def fit_logistic_regression(
     everything = design(np.ones(len(labels), dtype=bool))  # after the validation designs are freed
     theta, iterations, converged = fit(everything, c, start)
     n = len(labels)
-    model = _to_model(table_sizes, theta, columns)
+    model = _to_model(table_sizes, theta, columns, raw_ids)
     return LogisticFit(model, 1.0 / (c * n), c, ne_by_c.get(c, math.nan), ne_by_c, n, int(held_out.sum()),
                        iterations, converged, total)  # fmt: skip
 
@@ -203,7 +215,7 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 
 
 def _read_training_rows(files: Sequence[str], features: Sequence[str], sizes: Sequence[int], batch_size: int,
-                        sample: float = 1.0):  # fmt: skip
+                        sample: float = 1.0, raw_ids: bool = False):  # fmt: skip
     """The rows of `files` in file order (with `sample` < 1, the rows in that fraction of a
     salted id hash's range): dense [n, D], the ids (offset into one index space) with the
     row of each, labels [n], and each row's id hash."""
@@ -222,7 +234,8 @@ def _read_training_rows(files: Sequence[str], features: Sequence[str], sizes: Se
         example = example_of_values(kjt).numpy()
         real = keep[example]
         dense.append(batch.dense_features.numpy()[keep])
-        ids.append((values + np.repeat(offsets, kjt.length_per_key()))[real])
+        rows = np.remainder(values, np.repeat(np.asarray(sizes, np.int64), kjt.length_per_key())) if raw_ids else values
+        ids.append((rows + np.repeat(offsets, kjt.length_per_key()))[real])
         kept_index = np.cumsum(keep) - 1  # a kept row's place among the batch's kept rows
         rows_of_ids.append((kept_index[example[real]] + seen).astype(np.int32))
         labels.append(batch.labels.numpy()[keep])
@@ -311,9 +324,10 @@ def _both_classes(labels: torch.Tensor) -> bool:
     return len(labels) > 0 and 0.0 < float(labels.mean()) < 1.0
 
 
-def _to_model(table_sizes: Mapping[str, int], theta: torch.Tensor, columns: np.ndarray) -> HashedLogisticRegression:
+def _to_model(table_sizes: Mapping[str, int], theta: torch.Tensor, columns: np.ndarray,
+              raw_ids: bool = False) -> HashedLogisticRegression:  # fmt: skip
     d = len(theta) - 1 - len(columns)
-    model = HashedLogisticRegression(table_sizes, d)
+    model = HashedLogisticRegression(table_sizes, d, raw_ids)
     with torch.no_grad():
         model.dense.bias.fill_(float(theta[0]))
         model.dense.weight.copy_(theta[1 : 1 + d].reshape(1, -1))

@@ -19,6 +19,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import CombinedOptimizer
 
 from training.job import TrainJob
+from training.loop.admission import AdmissionLedger, maybe_admit
 from training.loop.batches import TrainBatches
 from training.loop.checkpoint import RowLedger, TrainPosition, save_checkpoint
 from training.loop.heldout import heldout_state
@@ -68,20 +69,27 @@ def train(
     progress = Progress(total_steps, batches.steps_per_epoch, config.batch_size, job.evaluation.ne_window, metrics)
     ne = TrainingNE(progress, device, config.log_every)
     model.train()
-    steps = train_steps(model, optimizer, config, device)
+    steps = train_steps(model, optimizer, config, device, job.managed_ids is not None)
     timer = TrainTimer(start.step, total_steps, device)
     profiler = StepProfiler(job.profile_steps, total_steps, device)
     stream = profiler.labelled(batches.stream) if profiler.active else batches.stream
     step = start.step
+    admissions = AdmissionLedger()
     while step < total_steps:
         loss, logits, labels = train_step(steps, stream, batches, schedule, ledger, step, total_steps)
         step += 1
+        if job.managed_ids is not None:
+            maybe_admit(model, job.managed_ids.eviction_interval, config.checkpoint_every, config.seed, admissions,
+                        step, total_steps)  # fmt: skip
         timer.stepped(step)
         profiler.stepped(step)
         ne.add(logits, labels)
         maybe_evaluate(steps, job, device, progress, timer, step)
         ne.maybe_log(step, loss)
         maybe_checkpoint(model, optimizer, job, batches, ledger, timer, step, total_steps)
+    if admissions.rounds and dist.get_rank() == 0:
+        print(f"[train] managed ids: {admissions.rounds} admission rounds; rows restarted for new ids: "
+              f"{sum(admissions.restarted_rows.values()):,}", flush=True)  # fmt: skip
     steps.pause()  # the model's own forward again, for the final checkpoint and predictions
     batches.close()
     progress.close()

@@ -36,6 +36,8 @@ from training.model.build import (
     start_at_click_rate,
     table_name,
 )
+from training.model.managed_ids import ManagedIds
+from training.model.objective import attach_managed_ids
 from training.model.precision import allow_tf32, logit_in_float32, resolve_precision
 from training.reference import fit_logistic_regression
 from training.sharding.plan import describe_plan, format_plan, plan_as_json, shard_model
@@ -64,7 +66,14 @@ def run(job: TrainJob, device: torch.device) -> None:
         logit_in_float32(model)
     attach_embedding_optimizer(model, config)
     pooling = {table_name(feature): factor for feature, factor in job.pooling_factors.items()}
-    sharded, plan = shard_model(model, job.sharding, device, job.workers.per_rank_batch(config.batch_size), pooling)
+    managed = None
+    if job.managed_ids is not None:  # the same remapper on every process (training/loop/admission.py)
+        settings = job.managed_ids
+        managed = ManagedIds(job.table_sizes, settings.policy, settings.admit_min_count, device)
+    sharded, plan = shard_model(model, job.sharding, device, job.workers.per_rank_batch(config.batch_size), pooling,
+                                managed.state_bytes() if managed else 0)  # fmt: skip
+    if managed is not None:
+        attach_managed_ids(sharded, managed)
     # a resumed or warm-started run loads its own weights over these starting values
     start_at_click_rate(sharded, job.initial_click_rate)
     start_wide(sharded, _wide_start(job))
@@ -93,7 +102,7 @@ def run(job: TrainJob, device: torch.device) -> None:
             first_step_seconds=stats.first_step_seconds, compiled=config.compile, precision=config.precision,
             cpu=cpu, rows_trained=rows_trained, rows_fingerprint=fingerprint,
             resumed_from_step=start.step if start else 0, world_size=world, global_batch_size=config.batch_size,
-            device=device.type, backend=backend_for(device), pipeline=pipeline_kind(config, device),
+            device=device.type, backend=backend_for(device), pipeline=pipeline_kind(config, device, job.managed_ids is not None),
             checkpoint=str(checkpoint), eval_rows_rank0=rows,
         ))  # fmt: skip
         print(f"[train] done: {stats.steps} steps, {rows_trained:,} rows trained, "
@@ -121,6 +130,8 @@ def _wide_start(job: TrainJob) -> WideStart | None:
     rank, since replicated weights must start equal. None: the own weights start at zero
     (so does a run that will load a checkpoint over them)."""
     if job.model.wide_start != "logistic_regression" or latest_checkpoint(job.checkpoint_root) or job.init_checkpoint:
+        return None
+    if job.managed_ids is not None:  # the regression's rows are hashed ids, not the admitted ids' rows
         return None
     fitted: list[WideStart | None] = [None]
     if dist.get_rank() == 0:

@@ -163,3 +163,42 @@ def test_a_retyped_column_stops_the_night_and_leaves_the_champion(warehouse_run,
     assert client.get_model_version_by_alias("dlrm-ctr-warehouse-example", "champion").version == champion
     assert all(path.read_text() == text for path, text in earlier.items()), "earlier days untouched"
     assert not partition_dir(run_dir / "warehouse", parse_day("2026-11-22")).exists()
+
+
+# Six weekly partitions whose click signal turns 0.25 rad a week (a week apart its effects
+# correlate by 0.97, five weeks apart by 0.32).
+WEEKS = ["2026-09-07", "2026-09-14", "2026-09-21", "2026-09-28", "2026-10-05", "2026-10-12"]
+
+
+def test_a_retune_on_a_drifting_weekly_warehouse_is_never_worse_than_the_configured_values(prefect_server,
+                                                                                            tmp_path: Path) -> None:  # fmt: skip
+    """The default search space (batch sizes, up to 3 epochs with early stopping) on dated
+    data: trials are scored on the newest training week (what the next week's model faces)
+    and the tuned run's NE on the week after is never worse than the configured run's by
+    more than the noise the tuner's verdict computed."""
+    import optuna
+
+    from flows.config import load_config
+    from flows.pipeline import run_pipeline
+
+    write_sample_warehouse(tmp_path / "source", WEEKS, 5_000, seed=11, signal_drift=0.25)
+    weeks = ", ".join(f'"{week}"' for week in WEEKS[:5])
+    common = [f'data.path="{tmp_path / "source"}"', f"data.train_days=[{weeks}]", f'data.eval_days=["{WEEKS[5]}"]',
+              *SMALLER, "tuning.n_trials=3"]  # fmt: skip
+    configured = run_pipeline(EXAMPLE, [f'run_dir="{tmp_path / "configured"}"', *common, 'tuning.policy="off"'])
+    overrides = [f'run_dir="{tmp_path / "tuned"}"', *common, 'tuning.policy="retune_first"']
+    tuned = run_pipeline(EXAMPLE, overrides)
+    storage = load_config(EXAMPLE, overrides).optuna_storage
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    decision = study.user_attrs["decision"]
+    assert decision["verdict"] in tuned["tuning_reason"]
+    searched = {t.params.get("training.batch_size") for t in study.trials}
+    finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    batch = configured["global_batch_size"]  # 1,024 halved for enough steps on these rows
+    assert searched <= {batch, batch // 2, batch // 4} and all(1 <= t.user_attrs["chosen"]["training.epochs"] <= 3 for t in finished)
+    # progressive validation: the newest training week's rows (5,000 written), not a slice of every week
+    assert 4_000 < decision["rows"] <= 5_000
+    noise = (decision["gain_high"] - decision["gain_low"]) / 2
+    assert tuned["eval_ne"] <= configured["eval_ne"] + noise, (tuned["eval_ne"], configured["eval_ne"], decision)
+    assert tuned["eval_ne"] < tuned["baseline_constant_ne"]

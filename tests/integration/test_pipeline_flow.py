@@ -1,6 +1,5 @@
 """The `pipeline` flow end to end on the tiny config, under a real (temporary) Prefect server."""
 
-import gzip
 import json
 import os
 import signal
@@ -15,10 +14,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from foreign_python import make_foreign_python
+from foreign_python import (
+    champion_scores_elsewhere,
+    make_foreign_python,
+    raw_lines,
+    run_predictions,
+)
 from mlflow.tracking import MlflowClient
 
-from evaluation.calibration import Calibrator
 from flows.config import load_config
 from ingestion.warehouse import read_manifest
 from training.job import JobFolder
@@ -152,45 +155,13 @@ def test_model_is_registered_loads_and_becomes_champion(pipeline_run) -> None:
     assert {f"fbgemm-gpu-cpu=={matched.fbgemm}", f"torchrec=={matched.torchrec}"} <= set(requirements.split())
 
 
-def _run_predictions(config, day: int) -> np.ndarray:
-    """The run's own predictions of the day as it reported them, in row order (rank r scored
-    the r-th share): the model's probabilities through the run's calibrator."""
-    folder = JobFolder(config.path("train"))
-    calibrator = Calibrator.from_dict(json.loads((folder.serving / "model.json").read_text())["calibration"])
-    assert calibrator.rows > 0, "fitted (or found of no use: then \"none\") on held-out rows"
-    return calibrator.apply(folder.read_predictions(str(day)).predictions)
-
-
-def _raw_lines(config, day: int) -> list[str]:
-    with gzip.open(config.path(config.data.raw_dir) / f"day_{day}.tsv.gz", "rt") as lines:
-        return lines.read().splitlines()
-
-
-SCORE_LINES = """
-import json, sys
-import mlflow, numpy as np, pandas as pd
-model = mlflow.pyfunc.load_model(sys.argv[1])
-lines = json.load(open(sys.argv[2]))
-np.save(sys.argv[3], model.predict(pd.DataFrame({"line": lines})))
-"""
-
-
 def test_the_champion_loads_without_this_project_and_scores_raw_lines_as_the_run_did(
     pipeline_run, tmp_path: Path
 ) -> None:
     config, summary = pipeline_run
-    python = make_foreign_python(tmp_path / "venv")
-    cannot = subprocess.run([python, "-c", "import training"], cwd=tmp_path, capture_output=True, text=True,
-                            check=False)  # fmt: skip
-    assert "No module named 'training'" in cannot.stderr, "the project is not importable there"
-    lines, expected = _raw_lines(config, 2), _run_predictions(config, 2)
+    lines, expected = raw_lines(config, 2), run_predictions(config, 2)
     assert summary["rows_quarantined"] == 0 and len(lines) == len(expected) == 6000
-    (tmp_path / "lines.json").write_text(json.dumps(lines))
-    (tmp_path / "score.py").write_text(SCORE_LINES)
-    environment = {**os.environ, "MLFLOW_TRACKING_URI": config.tracking_uri, "PYTHONPATH": ""}
-    subprocess.run([python, "score.py", f"models:/{config.tracking.registered_model}@champion", "lines.json",
-                    "scores.npy"], cwd=tmp_path, env=environment, check=True, timeout=300)  # fmt: skip
-    scores = np.load(tmp_path / "scores.npy")
+    scores = champion_scores_elsewhere(config, lines, tmp_path)
     assert scores.shape == expected.shape
     assert np.abs(scores - expected).max() <= 1e-6
     assert 0.05 < scores.std(), "real predictions, not a constant"
@@ -221,12 +192,12 @@ def test_mlflow_models_serve_scores_the_champion_over_http(pipeline_run, tmp_pat
                     break
             except httpx.HTTPError:
                 time.sleep(0.5)
-        lines = _raw_lines(config, 2)[:50]
+        lines = raw_lines(config, 2)[:50]
         answer = httpx.post(f"{url}/invocations", json={"dataframe_split": {"columns": ["line"],
                             "data": [[line] for line in lines]}}, timeout=60)  # fmt: skip
         assert answer.status_code == 200, answer.text
         served = np.array(answer.json()["predictions"])
-        assert np.abs(served - _run_predictions(config, 2)[:50]).max() <= 1e-6
+        assert np.abs(served - run_predictions(config, 2)[:50]).max() <= 1e-6
         refused = httpx.post(f"{url}/invocations", json={"dataframe_split": {"columns": ["line"], "data": [["1\t2"]]}},
                              timeout=60)  # fmt: skip
         assert refused.status_code == 400 and "2 tab-separated fields" in refused.text

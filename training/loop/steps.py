@@ -28,14 +28,16 @@ def autocast(config: TrainingConfig, device: torch.device) -> torch.autocast:
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
 
 
-def pipeline_kind(config: TrainingConfig, device: torch.device) -> Literal["sparse_dist", "plain"]:
+def pipeline_kind(config: TrainingConfig, device: torch.device, managed_ids: bool = False) -> Literal["sparse_dist", "plain"]:
     """`auto` pipelines on GPUs, where copies and the ids' all-to-all run on side streams.
 
     On CPU nothing runs beside the step (no streams) and the pipeline's bookkeeping costs
-    time, so `auto` takes plain steps there.
+    time, so `auto` takes plain steps there. Managed-collision ids take plain steps too: the
+    pipeline starts the ids' all-to-all from the batch as read, before they are remapped
+    (the config loader refuses `pipeline = "sparse_dist"` with them).
     """
     if config.pipeline == "auto":
-        return "sparse_dist" if device.type == "cuda" else "plain"
+        return "sparse_dist" if device.type == "cuda" and not managed_ids else "plain"
     return config.pipeline
 
 
@@ -90,7 +92,7 @@ class PipelinedSteps:
 
 
 def train_steps(model: nn.Module, optimizer: CombinedOptimizer, config: TrainingConfig,
-                device: torch.device) -> TrainSteps:  # fmt: skip
-    if pipeline_kind(config, device) == "sparse_dist":
+                device: torch.device, managed_ids: bool = False) -> TrainSteps:  # fmt: skip
+    if pipeline_kind(config, device, managed_ids) == "sparse_dist":
         return PipelinedSteps(model, optimizer, config, device)
     return PlainSteps(model, optimizer, config, device)

@@ -4,7 +4,8 @@ MLflow loads this file as the model's code ("models from code"), with `stock_dlr
 `id_hash.py` and `calibration.py` bundled beside it, so it imports nothing else of this
 project: numpy, pandas, pyarrow, torch, torchrec and mlflow only. Its artifact folder holds
 the DLRM's state dict (`dlrm.pt`), its shape, the run's preprocessing state and its
-calibrator (`model.json`), and in vocab mode the vocabularies (`vocabularies.npz`).
+calibrator (`model.json`), and in vocab mode the vocabularies (`vocabularies.npz`; in managed
+mode the same file holds each table's admitted raw ids and their rows as training left them).
 
 Input, for a model of Criteo data, a DataFrame with either
 - a column `line`: raw Criteo TSV lines (label, I1..I13, C1..C26; the label may be left out), or
@@ -18,8 +19,9 @@ Output: each row's click probability, calibrated as the run's report was, in inp
 
 The features are those of the run's preprocessing (ingestion/preprocess.py), here in numpy:
 dense x → ln(1 + max(x, 0)) with missing → 0; a categorical id v → 1 + v mod buckets (hash
-mode) or its vocabulary row, 1 when unseen (vocab mode); missing → 0; each id of a
-multi-hot bag maps alike and an empty bag is [0].
+mode) or its vocabulary row, 1 when unseen (vocab mode); missing → 0; in managed mode the
+row training admitted the id to, the table's last row otherwise, and missing is the id
+−2^63; each id of a multi-hot bag maps alike and an empty bag is [missing].
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ log = logging.getLogger(__name__)
 DENSE = tuple(f"I{i}" for i in range(1, 14))
 SPARSE = tuple(f"C{i}" for i in range(1, 27))
 MISSING_ROW, OOV_ROW = 0, 1
+MISSING_ID = -(2**63)  # managed mode's id of a missing value (ingestion/preprocess.py)
 DEVICE_VARIABLE = "DLRM_SERVING_DEVICE"  # overrides the device chosen at export: cpu | cuda
 _HEX_ID = re.compile(r"[0-9a-fA-F]{8}")
 _CHUNK = 8192  # rows scored at once
@@ -167,10 +170,26 @@ class FeatureMap:
     def rows(self, feature: str, ids: np.ndarray) -> np.ndarray:
         if self.mode == "hash":  # numpy's mod is non-negative, as the SQL's for signed ids
             return 1 + np.mod(ids, self.buckets[feature])
+        # vocab: unseen ids share row 1; managed: ids without a row share the table's last
+        unseen = OOV_ROW if self.mode == "vocab" else self.buckets[feature] - 1
         values, rows = self.vocabularies[f"{feature}.values"], self.vocabularies[f"{feature}.rows"]
         at = np.minimum(np.searchsorted(values, ids), max(len(values) - 1, 0))
         found = (values[at] == ids) if len(values) else np.zeros(len(ids), dtype=bool)
-        return np.where(found, rows[at] if len(values) else OOV_ROW, OOV_ROW)
+        return np.where(found, rows[at] if len(values) else unseen, unseen)
+
+    def feature_rows(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """A batch of feature files' ids (managed mode: raw ids) as this model's table rows."""
+        if self.mode != "managed":
+            return kjt
+        rows = [torch.from_numpy(self.rows(feature, jagged.values().numpy())) for feature, jagged in kjt.to_dict().items()]
+        return KeyedJaggedTensor(keys=kjt.keys(), values=torch.cat(rows), lengths=kjt.lengths(), stride=kjt.stride())
+
+    def missing_row(self, feature: str) -> int:
+        """The row of a missing value: row 0, or in managed mode the row of the id standing
+        for it (`MISSING_ID`), as preprocessing writes it."""
+        if self.mode != "managed":
+            return MISSING_ROW
+        return int(self.rows(feature, np.array([MISSING_ID], dtype=np.int64))[0])
 
     def kjt(self, frame: pd.DataFrame) -> KeyedJaggedTensor:
         """The rows' KeyedJaggedTensor: keys the categorical features, every example at least
@@ -181,7 +200,7 @@ class FeatureMap:
             sizes = np.fromiter(map(len, bags), dtype=np.int64, count=len(bags))
             mapped = self.rows(feature, np.fromiter((i for bag in bags for i in bag), dtype=np.int64))
             starts = np.cumsum(sizes) - sizes
-            values.append(np.insert(mapped, starts[sizes == 0], MISSING_ROW))  # an empty bag: [missing]
+            values.append(np.insert(mapped, starts[sizes == 0], self.missing_row(feature)))  # an empty bag: [missing]
             lengths.append(np.maximum(sizes, 1))
         return KeyedJaggedTensor(keys=list(self.sparse), values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
                                  lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int32)),

@@ -18,6 +18,8 @@ from ingestion.preprocess import PreprocessState, vocabulary_path
 from training.job import TrainJob
 from training.loop.checkpoint import load_unsharded
 from training.model.build import build_train_model, dlrm_spec
+from training.model.managed_ids import ManagedIds
+from training.model.objective import RealRowsDLRMTrain, attach_managed_ids, managed_ids_of
 from training.model.stock_dlrm import SERVING_FORMAT
 from training.torch_range import matched_set
 
@@ -46,9 +48,21 @@ def export_model(job: TrainJob, checkpoint: Path) -> DLRM:
 
     It is TorchRec's own module (training/model/stock_dlrm.py builds it), nothing of this project.
     """
+    return _load_trained(job, checkpoint).model.eval()
+
+
+def export_managed_ids(job: TrainJob, checkpoint: Path) -> ManagedIds | None:
+    """The trained run's managed-collision ids (None unless `job.managed_ids`)."""
+    return managed_ids_of(_load_trained(job, checkpoint)) if job.managed_ids is not None else None
+
+
+def _load_trained(job: TrainJob, checkpoint: Path) -> RealRowsDLRMTrain:
     model = build_train_model(job.model, job.table_sizes, torch.device("cpu"), job.dense_features)
+    if job.managed_ids is not None:
+        managed = job.managed_ids
+        attach_managed_ids(model, ManagedIds(job.table_sizes, managed.policy, managed.admit_min_count))
     load_unsharded(model, checkpoint)
-    return model.model.eval()
+    return model
 
 
 @dataclass(frozen=True)
@@ -74,9 +88,13 @@ def write_serving_model(job: TrainJob, checkpoint: Path, state: PreprocessState,
         raise ValueError(f"tracking.serving_device: {device!r} is not one of {list(SERVING_DEVICES)}")
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    torch.save(export_model(job, checkpoint).state_dict(), folder / "dlrm.pt")
+    trained = _load_trained(job, checkpoint)
+    torch.save(trained.model.eval().state_dict(), folder / "dlrm.pt")
     if state.mode == "vocab":
         np.savez(folder / "vocabularies.npz", **vocabulary_arrays(state, features_root))
+    managed = managed_ids_of(trained)
+    if managed is not None:  # the ids' rows as training left them, in the vocabularies' form
+        np.savez(folder / "vocabularies.npz", **managed_id_arrays(managed))
     description = {
         "format": SERVING_FORMAT,
         "device": device,
@@ -87,6 +105,17 @@ def write_serving_model(job: TrainJob, checkpoint: Path, state: PreprocessState,
     }
     (folder / "model.json").write_text(json.dumps(description, indent=2))
     return ServingModel(folder, device)
+
+
+def managed_id_arrays(managed: ManagedIds) -> dict[str, np.ndarray]:
+    """Per feature, its resident raw ids (sorted) and their rows; any other id takes the
+    table's last row."""
+    arrays = {}
+    for feature in managed.tables:
+        resident = sorted(managed.id_rows(feature).items())
+        arrays[f"{feature}.values"] = np.array([i for i, _ in resident], dtype=np.int64)
+        arrays[f"{feature}.rows"] = np.array([r for _, r in resident], dtype=np.int64)
+    return arrays
 
 
 def vocabulary_arrays(state: PreprocessState, features_root: Path) -> dict[str, np.ndarray]:

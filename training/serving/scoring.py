@@ -28,10 +28,12 @@ def score_files(logits_of: LogitFn, files: Sequence[str], slice_feature: str, ba
     return Scores(np.concatenate(labels), np.concatenate(predictions), np.concatenate(slices))
 
 
-def dlrm_logits(model: torch.nn.Module) -> LogitFn:
-    """Adapt a DLRM (dense, KJT) → [B, 1] to the [B] logits of `score_files`."""
+def dlrm_logits(model: torch.nn.Module,
+                rows: Callable[[KeyedJaggedTensor], KeyedJaggedTensor] | None = None) -> LogitFn:  # fmt: skip
+    """Adapt a DLRM (dense, KJT) → [B, 1] to the [B] logits of `score_files`; `rows` turns the
+    files' ids into the model's table rows first (managed ids: the served remapping)."""
 
     def logits_of(dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
-        return model(dense, sparse).squeeze(-1)
+        return model(dense, rows(sparse) if rows else sparse).squeeze(-1)
 
     return logits_of

@@ -127,15 +127,17 @@ def this_job_cluster(device: torch.device, world_size: int, local_world_size: in
                          host_memory_gb=host_memory_bytes() / gib)  # fmt: skip
 
 
-def cluster_topology(cluster: ClusterConfig) -> Topology:
+def cluster_topology(cluster: ClusterConfig, reserved_bytes: int = 0) -> Topology:
     """A topology for a declared cluster (or this job's, `this_job_cluster`); host memory is
-    shared by the devices of a host."""
+    shared by the devices of a host. `reserved_bytes`: each process's memory the tables may
+    not use (managed ids' remapper, on the device the process computes on)."""
+    cuda = cluster.compute_device == "cuda"
     return Topology(
         world_size=cluster.workers.world_size,
         local_world_size=cluster.devices_per_host,
         compute_device=cluster.compute_device,
-        hbm_cap=int(cluster.device_memory_gb * 2**30) if cluster.compute_device == "cuda" else None,
-        ddr_cap=int(cluster.host_memory_gb * 2**30 / cluster.devices_per_host),
+        hbm_cap=int(cluster.device_memory_gb * 2**30) - reserved_bytes if cuda else None,
+        ddr_cap=int(cluster.host_memory_gb * 2**30 / cluster.devices_per_host) - (0 if cuda else reserved_bytes),
     )
 
 
@@ -242,10 +244,12 @@ def shard_model(
     device: torch.device,
     batch_size_per_rank: int,
     pooling_factor: PoolingFactors = 1.0,
+    reserved_bytes: int = 0,
 ) -> tuple[DistributedModelParallel, ShardingPlan]:
-    """Plan over the live process group and apply the plan with DistributedModelParallel."""
+    """Plan over the live process group and apply the plan with DistributedModelParallel;
+    `reserved_bytes` of each process's memory are kept from the tables (`cluster_topology`)."""
     world_size = dist.get_world_size()
-    topology = cluster_topology(this_job_cluster(device, world_size, _local_world_size(world_size)))
+    topology = cluster_topology(this_job_cluster(device, world_size, _local_world_size(world_size)), reserved_bytes)
     plan, _ = plan_sharding(model, config, topology, batch_size_per_rank, dist.GroupMember.WORLD, pooling_factor)
     wrapper = DefaultDataParallelWrapper() if world_size > 1 else AloneDataParallelWrapper()
     return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders_for(config),

@@ -157,3 +157,26 @@ def test_a_continued_vocabulary_keeps_every_row_and_fills_free_ones(tiny_warehou
     assert (grew > 0) == (headroom > 0)
     features = pq.read_table(apply_state(config, child, tiny_warehouse, tmp_path, 2), partitioning=None)
     assert all(int(features[c].to_numpy().max()) < child.table_sizes[c] for c in SPARSE_COLUMNS)
+
+
+def test_managed_mode_keeps_raw_ids_with_the_missing_id_and_hash_sized_tables(tiny_warehouse: Path,
+                                                                               tmp_path: Path) -> None:  # fmt: skip
+    """Managed mode's features are the warehouse's ids themselves (BIGINT), a missing one the
+    id −2^63, in the warehouse's row order; tables as hash mode sizes them."""
+    import dataclasses
+
+    from ingestion.preprocess import MISSING_ID
+
+    managed = dataclasses.replace(TINY_PREPROCESS, categorical_mode="managed")
+    state = fit_state(managed, tiny_warehouse, tmp_path, [0, 1])
+    hashed = fit_state(TINY_PREPROCESS, tiny_warehouse, tmp_path / "hash", [0, 1])
+    assert state.mode == "managed" and state.state_id != hashed.state_id
+    assert state.table_sizes == {name: rows for name, rows in hashed.table_sizes.items()}, "sized as hash mode"
+    raw = pq.read_table(tiny_warehouse / "day=2")
+    features = pq.read_table(apply_state(managed, state, tiny_warehouse, tmp_path, 2), partitioning=None)
+    assert np.array_equal(features["label"].to_numpy(), raw["label"].to_numpy())
+    for name in SPARSE_COLUMNS:
+        ids = raw[name].to_numpy(zero_copy_only=False).astype(np.float64)
+        expected = np.where(np.isnan(ids), MISSING_ID, np.nan_to_num(ids).astype(np.int64))
+        assert features.schema.field(name).type == pa.int64()
+        assert np.array_equal(features[name].to_numpy(), expected), name

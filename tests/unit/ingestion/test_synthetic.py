@@ -198,3 +198,6 @@ def test_ids_live_their_lifetime_then_give_way_to_new_ones() -> None:
         assert max(runs) <= 4 and len(set(row.tolist())) == len(runs)
     forever = GroundTruth(SyntheticConfig(cardinality_scale=0.05))
     assert np.array_equal(forever.hex_ids(ranks, feature, 0), forever.hex_ids(ranks, feature, 8))
+    small = 8  # C9, 3 values: a feature this small (a device, a country) keeps its ids
+    assert truth.cardinality[small] < 1_000 <= truth.cardinality[feature]
+    assert np.array_equal(truth.hex_ids(ranks[:3], small, 0), truth.hex_ids(ranks[:3], small, 8))

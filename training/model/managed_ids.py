@@ -1,0 +1,158 @@
+"""Managed-collision ids: each categorical feature's raw ids mapped to rows of its table by
+TorchRec's `MCHManagedCollisionModule`, which admits new ids and evicts stale ones.
+
+A table of R rows holds at most R − 1 ids: its last row is shared by every id without a row
+of its own (never seen, not admitted, evicted), the module's miss row. Rows change owner only
+in an admission round: the ids seen since the last round are counted, those seen at least
+`admit_min_count` times in it are candidates, and the policy picks the residents they replace:
+
+- "lfu": the fewest uses since admission (a tie keeps the resident);
+- "lru": the longest unseen (in rounds);
+- "distance_lfu": uses divided by the rounds since last seen.
+
+TorchRec's own quirk, kept: a resident id below the admission count in a round is not
+counted in that round either.
+
+The remapper is replicated: every process keeps the same copy and runs each round on the
+same ids (the training loop gathers every process's ids of the round, in rank order), so its
+rows do not depend on the world size, the tables stay ordinary TorchRec tables sharded as any
+other, and a checkpoint holds one copy. It knows nothing of processes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Literal
+
+import numpy as np
+import torch
+from torchrec.modules.mc_modules import (
+    DistanceLFU_EvictionPolicy,
+    LFU_EvictionPolicy,
+    LRU_EvictionPolicy,
+    MCHEvictionPolicy,
+    MCHManagedCollisionModule,
+)
+from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
+
+Policy = Literal["lfu", "lru", "distance_lfu"]
+POLICIES: tuple[Policy, ...] = ("lfu", "lru", "distance_lfu")
+# The module's state per row (sorted raw id, its row, and a count and/or a last-seen round)
+# and per table (its output segments), in bytes.
+STATE_BYTES_PER_ROW = {"lfu": 24, "lru": 24, "distance_lfu": 32}
+STATE_BYTES_PER_TABLE = 8_208
+
+
+def _at_least(counts: torch.Tensor, minimum: int) -> tuple[torch.Tensor, int]:
+    """TorchRec's threshold filter form: which of a round's ids may be admitted."""
+    return counts >= minimum, minimum
+
+
+def eviction_policy(policy: Policy, admit_min_count: int) -> MCHEvictionPolicy:
+    threshold = functools.partial(_at_least, minimum=admit_min_count) if admit_min_count > 1 else None
+    if policy == "lfu":
+        return LFU_EvictionPolicy(threshold_filtering_func=threshold)
+    if policy == "lru":
+        return LRU_EvictionPolicy(threshold_filtering_func=threshold)
+    if policy == "distance_lfu":
+        return DistanceLFU_EvictionPolicy(threshold_filtering_func=threshold)
+    raise ValueError(f"managed ids: policy must be one of {list(POLICIES)}, got {policy!r}")
+
+
+class ManagedIds(torch.nn.Module):
+    """One managed-collision module per categorical feature, in front of its table of
+    `table_sizes[feature]` rows. `remap` turns a batch's raw ids into rows; `record` keeps a
+    training batch's ids for the next round; `admit` runs a round."""
+
+    def __init__(self, table_sizes: Mapping[str, int], policy: Policy = "lfu", admit_min_count: int = 1,
+                 device: torch.device | None = None) -> None:  # fmt: skip
+        super().__init__()
+        device = device or torch.device("cpu")
+        if any(rows < 2 for rows in table_sizes.values()):
+            raise ValueError(f"managed ids: a table needs at least 2 rows (one id and the miss row), got {dict(table_sizes)}")
+        self.policy, self.admit_min_count = policy, admit_min_count
+        self.tables = torch.nn.ModuleDict({
+            feature: MCHManagedCollisionModule(zch_size=rows, device=device, eviction_interval=1, name=feature,
+                                               eviction_policy=eviction_policy(policy, admit_min_count))
+            for feature, rows in table_sizes.items()
+        })  # fmt: skip
+        self._pending: dict[str, list[torch.Tensor]] = {feature: [] for feature in table_sizes}
+
+    def remap(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """The batch with every raw id replaced by its row (the miss row where it has none)."""
+        rows = []
+        for feature, jagged in kjt.to_dict().items():
+            rows.append(self.tables[feature].remap({feature: jagged})[feature].values())
+        values = torch.cat(rows) if rows else kjt.values()
+        return KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=kjt.lengths(), stride=kjt.stride())
+
+    def record(self, kjt: KeyedJaggedTensor) -> None:
+        """Keep a training batch's raw ids until the next round."""
+        for feature, jagged in kjt.to_dict().items():
+            self._pending[feature].append(jagged.values().detach().clone())
+
+    def pending(self) -> dict[str, torch.Tensor]:
+        """The ids recorded since the last round, per feature, in the order recorded."""
+        return {feature: torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+                for feature, parts in self._pending.items()}  # fmt: skip
+
+    @torch.no_grad()
+    def admit(self, ids: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One admission round on `ids` (every process passes the same ones), after which the
+        recorded ids are dropped. Returns each feature's rows that changed owner (new ids in
+        free or evicted rows), whose embeddings the caller starts afresh."""
+        changed: dict[str, torch.Tensor] = {}
+        for feature, module in self.tables.items():
+            values = ids.get(feature, torch.zeros(0, dtype=torch.int64)).to(torch.int64)
+            if not values.numel():
+                changed[feature] = torch.zeros(0, dtype=torch.int64)
+                continue
+            # TorchRec sizes its history once, from the first call, and drops what does not fit
+            # afterwards: sized to each round's ids instead.
+            module._input_history_buffer_size = -1
+            module.train()
+            lengths = torch.ones(values.numel(), dtype=torch.int64, device=values.device)
+            module.profile({feature: JaggedTensor(values=values, lengths=lengths)})
+            rows = module.evict()
+            changed[feature] = rows.clone() if rows is not None else torch.zeros(0, dtype=torch.int64)
+        self._pending = {feature: [] for feature in self.tables}
+        return changed
+
+    def id_rows(self, feature: str) -> dict[int, int]:
+        """Each resident raw id of `feature` → its row (for reports and tests)."""
+        module = self.tables[feature]
+        ids, rows = module._mch_sorted_raw_ids[:-1], module._mch_remapped_ids_mapping[:-1]
+        resident = ids != torch.iinfo(torch.int64).max
+        return dict(zip(ids[resident].tolist(), rows[resident].tolist()))
+
+    def miss_row(self, feature: str) -> int:
+        return int(self.tables[feature].output_size()) - 1
+
+    def lookup_arrays(self) -> dict[str, np.ndarray]:
+        """Everything serving needs to remap as training does, as plain arrays:
+        `{feature}.ids` (sorted raw ids, the last one a sentinel) and `{feature}.rows`."""
+        arrays = {}
+        for feature, module in self.tables.items():
+            arrays[f"{feature}.ids"] = module._mch_sorted_raw_ids.cpu().numpy().copy()
+            arrays[f"{feature}.rows"] = module._mch_remapped_ids_mapping.cpu().numpy().copy()
+        return arrays
+
+    def state_bytes(self) -> int:
+        """The remapper's state on each process."""
+        sizes = {feature: int(module.output_size()) for feature, module in self.tables.items()}
+        return state_bytes(sizes, self.policy)
+
+
+def state_bytes(table_sizes: Mapping[str, int], policy: Policy) -> int:
+    """The state of a remapper in front of tables of `table_sizes` rows, on each process
+    (the ids of a round waiting for it come on top, for the round's length)."""
+    return sum(table_sizes.values()) * STATE_BYTES_PER_ROW[policy] + len(table_sizes) * STATE_BYTES_PER_TABLE
+
+
+def remap_with_arrays(ids: np.ndarray, sorted_ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Raw ids → rows from `ManagedIds.lookup_arrays`, exactly as `ManagedIds.remap` maps them
+    (numpy only: the served model applies it). An id without a row gets the last row."""
+    ids = np.asarray(ids, dtype=np.int64)
+    at = np.searchsorted(sorted_ids[:-1], ids, side="left")
+    return np.where(sorted_ids[at] == ids, rows[at], len(sorted_ids) - 1).astype(np.int64)
