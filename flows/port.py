@@ -29,7 +29,10 @@ from training.tuning.trigger import TuningDecision, same_hardware
 
 
 def with_batch(config: PipelineConfig, batch: int) -> PipelineConfig:
-    return dataclasses.replace(config, training=dataclasses.replace(config.training, batch_size=batch))
+    """`config` at the hardware's batch, which its retune keeps (it searches no other batch:
+    the point of the port is to train at the batch this hardware runs well)."""
+    return dataclasses.replace(config, training=dataclasses.replace(config.training, batch_size=batch),
+                               tuning=dataclasses.replace(config.tuning, batch_sizes=()))  # fmt: skip
 
 
 def port_decision(decision: TuningDecision, lookup: ResolvedRun, lookup_at: Callable[[int], ResolvedRun],

@@ -54,9 +54,9 @@ def raw_lines(config, day: int) -> list[str]:
         return lines.read().splitlines()
 
 
-def champion_scores_elsewhere(config, lines: list[str], folder: Path) -> np.ndarray:
-    """The registered champion's scores of raw `lines`, loaded by MLflow in a Python that
-    cannot import this project."""
+def champion_scores_elsewhere(config, lines: list[str], folder: Path, version: str = "") -> np.ndarray:
+    """The registered champion's (or `version`'s) scores of raw `lines`, loaded by MLflow in a
+    Python that cannot import this project."""
     python = make_foreign_python(folder / "venv")
     cannot = subprocess.run([python, "-c", "import training"], cwd=folder, capture_output=True, text=True,
                             check=False)  # fmt: skip
@@ -64,6 +64,8 @@ def champion_scores_elsewhere(config, lines: list[str], folder: Path) -> np.ndar
     (folder / "lines.json").write_text(json.dumps(lines))
     (folder / "score.py").write_text(SCORE_LINES)
     environment = {**os.environ, "MLFLOW_TRACKING_URI": config.tracking_uri, "PYTHONPATH": ""}
-    subprocess.run([python, "score.py", f"models:/{config.tracking.registered_model}@champion", "lines.json",
-                    "scores.npy"], cwd=folder, env=environment, check=True, timeout=300)  # fmt: skip
+    model = f"models:/{config.tracking.registered_model}/{version}" if version else \
+        f"models:/{config.tracking.registered_model}@champion"  # fmt: skip
+    subprocess.run([python, "score.py", model, "lines.json", "scores.npy"], cwd=folder, env=environment, check=True,
+                   timeout=300)  # fmt: skip
     return np.load(folder / "scores.npy")

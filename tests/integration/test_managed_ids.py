@@ -1,7 +1,8 @@
-"""Managed-collision ids end to end (`preprocess.categorical_mode = "managed"`): a run on
-days whose ids come and go trains with a remapper in front of its tables, serves the same
-remapping where the project is not installed, and its remapping survives checkpoints and
-changes of world size exactly."""
+"""Managed-collision ids end to end (`preprocess.categorical_mode = "managed"`): two nights on
+days whose ids come and go train with a remapper in front of the tables, the second
+continuing the first; the newest serves the same remapping where the project is not
+installed, and its remapping survives checkpoints and changes of world size exactly.
+(How the modes compare night after night: bench/id_churn.py, docs/managed-ids.md.)"""
 
 from __future__ import annotations
 
@@ -25,18 +26,27 @@ MANAGED = ['preprocess.categorical_mode="managed"', "preprocess.managed.eviction
 
 @pytest.fixture(scope="module")
 def managed_run(prefect_server, tmp_path_factory: pytest.TempPathFactory):
+    """Nights as of days 2 and 3: the second continues the first's model and remapping."""
     from flows.pipeline import run_pipeline
 
     overrides = [f'run_dir="{tmp_path_factory.mktemp("managed")}"', *MANAGED]
-    return load_config(TINY, overrides), run_pipeline(TINY, overrides)
+    first = run_pipeline(TINY, overrides, "2")
+    return load_config(TINY, overrides), first, run_pipeline(TINY, overrides, "3")
 
 
-def test_the_champion_remaps_raw_lines_as_the_run_did_where_the_project_is_not(managed_run, tmp_path: Path) -> None:
-    config, summary = managed_run
-    assert summary["promoted"], summary["promotion_reason"]
-    assert summary["eval_ne"] < summary["baseline_constant_ne"]
-    lines, expected = raw_lines(config, 2), run_predictions(config, 2)
-    scores = champion_scores_elsewhere(config, lines, tmp_path)
+def test_a_night_continues_the_last_ones_remapping_and_is_judged_against_it(managed_run) -> None:
+    _, first, second = managed_run
+    assert first["promoted"], first["promotion_reason"]
+    assert second["warm_start_version"] == first["model_version"] and second["days_trained"] == [2]
+    # the champion scored day 3 through its own remapping (the served one): a real NE
+    assert 0.5 < second["champion_ne_same_days"] < second["baseline_constant_ne"]
+    assert second["eval_ne"] < second["baseline_constant_ne"]
+
+
+def test_the_served_model_remaps_raw_lines_as_the_run_did_where_the_project_is_not(managed_run, tmp_path: Path) -> None:
+    config, _, second = managed_run
+    lines, expected = raw_lines(config, 3), run_predictions(config, 3)
+    scores = champion_scores_elsewhere(config, lines, tmp_path, version=second["model_version"])
     assert scores.shape == expected.shape == (6000,)
     assert np.abs(scores - expected).max() <= 1e-6
 
@@ -56,7 +66,7 @@ def test_the_remapping_survives_a_checkpoint_and_resharding_2_1_2_exactly(manage
     warm start, loaded into 2: every process holds the remapper the run ended with."""
     from training.serving.export import export_managed_ids
 
-    config, _ = managed_run
+    config, _, _ = managed_run
     folder = JobFolder(config.path("train"))
     job = TrainJob.load(folder.job_file())
     checkpoint = Path(folder.read_summary().checkpoint)

@@ -177,6 +177,7 @@ def test_a_retune_on_a_drifting_weekly_warehouse_is_never_worse_than_the_configu
     and the tuned run's NE on the week after is never worse than the configured run's by
     more than the noise the tuner's verdict computed."""
     import optuna
+    from mlflow.tracking import MlflowClient
 
     from flows.config import load_config
     from flows.pipeline import run_pipeline
@@ -194,11 +195,45 @@ def test_a_retune_on_a_drifting_weekly_warehouse_is_never_worse_than_the_configu
     decision = study.user_attrs["decision"]
     assert decision["verdict"] in tuned["tuning_reason"]
     searched = {t.params.get("training.batch_size") for t in study.trials}
-    finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     batch = configured["global_batch_size"]  # 1,024 halved for enough steps on these rows
-    assert searched <= {batch, batch // 2, batch // 4} and all(1 <= t.user_attrs["chosen"]["training.epochs"] <= 3 for t in finished)
+    assert searched <= {batch, batch // 2, batch // 4}
+    config = load_config(EXAMPLE, overrides)
+    _assert_trials_stopped_early(config, study)
+    trained = MlflowClient(config.tracking_uri).get_run(tuned["mlflow_run_id"]).data.params
+    if decision["kept_configured"]:
+        assert "kept the configured values" in tuned["tuning_reason"] and trained["training.epochs"] == "1"
+    else:  # the run trains the epochs its trial chose
+        assert trained["training.epochs"] == str(study.trials[decision["trial"]].user_attrs["chosen"]["training.epochs"])
     # progressive validation: the newest training week's rows (5,000 written), not a slice of every week
     assert 4_000 < decision["rows"] <= 5_000
     noise = (decision["gain_high"] - decision["gain_low"]) / 2
     assert tuned["eval_ne"] <= configured["eval_ne"] + noise, (tuned["eval_ne"], configured["eval_ne"], decision)
     assert tuned["eval_ne"] < tuned["baseline_constant_ne"]
+
+
+def _assert_trials_stopped_early(config, study) -> None:
+    """Up to 3 epochs a trial, scored on every validation row at each epoch end: a trial
+    stops once that NE rises, and its best epoch count is what it chose (and logged)."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from training.loop.progress import HeldoutRecord, read_records
+
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert complete, [t.state.name for t in study.trials]
+    client = MlflowClient(config.tracking_uri)
+    experiment = client.get_run(study.user_attrs["mlflow_parent_run_id"]).info.experiment_id
+    for trial in complete:
+        folder = config.path("tuning") / study.study_name / f"trial-{trial.number:04d}"
+        heldout = [r for r in read_records(JobFolder(folder).metrics) if isinstance(r, HeldoutRecord)]
+        per_epoch = heldout[0].total_steps // 3
+        assert heldout[0].total_steps == 3 * per_epoch, "every trial may train up to 3 epochs"
+        ends = [r.heldout_ne for r in heldout if r.step % per_epoch == 0]
+        # the run stops at the first epoch end above an earlier one (it may log a little
+        # more before the stop reaches it: those records are not the trial's)
+        seen = next((k + 1 for k in range(1, len(ends)) if ends[k] > min(ends[:k])), len(ends))
+        best = min(ends[:seen])
+        assert trial.value == pytest.approx(best)
+        assert trial.user_attrs["chosen"] == {"training.epochs": ends.index(best) + 1}
+        [run] = client.search_runs([experiment], f"tags.`tuning.trial` = '{trial.number}'")
+        assert run.data.params["training.epochs"] == str(ends.index(best) + 1)

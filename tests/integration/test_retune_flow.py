@@ -153,41 +153,6 @@ def test_off_keeps_the_configured_values(tuned_run) -> None:
     assert decision.params["training.embedding_lr"] == config.training.embedding_lr
 
 
-def test_early_stopping_trials_choose_the_epochs_the_tuned_run_trains(prefect_server, tmp_path) -> None:
-    """Up to 3 epochs a trial, scored on every validation row at each epoch end: a trial
-    stops once that NE rises, and its best epoch count is part of the study's best."""
-    from flows.retune import retune
-    from training.loop.progress import HeldoutRecord, read_records
-
-    overrides = [f'run_dir="{tmp_path}"', "tuning.n_trials=2", "tuning.max_epochs=3", 'tuning.sampler="tpe"']
-    result = retune(CONFIG, overrides)
-    config = load_config(CONFIG, overrides)
-    study = _study(config)
-    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
-    assert complete, [t.state.name for t in study.trials]
-    client = MlflowClient(config.tracking_uri)
-    for trial in complete:
-        folder = config.path("tuning") / study.study_name / f"trial-{trial.number:04d}"
-        heldout = [r for r in read_records(JobFolder(folder).metrics) if isinstance(r, HeldoutRecord)]
-        per_epoch = heldout[0].total_steps // 3
-        assert heldout[0].total_steps == 3 * per_epoch, "every trial may train up to 3 epochs"
-        ends = [r.heldout_ne for r in heldout if r.step % per_epoch == 0]
-        # the run stops at the first epoch end above an earlier one (it may log a little
-        # more before the stop reaches it: those records are not the trial's)
-        seen = next((k + 1 for k in range(1, len(ends)) if ends[k] > min(ends[:k])), len(ends))
-        best = min(ends[:seen])
-        assert trial.value == pytest.approx(best)
-        assert trial.user_attrs["chosen"] == {"training.epochs": ends.index(best) + 1}
-        epochs = ends.index(best) + 1
-        run = client.search_runs([client.get_run(study.user_attrs["mlflow_parent_run_id"]).info.experiment_id],
-                                 f"tags.`tuning.trial` = '{trial.number}'")[0]  # fmt: skip
-        assert run.data.params["training.epochs"] == str(epochs)
-    if result["best_trial"] >= 0:  # the trial beat the configured values beyond the noise
-        assert result["best_params"]["training.epochs"] == study.best_trial.user_attrs["chosen"]["training.epochs"]
-    else:
-        assert result["decision"].startswith("kept the configured values")
-
-
 def test_a_search_space_that_cannot_beat_the_configured_values_keeps_them(prefect_server, tmp_path) -> None:
     """Learning rates a hundred times too small: the trial finishes (nothing prunes it here)
     but loses to the configured values, so the key's tuned values are the configured ones.

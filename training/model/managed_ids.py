@@ -38,6 +38,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 Policy = Literal["lfu", "lru", "distance_lfu"]
 POLICIES: tuple[Policy, ...] = ("lfu", "lru", "distance_lfu")
+_EMPTY = torch.iinfo(torch.int64).max  # TorchRec's id of an empty slot (never a real id)
 # The module's state per row (sorted raw id, its row, and a count and/or a last-seen round)
 # and per table (its output segments), in bytes.
 STATE_BYTES_PER_ROW = {"lfu": 24, "lru": 24, "distance_lfu": 32}
@@ -78,14 +79,51 @@ class ManagedIds(torch.nn.Module):
             for feature, rows in table_sizes.items()
         })  # fmt: skip
         self._pending: dict[str, list[torch.Tensor]] = {feature: [] for feature in table_sizes}
+        self._stacked: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # `_stack`
+        self._order = {feature: i for i, feature in enumerate(table_sizes)}
+        self.register_load_state_dict_post_hook(lambda module, keys: module._restack())
 
     def remap(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        """The batch with every raw id replaced by its row (the miss row where it has none)."""
-        rows = []
-        for feature, jagged in kjt.to_dict().items():
-            rows.append(self.tables[feature].remap({feature: jagged})[feature].values())
-        values = torch.cat(rows) if rows else kjt.values()
-        return KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=kjt.lengths(), stride=kjt.stride())
+        """The batch with every raw id replaced by its row (the miss row where it has none):
+        what each feature's module's `remap` gives, for all features in one search."""
+        if not kjt.keys():
+            return kjt
+        sorted_ids, rows, misses = self._stack()  # [F, N] each, and [F]
+        index = torch.tensor([self._order[feature] for feature in kjt.keys()], device=sorted_ids.device)
+        counts = kjt.length_per_key()
+        values = kjt.values()
+        if len(set(counts)) == 1:  # one id an example in every feature: a plain [F, B] view
+            queries = values.view(len(counts), counts[0])
+        else:
+            queries = torch.nn.utils.rnn.pad_sequence(list(torch.split(values, counts)), batch_first=True,
+                                                      padding_value=_EMPTY)  # fmt: skip
+        table_ids, table_rows = sorted_ids[index], rows[index]
+        # the search leaves out each table's last slot, its pinned sentinel (TorchRec's `_mch_remap`)
+        at = torch.searchsorted(table_ids[:, :-1].contiguous(), queries.contiguous())
+        found = table_ids.gather(1, at) == queries
+        remapped = torch.where(found, table_rows.gather(1, at), misses[index].unsqueeze(1))
+        flat = remapped.reshape(-1) if len(set(counts)) == 1 else torch.cat([r[:n] for r, n in zip(remapped, counts)])
+        return KeyedJaggedTensor(keys=kjt.keys(), values=flat, lengths=kjt.lengths(), stride=kjt.stride())
+
+    def _stack(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every table's sorted ids and their rows as one [features, longest table] pair of
+        tensors (shorter tables padded with the empty-slot id), and each table's miss row."""
+        if self._stacked is None:
+            modules = list(self.tables.values())
+            longest = max(int(m.output_size()) for m in modules)
+            device = modules[0]._mch_sorted_raw_ids.device
+            ids = torch.full((len(modules), longest), _EMPTY, dtype=torch.int64, device=device)
+            rows = torch.zeros((len(modules), longest), dtype=torch.int64, device=device)
+            for i, module in enumerate(modules):
+                size = int(module.output_size())
+                ids[i, :size] = module._mch_sorted_raw_ids
+                rows[i, :size] = module._mch_remapped_ids_mapping
+            misses = torch.tensor([int(m.output_size()) - 1 for m in modules], dtype=torch.int64, device=device)
+            self._stacked = (ids, rows, misses)
+        return self._stacked
+
+    def _restack(self) -> None:
+        self._stacked = None
 
     def record(self, kjt: KeyedJaggedTensor) -> None:
         """Keep a training batch's raw ids until the next round."""
@@ -117,6 +155,7 @@ class ManagedIds(torch.nn.Module):
             rows = module.evict()
             changed[feature] = rows.clone() if rows is not None else torch.zeros(0, dtype=torch.int64)
         self._pending = {feature: [] for feature in self.tables}
+        self._stacked = None
         return changed
 
     def id_rows(self, feature: str) -> dict[int, int]:

@@ -105,3 +105,17 @@ def test_serving_remaps_with_plain_arrays_exactly_as_training() -> None:
     probe = [-5, 0, 3, 2**62, 17, 40, 41, 42, 43, -(2**63), 2**63 - 2]
     assert remap_with_arrays(np.array(probe), arrays["f.ids"], arrays["f.rows"]).tolist() == remapped(managed, "f", probe)
     assert managed.state_bytes() == 16 * STATE_BYTES_PER_ROW["lru"] + 8_208
+
+
+def test_one_search_over_all_features_remaps_as_each_torchrec_module_does() -> None:
+    """Tables of different sizes, bags of different lengths, keys in another order: the
+    batched search gives what each feature's `MCHManagedCollisionModule.remap` gives."""
+    rng = np.random.default_rng(3)
+    managed = ManagedIds({"a": 8, "b": 50, "c": 3}, "lfu")
+    managed.admit({f: torch.from_numpy(rng.integers(0, 80, 300)) for f in ("a", "b", "c")})
+    lengths = torch.tensor([2, 0, 3, 1, 1, 1, 4, 0, 2], dtype=torch.int32)  # "c", "a", "b" × 3 examples
+    values = torch.from_numpy(rng.integers(-5, 90, int(lengths.sum())))
+    kjt = KeyedJaggedTensor.from_lengths_sync(["c", "a", "b"], values, lengths)
+    expected = torch.cat([managed.tables[f].remap({f: jagged})[f].values() for f, jagged in kjt.to_dict().items()])
+    remapped = managed.remap(kjt)
+    assert torch.equal(remapped.values(), expected) and torch.equal(remapped.lengths(), kjt.lengths())

@@ -229,3 +229,27 @@ def test_the_planner_counts_row_wise_adagrad_state_as_one_float_per_row_in_train
     config = PipelineConfig(model=model_config, sharding=ShardingConfig("table_wise", "fused"), training=TrainingConfig(nproc=1, batch_size=512))
     report = plan_report(config, ClusterConfig(hosts=1, devices_per_host=1, compute_device="cpu"), sizes)
     assert sum(rank["ddr_bytes"] for rank in report.per_rank) == training_bytes, "dlrm plan plans what trains"
+
+
+def test_managed_ids_memory_is_kept_from_the_tables_on_the_device_that_holds_the_remapper(monkeypatch) -> None:
+    """The remapper lives beside each process's tables: GPU memory on a GPU cluster, host
+    memory on a CPU one; `dlrm plan` of a managed config plans with that much less."""
+    import flows.planning
+    from flows.config import load_config
+    from training.config import ClusterConfig
+    from training.model.managed_ids import state_bytes
+    from training.sharding.plan import cluster_topology
+
+    gpus, cpus = ClusterConfig(hosts=1, devices_per_host=8), ClusterConfig(compute_device="cpu", devices_per_host=2)
+    assert cluster_topology(gpus, 10**9).devices[0].storage.hbm == cluster_topology(gpus).devices[0].storage.hbm - 10**9
+    assert cluster_topology(gpus, 10**9).devices[0].storage.ddr == cluster_topology(gpus).devices[0].storage.ddr
+    assert cluster_topology(cpus, 10**9).devices[0].storage.ddr == cluster_topology(cpus).devices[0].storage.ddr - 10**9
+    sizes = {"C1": 1_000, "C2": 500_000}
+    assert state_bytes(sizes, "lru") == 501_000 * 24 + 2 * 8_208
+    reserved = []
+    monkeypatch.setattr(flows.planning, "cluster_topology",
+                        lambda cluster, kept=0: reserved.append(kept) or cluster_topology(cluster, kept))  # fmt: skip
+    for mode in ("managed", "hash"):
+        config = load_config("configs/tiny.toml", [f'preprocess.categorical_mode="{mode}"'])
+        assert flows.planning.plan_report(config, gpus, sizes).tables == 2
+    assert reserved == [state_bytes(sizes, "lru"), 0]

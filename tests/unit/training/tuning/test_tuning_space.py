@@ -8,7 +8,14 @@ import pytest
 
 from training.config import ModelConfig, TrainingConfig
 from training.tuning.config import TuningConfig
-from training.tuning.space import apply_params, clip_to_space, params_of, scale_params, search_batches, suggest
+from training.tuning.space import (
+    apply_params,
+    clip_to_space,
+    params_of,
+    scale_params,
+    search_batches,
+    suggest,
+)
 
 SPACE = TuningConfig(batch_sizes=())  # the run's batch ("auto" is resolved with a run)
 
