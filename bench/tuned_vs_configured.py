@@ -1,0 +1,70 @@
+"""Is a retune ever worse than the configured values? One config run both ways.
+
+    .venv/bin/python bench/tuned_vs_configured.py --config configs/small-real.toml [--trials 6]
+        [--set KEY=VALUE ...]
+
+Runs `dlrm run` with `tuning.policy = "off"` (the configured values) and with
+`"retune_first"` (a study of `--trials` trials, then the verdict against the configured
+values), each in a temporary run folder, and prints both evaluation NEs, the verdict, and the
+noise the verdict computed (the half-width of its paired-bootstrap interval on the validation
+rows). Last, one JSON line: configured_eval_ne, tuned_eval_ne, kept_configured, gain,
+gain_low, gain_high, noise, trials, seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from flows.config import load_config  # noqa: E402
+
+
+def _run(config: str, overrides: list[str], home: Path) -> dict:
+    arguments = [a for o in overrides for a in ("--set", o)]
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--config", config, *arguments, "--json"],
+                          cwd=ROOT, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "PREFECT_HOME": str(home), "HOME": str(home)}, check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"dlrm run failed ({done.returncode}): {done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(ROOT / "configs" / "small-real.toml"))
+    parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tuned-vs-configured-") as scratch:
+        home = Path(scratch) / "home"
+        configured = _run(args.config, [f'run_dir="{scratch}/configured"', *args.overrides, 'tuning.policy="off"'], home)
+        overrides = [f'run_dir="{scratch}/tuned"', *args.overrides, 'tuning.policy="retune_first"',
+                     f"tuning.n_trials={args.trials}"]  # fmt: skip
+        tuned = _run(args.config, overrides, home)
+        storage = load_config(args.config, overrides).optuna_storage
+        (summary,) = optuna.get_all_study_summaries(storage)
+        decision = optuna.load_study(study_name=summary.study_name, storage=storage).user_attrs["decision"]
+    noise = (decision["gain_high"] - decision["gain_low"]) / 2
+    print(f"configured values: eval NE {configured['eval_ne']:.5f} (calibration {configured['eval_calibration']:.3f})")
+    print(f"retuned ({args.trials} trials): eval NE {tuned['eval_ne']:.5f} (calibration {tuned['eval_calibration']:.3f})")
+    print(f"verdict: {decision['verdict']}")
+    print(f"eval NE difference {tuned['eval_ne'] - configured['eval_ne']:+.5f}; the verdict's noise ±{noise:.5f}")
+    print(json.dumps({"configured_eval_ne": configured["eval_ne"], "tuned_eval_ne": tuned["eval_ne"],
+                      "kept_configured": decision["kept_configured"], "gain": decision["gain"],
+                      "gain_low": decision["gain_low"], "gain_high": decision["gain_high"], "noise": noise,
+                      "trials": args.trials, "seconds": round(time.perf_counter() - started, 1)}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
