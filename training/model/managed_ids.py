@@ -17,6 +17,10 @@ The remapper is replicated: every process keeps the same copy and runs each roun
 same ids (the training loop gathers every process's ids of the round, in rank order), so its
 rows do not depend on the world size, the tables stay ordinary TorchRec tables sharded as any
 other, and a checkpoint holds one copy. It knows nothing of processes.
+
+It reads the module's buffers `_mch_sorted_raw_ids` and `_mch_remapped_ids_mapping` and resets
+its history size, which are the same in TorchRec 1.6.1 to 1.9.2 (the releases this project
+installs with torch 2.11 to 2.14).
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ class ManagedIds(torch.nn.Module):
             for feature, rows in table_sizes.items()
         })  # fmt: skip
         self._pending: dict[str, list[torch.Tensor]] = {feature: [] for feature in table_sizes}
-        self._stacked: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # `_stack`
+        self._stacked: tuple[torch.Tensor, ...] | None = None  # `_stack`
         self._order = {feature: i for i, feature in enumerate(table_sizes)}
         self.register_load_state_dict_post_hook(lambda module, keys: module._restack())
 
@@ -88,8 +92,10 @@ class ManagedIds(torch.nn.Module):
         what each feature's module's `remap` gives, for all features in one search."""
         if not kjt.keys():
             return kjt
-        sorted_ids, rows, misses = self._stack()  # [F, N] each, and [F]
-        index = torch.tensor([self._order[feature] for feature in kjt.keys()], device=sorted_ids.device)
+        searched, sorted_ids, rows, misses = self._stack()  # [F, N - 1], [F, N], [F, N], [F]
+        if kjt.keys() != list(self.tables):  # another order, or fewer features: their tables
+            index = torch.tensor([self._order[feature] for feature in kjt.keys()], device=sorted_ids.device)
+            searched, sorted_ids, rows, misses = searched[index], sorted_ids[index], rows[index], misses[index]
         counts = kjt.length_per_key()
         values = kjt.values()
         if len(set(counts)) == 1:  # one id an example in every feature: a plain [F, B] view
@@ -97,17 +103,17 @@ class ManagedIds(torch.nn.Module):
         else:
             queries = torch.nn.utils.rnn.pad_sequence(list(torch.split(values, counts)), batch_first=True,
                                                       padding_value=_EMPTY)  # fmt: skip
-        table_ids, table_rows = sorted_ids[index], rows[index]
-        # the search leaves out each table's last slot, its pinned sentinel (TorchRec's `_mch_remap`)
-        at = torch.searchsorted(table_ids[:, :-1].contiguous(), queries.contiguous())
-        found = table_ids.gather(1, at) == queries
-        remapped = torch.where(found, table_rows.gather(1, at), misses[index].unsqueeze(1))
+        at = torch.searchsorted(searched, queries.contiguous())
+        found = sorted_ids.gather(1, at) == queries
+        remapped = torch.where(found, rows.gather(1, at), misses.unsqueeze(1))
         flat = remapped.reshape(-1) if len(set(counts)) == 1 else torch.cat([r[:n] for r, n in zip(remapped, counts)])
         return KeyedJaggedTensor(keys=kjt.keys(), values=flat, lengths=kjt.lengths(), stride=kjt.stride())
 
-    def _stack(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Every table's sorted ids and their rows as one [features, longest table] pair of
-        tensors (shorter tables padded with the empty-slot id), and each table's miss row."""
+    def _stack(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every table's sorted ids and their rows as [features, longest table] tensors
+        (shorter tables padded with the empty-slot id), the ids searched (each table's last
+        slot, its pinned sentinel, left out as TorchRec's `_mch_remap` does), and each table's
+        miss row. Rebuilt after a round or a load."""
         if self._stacked is None:
             modules = list(self.tables.values())
             longest = max(int(m.output_size()) for m in modules)
@@ -119,7 +125,7 @@ class ManagedIds(torch.nn.Module):
                 ids[i, :size] = module._mch_sorted_raw_ids
                 rows[i, :size] = module._mch_remapped_ids_mapping
             misses = torch.tensor([int(m.output_size()) - 1 for m in modules], dtype=torch.int64, device=device)
-            self._stacked = (ids, rows, misses)
+            self._stacked = (ids[:, :-1].contiguous(), ids, rows, misses)
         return self._stacked
 
     def _restack(self) -> None:
