@@ -161,7 +161,9 @@ def registered_scorer(model_uri: str) -> tuple[torch.nn.Module, Calibrator, Logi
         return model, Calibrator(), dlrm_logits(model)
     served = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
     model = served.dlrm.cpu()
-    return model, Calibrator.from_dict(served.calibrator.as_dict()), dlrm_logits(model, served.features.feature_rows)
+    # versions logged before managed ids serve rows as the features hold them
+    rows = getattr(served.features, "feature_rows", None)
+    return model, Calibrator.from_dict(served.calibrator.as_dict()), dlrm_logits(model, rows)
 
 
 def champion_ne(config: PipelineConfig, champion: ModelVersion) -> float | None:
