@@ -132,6 +132,11 @@ class TrainSummary:
     pipeline: str  # how steps ran: "plain" or "sparse_dist" (TorchRec's TrainPipelineSparseDist)
     checkpoint: str  # the final checkpoint's folder
     eval_rows_rank0: int  # evaluation rows rank 0 scored into predictions/
+    # managed ids (training/loop/admission.py): this launch's admission rounds, the rows they
+    # restarted for new ids, and the ids with a row of their own at the end (0: not managed)
+    managed_rounds: int = 0
+    managed_restarted_rows: int = 0
+    managed_resident_ids: int = 0
 
 
 @dataclass(frozen=True)

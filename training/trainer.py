@@ -39,6 +39,7 @@ class TrainStats:
     ledger: RowLedger
     position: TrainPosition
     profile: StepProfile | None = None  # only when the job profiles steps (`profile_steps`)
+    admissions: AdmissionLedger | None = None  # managed ids' rounds (None: not managed)
 
     @property
     def samples_per_s(self) -> float:
@@ -96,7 +97,8 @@ def train(
     return TrainStats(steps=step, samples=timer.timed_steps(step) * config.batch_size, seconds=timer.seconds(),
                       first_step_seconds=timer.first_step_seconds, ledger=ledger,
                       position=TrainPosition(step, config.epochs, 0),
-                      profile=profiler.result() if profiler.active else None)  # fmt: skip
+                      profile=profiler.result() if profiler.active else None,
+                      admissions=admissions if job.managed_ids is not None else None)  # fmt: skip
 
 
 def train_step(steps: TrainSteps, stream: Iterator[Batch], batches: TrainBatches, schedule: LRSchedule,

@@ -24,6 +24,7 @@ from training.loop.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from training.loop.admission import AdmissionLedger
 from training.loop.heldout import predict
 from training.loop.optimizers import attach_embedding_optimizer, build_optimizer
 from training.loop.progress import read_records, record_line
@@ -37,7 +38,7 @@ from training.model.build import (
     table_name,
 )
 from training.model.managed_ids import ManagedIds
-from training.model.objective import attach_managed_ids
+from training.model.objective import attach_managed_ids, managed_ids_of
 from training.model.precision import allow_tf32, logit_in_float32, resolve_precision
 from training.reference import fit_logistic_regression
 from training.sharding.plan import describe_plan, format_plan, plan_as_json, shard_model
@@ -103,10 +104,19 @@ def run(job: TrainJob, device: torch.device) -> None:
             cpu=cpu, rows_trained=rows_trained, rows_fingerprint=fingerprint,
             resumed_from_step=start.step if start else 0, world_size=world, global_batch_size=config.batch_size,
             device=device.type, backend=backend_for(device), pipeline=pipeline_kind(config, device, job.managed_ids is not None),
-            checkpoint=str(checkpoint), eval_rows_rank0=rows,
+            checkpoint=str(checkpoint), eval_rows_rank0=rows, **_managed_figures(sharded, stats.admissions),
         ))  # fmt: skip
         print(f"[train] done: {stats.steps} steps, {rows_trained:,} rows trained, "
               f"{stats.samples_per_s:,.0f} samples/s", flush=True)
+
+
+def _managed_figures(model: torch.nn.Module, admissions: AdmissionLedger | None) -> dict[str, int]:
+    """The summary's figures of managed ids: rounds, restarted rows, resident ids."""
+    managed = managed_ids_of(model)
+    if managed is None or admissions is None:
+        return {}
+    return {"managed_rounds": admissions.rounds, "managed_restarted_rows": sum(admissions.restarted_rows.values()),
+            "managed_resident_ids": sum(len(managed.id_rows(feature)) for feature in managed.tables)}
 
 
 def _cpu_kernels(model: torch.nn.Module, job: TrainJob, device: torch.device) -> dict[str, str]:

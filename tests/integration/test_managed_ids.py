@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from foreign_python import champion_scores_elsewhere, raw_lines, run_predictions
+from mlflow.tracking import MlflowClient
 
 from flows.config import load_config
 from training.job import JobFolder, TrainJob
@@ -41,6 +42,12 @@ def test_a_night_continues_the_last_ones_remapping_and_is_judged_against_it(mana
     # the champion scored day 3 through its own remapping (the served one): a real NE
     assert 0.5 < second["champion_ne_same_days"] < second["baseline_constant_ne"]
     assert second["eval_ne"] < second["baseline_constant_ne"]
+    # the rounds and what they did, in the job's summary and the night's MLflow run
+    config, _, _ = managed_run
+    trained = JobFolder(config.path("train")).read_summary()
+    assert trained.managed_rounds >= 2 and trained.managed_restarted_rows > 0 and trained.managed_resident_ids > 0
+    metrics = MlflowClient(config.tracking_uri).get_run(second["mlflow_run_id"]).data.metrics
+    assert metrics["managed_ids_resident"] == trained.managed_resident_ids
 
 
 def test_the_served_model_remaps_raw_lines_as_the_run_did_where_the_project_is_not(managed_run, tmp_path: Path) -> None:
