@@ -29,9 +29,9 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flows.config import load_config  # noqa: E402
-from ingestion.preprocess import PreprocessState  # noqa: E402
-from training.model.managed_ids import state_bytes  # noqa: E402
+from flows.config import load_config
+from ingestion.preprocess import PreprocessState
+from training.model.managed_ids import state_bytes
 
 
 def _backfill(config: str, first: int, last: int, overrides: list[str], home: Path) -> list[dict]:

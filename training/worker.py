@@ -17,6 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from training.job import TrainJob, TrainSummary
 from training.launch.device import backend_for, runtime_device
 from training.launch.processes import die_with_parent
+from training.loop.admission import AdmissionLedger
 from training.loop.checkpoint import (
     RowLedger,
     TrainPosition,
@@ -24,7 +25,6 @@ from training.loop.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from training.loop.admission import AdmissionLedger
 from training.loop.heldout import predict
 from training.loop.optimizers import attach_embedding_optimizer, build_optimizer
 from training.loop.progress import read_records, record_line

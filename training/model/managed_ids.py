@@ -93,8 +93,9 @@ class ManagedIds(torch.nn.Module):
         if not kjt.keys():
             return kjt
         searched, sorted_ids, rows, misses = self._stack()  # [F, N - 1], [F, N], [F, N], [F]
-        if kjt.keys() != list(self.tables):  # another order, or fewer features: their tables
-            index = torch.tensor([self._order[feature] for feature in kjt.keys()], device=sorted_ids.device)
+        keys = kjt.keys()
+        if keys != list(self.tables):  # another order, or fewer features: their tables
+            index = torch.tensor([self._order[feature] for feature in keys], device=sorted_ids.device)
             searched, sorted_ids, rows, misses = searched[index], sorted_ids[index], rows[index], misses[index]
         counts = kjt.length_per_key()
         values = kjt.values()
