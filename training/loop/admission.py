@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from training.model.managed_ids import ManagedIds
 from training.model.objective import managed_ids_of
 from training.model.stock_dlrm import table_name
 
@@ -73,12 +72,11 @@ def admission_round(model: nn.Module, seed: int, ledger: AdmissionLedger, step: 
     changed = managed.admit({feature: gather_ids(ids) for feature, ids in pending.items()})
     with warnings.catch_warnings():  # TorchRec's tables are ShardedTensors, which torch calls deprecated
         warnings.filterwarnings("ignore", message=".*ShardedTensor.*", category=FutureWarning)
-        restart_rows(model, managed, changed, seed, step)
+        restart_rows(model, changed, seed, step)
     ledger.add(changed)
 
 
-def restart_rows(model: nn.Module, managed: ManagedIds, changed: dict[str, torch.Tensor], seed: int,
-                 step: int) -> None:  # fmt: skip
+def restart_rows(model: nn.Module, changed: dict[str, torch.Tensor], seed: int, step: int) -> None:
     """The changed rows' embeddings drawn afresh from U(±1/√rows) (TorchRec's initial
     distribution for a table of that many rows) and their optimizer state zeroed, shard by
     shard: a shard knows its row and column offsets, and its tensor is a view of the kernel's."""
