@@ -29,7 +29,6 @@ import functools
 from collections.abc import Mapping
 from typing import Literal
 
-import numpy as np
 import torch
 from torchrec.modules.mc_modules import (
     DistanceLFU_EvictionPolicy,
@@ -175,15 +174,6 @@ class ManagedIds(torch.nn.Module):
     def miss_row(self, feature: str) -> int:
         return int(self.tables[feature].output_size()) - 1
 
-    def lookup_arrays(self) -> dict[str, np.ndarray]:
-        """Everything serving needs to remap as training does, as plain arrays:
-        `{feature}.ids` (sorted raw ids, the last one a sentinel) and `{feature}.rows`."""
-        arrays = {}
-        for feature, module in self.tables.items():
-            arrays[f"{feature}.ids"] = module._mch_sorted_raw_ids.cpu().numpy().copy()
-            arrays[f"{feature}.rows"] = module._mch_remapped_ids_mapping.cpu().numpy().copy()
-        return arrays
-
     def state_bytes(self) -> int:
         """The remapper's state on each process."""
         sizes = {feature: int(module.output_size()) for feature, module in self.tables.items()}
@@ -194,11 +184,3 @@ def state_bytes(table_sizes: Mapping[str, int], policy: Policy) -> int:
     """The state of a remapper in front of tables of `table_sizes` rows, on each process
     (the ids of a round waiting for it come on top, for the round's length)."""
     return sum(table_sizes.values()) * STATE_BYTES_PER_ROW[policy] + len(table_sizes) * STATE_BYTES_PER_TABLE
-
-
-def remap_with_arrays(ids: np.ndarray, sorted_ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Raw ids → rows from `ManagedIds.lookup_arrays`, exactly as `ManagedIds.remap` maps them
-    (numpy only: the served model applies it). An id without a row gets the last row."""
-    ids = np.asarray(ids, dtype=np.int64)
-    at = np.searchsorted(sorted_ids[:-1], ids, side="left")
-    return np.where(sorted_ids[at] == ids, rows[at], len(sorted_ids) - 1).astype(np.int64)

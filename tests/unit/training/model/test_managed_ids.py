@@ -6,7 +6,7 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from training.model.managed_ids import STATE_BYTES_PER_ROW, ManagedIds, remap_with_arrays
+from training.model.managed_ids import STATE_BYTES_PER_ROW, ManagedIds
 
 
 def ids(*values: int) -> torch.Tensor:
@@ -97,13 +97,18 @@ def test_the_state_survives_a_checkpoint_and_replicas_fed_alike_stay_equal() -> 
         assert torch.equal(tensor, restored.state_dict()[key]), key
 
 
-def test_serving_remaps_with_plain_arrays_exactly_as_training() -> None:
+def test_the_served_model_remaps_exactly_as_training() -> None:
+    """The arrays the registered model carries (training/serving/export.py) and the pyfunc's
+    lookup (numpy only) give every id the row training gives it, the last row to the others."""
+    from training.serving.champion_pyfunc import FeatureMap
+    from training.serving.export import managed_id_arrays
+
     managed = ManagedIds({"f": 16}, "lru")
     managed.admit({"f": ids(-5, 0, 3, 3, 2**62, 17)})
     managed.admit({"f": ids(40, 41, 42, 3)})
-    arrays = managed.lookup_arrays()
+    served = FeatureMap({"mode": "managed", "buckets": {"f": 16}, "multi_hot": []}, managed_id_arrays(managed))
     probe = [-5, 0, 3, 2**62, 17, 40, 41, 42, 43, -(2**63), 2**63 - 2]
-    assert remap_with_arrays(np.array(probe), arrays["f.ids"], arrays["f.rows"]).tolist() == remapped(managed, "f", probe)
+    assert served.rows("f", np.array(probe, dtype=np.int64)).tolist() == remapped(managed, "f", probe)
     assert managed.state_bytes() == 16 * STATE_BYTES_PER_ROW["lru"] + 8_208
 
 
