@@ -56,11 +56,18 @@ def main() -> None:
         (summary,) = optuna.get_all_study_summaries(storage)
         decision = optuna.load_study(study_name=summary.study_name, storage=storage).user_attrs["decision"]
     noise = (decision["gain_high"] - decision["gain_low"]) / 2
-    print(f"configured values: eval NE {configured['eval_ne']:.5f} (calibration {configured['eval_calibration']:.3f})")
-    print(f"retuned ({args.trials} trials): eval NE {tuned['eval_ne']:.5f} (calibration {tuned['eval_calibration']:.3f})")
+    for name, run in (("configured values", configured), (f"retuned ({args.trials} trials)", tuned)):
+        print(f"{name}: eval NE {run['eval_ne_uncalibrated']:.5f} → {run['eval_ne']:.5f} calibrated, calibration "
+              f"{run['eval_calibration_uncalibrated']:.3f} → {run['eval_calibration']:.3f} ({run['calibrator']}); "
+              f"{'promoted' if run['promoted'] else 'not promoted'}: {run['promotion_reason']}")  # fmt: skip
     print(f"verdict: {decision['verdict']}")
     print(f"eval NE difference {tuned['eval_ne'] - configured['eval_ne']:+.5f}; the verdict's noise ±{noise:.5f}")
     print(json.dumps({"configured_eval_ne": configured["eval_ne"], "tuned_eval_ne": tuned["eval_ne"],
+                      "configured_eval_ne_uncalibrated": configured["eval_ne_uncalibrated"],
+                      "tuned_eval_ne_uncalibrated": tuned["eval_ne_uncalibrated"],
+                      "configured_calibration": [configured["eval_calibration_uncalibrated"], configured["eval_calibration"]],
+                      "tuned_calibration": [tuned["eval_calibration_uncalibrated"], tuned["eval_calibration"]],
+                      "configured_promoted": configured["promoted"], "tuned_promoted": tuned["promoted"],
                       "kept_configured": decision["kept_configured"], "gain": decision["gain"],
                       "gain_low": decision["gain_low"], "gain_high": decision["gain_high"], "noise": noise,
                       "trials": args.trials, "seconds": round(time.perf_counter() - started, 1)}))  # fmt: skip
