@@ -26,10 +26,12 @@ from training.model.stock_dlrm import table_name
 
 @dataclass
 class AdmissionLedger:
-    """What the rounds of this launch did, for the summary."""
+    """What the rounds of this launch did, for the summary; and the tables' weights and
+    optimizer state they restart rows in (views of the kernels' storage, found once)."""
 
     rounds: int = 0
     restarted_rows: dict[str, int] = field(default_factory=dict)  # feature → rows restarted
+    targets: dict[str, RestartTarget] | None = None  # table name → its weight and state
 
     def add(self, changed: dict[str, torch.Tensor]) -> None:
         self.rounds += 1
@@ -37,20 +39,30 @@ class AdmissionLedger:
             self.restarted_rows[feature] = self.restarted_rows.get(feature, 0) + int(rows.numel())
 
 
-def gather_ids(ids: torch.Tensor) -> torch.Tensor:
-    """Every process's `ids`, concatenated in rank order (sizes differ: padded, then trimmed)."""
+@dataclass(frozen=True)
+class RestartTarget:
+    weight: torch.Tensor  # the table (a sharded tensor, or a plain one)
+    states: tuple[torch.Tensor, ...]  # its per-row optimizer state
+
+
+def gather_ids(pending: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every process's ids of each feature, concatenated in rank order: two collectives for
+    all features (each process's counts, then its ids padded to the longest)."""
     world = dist.get_world_size()
     if world == 1:
-        return ids
-    size = torch.tensor([ids.numel()], dtype=torch.int64, device=ids.device)
-    sizes = [torch.zeros_like(size) for _ in range(world)]
-    dist.all_gather(sizes, size)
-    longest = int(max(s.item() for s in sizes))
-    padded = torch.zeros(longest, dtype=torch.int64, device=ids.device)
-    padded[: ids.numel()] = ids
+        return pending
+    features = list(pending)
+    flat = torch.cat([pending[feature].to(torch.int64) for feature in features])
+    counts = torch.tensor([pending[feature].numel() for feature in features], dtype=torch.int64, device=flat.device)
+    every_counts = [torch.zeros_like(counts) for _ in range(world)]
+    dist.all_gather(every_counts, counts)
+    totals = [int(c.sum()) for c in every_counts]
+    padded = torch.zeros(max(totals), dtype=torch.int64, device=flat.device)
+    padded[: flat.numel()] = flat
     parts = [torch.zeros_like(padded) for _ in range(world)]
     dist.all_gather(parts, padded)
-    return torch.cat([part[: int(s.item())] for part, s in zip(parts, sizes)])
+    by_rank = [torch.split(part[:total], c.tolist()) for part, total, c in zip(parts, totals, every_counts)]
+    return {feature: torch.cat([ids[i] for ids in by_rank]) for i, feature in enumerate(features)}
 
 
 def maybe_admit(model: nn.Module, interval: int, checkpoint_every: int, seed: int, ledger: AdmissionLedger,
@@ -68,26 +80,36 @@ def admission_round(model: nn.Module, seed: int, ledger: AdmissionLedger, step: 
     managed = managed_ids_of(model)
     if managed is None:
         return
-    pending = managed.pending()
-    changed = managed.admit({feature: gather_ids(ids) for feature, ids in pending.items()})
+    changed = managed.admit(gather_ids(managed.pending()))
     with warnings.catch_warnings():  # TorchRec's tables are ShardedTensors, which torch calls deprecated
         warnings.filterwarnings("ignore", message=".*ShardedTensor.*", category=FutureWarning)
-        restart_rows(model, changed, seed, step)
+        if ledger.targets is None:
+            ledger.targets = restart_targets(model)
+        restart_rows(ledger.targets, changed, seed, step)
     ledger.add(changed)
 
 
-def restart_rows(model: nn.Module, changed: dict[str, torch.Tensor], seed: int, step: int) -> None:
+def restart_targets(model: nn.Module) -> dict[str, RestartTarget]:
+    """Each embedding table's weight and per-row optimizer state, as views of the kernels'
+    storage (which a launch allocates once)."""
+    states = _optimizer_states(model)
+    targets = {}
+    for name, tensor in model.state_dict().items():
+        if ".embedding_bags." in name and name.endswith(".weight"):
+            table = name.split(".")[-2]
+            targets[table] = RestartTarget(tensor, tuple(states.get(table, ())))
+    return targets
+
+
+def restart_rows(targets: dict[str, RestartTarget], changed: dict[str, torch.Tensor], seed: int, step: int) -> None:
     """The changed rows' embeddings drawn afresh from U(±1/√rows) (TorchRec's initial
     distribution for a table of that many rows) and their optimizer state zeroed, shard by
     shard: a shard knows its row and column offsets, and its tensor is a view of the kernel's."""
-    weights = {name: tensor for name, tensor in model.state_dict().items() if name.endswith(".weight")}
-    states = _optimizer_states(model)
     for feature, rows in changed.items():
         if not rows.numel():
             continue
         table = table_name(feature)
-        [weight_name] = [name for name in weights if name.endswith(f"embedding_bags.{table}.weight")]
-        weight = weights[weight_name]
+        weight = targets[table].weight
         table_rows, width = weight.shape
         # the same draw on every process (Python's str hash differs from process to process)
         generator = torch.Generator().manual_seed(seed * 1_000_003 + step * 7_919 + zlib.crc32(feature.encode()))
@@ -96,7 +118,7 @@ def restart_rows(model: nn.Module, changed: dict[str, torch.Tensor], seed: int, 
         rows = rows.cpu()
         for tensor, row_offset, column_offset in _pieces(weight):
             _write_rows(tensor, rows, row_offset, fresh[:, column_offset : column_offset + tensor.shape[1]])
-        for state in states.get(table, []):
+        for state in targets[table].states:
             for tensor, row_offset, _ in _pieces(state):
                 _write_rows(tensor, rows, row_offset, None)
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from training.config import CpuConfig, ModelConfig, ShardingConfig, TrainingConfig
-from training.loop.admission import restart_rows
+from training.loop.admission import restart_rows, restart_targets
 from training.loop.optimizers import attach_embedding_optimizer, build_optimizer
 from training.model.build import build_train_model
 from training.sharding.plan import shard_model
@@ -58,7 +58,7 @@ def _worker(rank: int, port: int, update: str, results) -> None:
                 momentum.local_shards()[0].tensor.fill_(3.0)
         before, momenta_before = _tables(sharded), _momenta(sharded)
         changed = {"C1": torch.tensor([0, 7]), "C2": torch.tensor([19])}
-        restart_rows(sharded, changed, seed=5, step=40)
+        restart_rows(restart_targets(sharded), changed, seed=5, step=40)
         results[update] = (before, momenta_before, _tables(sharded), _momenta(sharded))
     finally:
         dist.destroy_process_group()
