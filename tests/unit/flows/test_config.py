@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,14 @@ def test_the_cli_trusts_the_paths_its_user_names(monkeypatch) -> None:
     monkeypatch.setenv("DLRM_DATA_DIRS", "")
     _trust_override_paths(['run_dir="/srv/runs/a"', "training.batch_size=4"])
     assert os.environ["DLRM_DATA_DIRS"].split(os.pathsep) == ["/srv/runs/a"]
+
+
+@pytest.mark.parametrize(("override", "named"), [
+    ('preprocess.managed.policy="mru"', "preprocess.managed.policy: must be one of"),
+    ("preprocess.managed.eviction_interval=0", "preprocess.managed.eviction_interval: training steps"),
+    ("preprocess.managed.admit_min_count=0", "preprocess.managed.admit_min_count: at least 1"),
+    ('training.pipeline="sparse_dist"', "training.pipeline: \"sparse_dist\" starts the ids' all-to-all"),
+])  # fmt: skip
+def test_bad_managed_id_settings_are_one_line_naming_the_key(override: str, named: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        load_config("configs/drifting-ids.toml", [override])
