@@ -124,7 +124,7 @@ class ManagedIds(torch.nn.Module):
                 size = int(module.output_size())
                 ids[i, :size] = module._mch_sorted_raw_ids
                 rows[i, :size] = module._mch_remapped_ids_mapping
-            misses = torch.tensor([int(m.output_size()) - 1 for m in modules], dtype=torch.int64, device=device)
+            misses = torch.tensor([self.miss_row(feature) for feature in self.tables], dtype=torch.int64, device=device)
             self._stacked = (ids[:, :-1].contiguous(), ids, rows, misses)
         return self._stacked
 
@@ -168,10 +168,11 @@ class ManagedIds(torch.nn.Module):
         """Each resident raw id of `feature` → its row (for reports and tests)."""
         module = self.tables[feature]
         ids, rows = module._mch_sorted_raw_ids[:-1], module._mch_remapped_ids_mapping[:-1]
-        resident = ids != torch.iinfo(torch.int64).max
+        resident = ids != _EMPTY
         return dict(zip(ids[resident].tolist(), rows[resident].tolist()))
 
     def miss_row(self, feature: str) -> int:
+        """The row every id of `feature` without one of its own shares: the table's last."""
         return int(self.tables[feature].output_size()) - 1
 
     def state_bytes(self) -> int:
