@@ -14,6 +14,10 @@ was not measured:
 - plan:       the planner's plan for the card found (HBM read from CUDA), for a model whose
               tables take 1.2x that memory (half the host's memory on CPU)
 - quantized_comms: fp16 and bf16 all-to-alls against fp32 (2+ GPUs; else not measured)
+- managed:    managed-collision ids (configs/drifting-ids.toml's generator, more rows a day):
+              hash, vocab and managed tables of the same size trained on the GPU, managed
+              also on the CPU; NE, training throughput with and without the remapper, and
+              the remapper's memory on the GPU against the planner's estimate
 - characterize: the batch-size sweep of `dlrm characterize` (no MLflow), tables in GPU memory
               against tables in host memory behind a GPU cache, at each batch
 
@@ -241,6 +245,67 @@ def check_quantized_comms(out: Path, data: tuple) -> dict:
     return figures
 
 
+def check_managed(out: Path, rows_per_day: int) -> dict:
+    """Days 0–2 of configs/drifting-ids.toml's generator trained, day 3 scored, with the same
+    table size in each mode, on the GPU (a process per GPU); managed also with a second seed,
+    and on the CPU (one process) with three: the GPU seeds' mean NE must lie within the CPU
+    seeds' spread of theirs (at least 0.005)."""
+    from flows.config import load_config
+    from training.model.managed_ids import ManagedIds, state_bytes
+
+    config = load_config(ROOT / "configs" / "drifting-ids.toml")
+    synthetic = replace(config.data.synthetic, rows_per_day=rows_per_day)
+    log = out / "managed.log"
+    figures: dict = {"rows_per_day": rows_per_day, "hash_size": config.preprocess.hash_size,
+                     "policy": config.preprocess.managed.policy, "eviction_interval": config.preprocess.managed.eviction_interval}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        truth = GroundTruth(synthetic)
+        for day in (0, 1, 2, 3):
+            generate_day(synthetic, day, folder / "raw", truth)
+            ingest_day([str(folder / "raw" / f"day_{day}.tsv.gz")], day, folder / "warehouse")
+
+        def job(mode: str, where: str, seed: int = 0) -> tuple[TrainJob, dict[str, int]]:
+            preprocess = replace(config.preprocess, categorical_mode=mode, duckdb_threads=4)
+            state = fit_state(preprocess, folder / "warehouse", folder / "features", (0, 1, 2))
+            files = {day: [str(p) for p in sorted(apply_state(preprocess, state, folder / "warehouse", folder / "features",
+                                                                 day).glob("*.parquet"))] for day in (0, 1, 2, 3)}  # fmt: skip
+            training = replace(config.training, nproc=max(1, GPUS) if where == "cuda" else 1, device=where, seed=seed,
+                               batch_size=2048, epochs=1, log_every=50, threads_per_proc=4)  # fmt: skip
+            return TrainJob(model=config.model, sharding=config.sharding, training=training,
+                            evaluation=EvaluationConfig(batch_size=8192, heldout_every_steps=0),
+                            table_sizes=state.table_sizes, train_files=tuple(files[0] + files[1] + files[2]),
+                            eval_files={"2": tuple(files[3])}, out_dir=str(folder / f"{mode}-{where}-{seed}"),
+                            managed_ids=preprocess.managed if mode == "managed" else None), state.table_sizes  # fmt: skip
+
+        where = "cuda" if GPUS else "cpu"
+        for mode in ("hash", "vocab", "managed"):
+            trained, sizes = job(mode, where)
+            figures[f"{mode}_ne"] = round(heldout_ne(trained, log), 5)
+            summary = trained.folder.read_summary()
+            figures[f"{mode}_samples_per_s"] = round(summary.samples_per_s)
+            if mode == "managed":
+                figures.update(managed_rounds=summary.managed_rounds, managed_restarted_rows=summary.managed_restarted_rows,
+                               managed_resident_ids=summary.managed_resident_ids, table_rows=sum(sizes.values()))  # fmt: skip
+                remapper = ManagedIds(sizes, config.preprocess.managed.policy, device=torch.device(where))
+                figures["remapper_bytes"] = sum(b.numel() * b.element_size() for b in remapper.buffers())
+                figures["remapper_bytes_estimated"] = state_bytes(sizes, config.preprocess.managed.policy)
+        figures["managed_over_hash_throughput"] = round(figures["managed_samples_per_s"] / figures["hash_samples_per_s"], 3)
+        if not GPUS:
+            raise Skipped(f"no GPU: the CPU runs only ({json.dumps(figures)})")
+        # a GPU run is another draw of the job (other initial weights, other sums): the managed
+        # NE of two GPU seeds against three CPU seeds' spread, as ne_gpu_vs_cpu does
+        second, _ = job("managed", "cuda", seed=1)
+        gpu = [figures["managed_ne"], heldout_ne(second, log)]
+        with ThreadPoolExecutor(3) as pool:
+            cpu = list(pool.map(lambda seed: heldout_ne(job("managed", "cpu", seed=seed)[0], log), (0, 1, 2)))
+    tolerance = max(max(cpu) - min(cpu), 0.005)
+    difference = sum(gpu) / 2 - sum(cpu) / 3
+    figures.update(managed_gpu_ne=[round(v, 5) for v in gpu], managed_cpu_ne=[round(v, 5) for v in cpu],
+                   tolerance=round(tolerance, 5), difference=round(difference, 5), ok=abs(difference) <= tolerance)  # fmt: skip
+    return figures
+
+
 # -- running them -------------------------------------------------------------------------
 
 
@@ -302,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json and the logs")
     parser.add_argument("--rows", type=int, help="rows for the throughput bench (default 5M on a GPU, 400k on CPU)")
+    parser.add_argument("--managed-rows", type=int, help="rows a day for the managed check (default 200k on a GPU, 20k on CPU)")
     parser.add_argument("--only", help="comma-separated checks to run (default: all)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -322,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         "throughput": lambda: check_throughput(args.out, args.rows or (5_000_000 if GPUS else 400_000)),
         "tests": lambda: check_tests(args.out),
         "quantized_comms": lambda: check_quantized_comms(args.out, shared_data()),
+        "managed": lambda: check_managed(args.out, args.managed_rows or (200_000 if GPUS else 20_000)),
         "characterize": lambda: check_characterize(args.out, *((2048, 65_536) if GPUS else (512, 4096))),
     }
     chosen = args.only.split(",") if args.only else list(checks)

@@ -6,10 +6,8 @@
 Runs `dlrm backfill --from FIRST --to LAST` once per `preprocess.categorical_mode`, each in a
 temporary run folder with the same table size (`preprocess.hash_size`). Prints, per night,
 each mode's NE on the evaluation day, and for the last night the share of that day's ids
-(weighted by how often they occur, and distinct) that have a row of their own:
-- managed: the id is admitted (the served model's remapping);
-- vocab: the id is in the vocabulary (the served vocabularies);
-- hash: the id was trained and no other trained id hashes to its row.
+(weighted by how often they occur, and distinct) that have a row of their own
+(training/serving/own_rows.py).
 Then the training throughput of each mode (mean over the nights) and the remapper's memory
 per process. Last, one JSON line with all of it.
 """
@@ -24,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -32,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from flows.config import load_config
 from ingestion.preprocess import PreprocessState
 from training.model.managed_ids import state_bytes
+from training.serving.own_rows import own_row_share
 
 
 def _backfill(config: str, first: int, last: int, overrides: list[str], home: Path) -> list[dict]:
@@ -42,41 +40,6 @@ def _backfill(config: str, first: int, last: int, overrides: list[str], home: Pa
     if done.returncode != 0:
         raise SystemExit(f"dlrm backfill failed ({done.returncode}): {done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])["nights"]
-
-
-def _day_ids(run_dir: Path, day: int, features: list[str]) -> dict[str, np.ndarray]:
-    table = pq.read_table(run_dir / "warehouse" / f"day={day}", columns=features)
-    return {f: table[f].drop_null().to_numpy().astype(np.int64) for f in features}
-
-
-def _own_row_share(mode: str, run_dir: Path, state: PreprocessState, trained_days: list[int], day: int) -> dict:
-    """The share of `day`'s ids with a row of their own in the last night's model."""
-    features = list(state.buckets)
-    ids = _day_ids(run_dir, day, features)
-    serving = run_dir / "train" / "serving"
-    owned_occurrences = owned_distinct = total_occurrences = total_distinct = 0
-    if mode == "hash":
-        trained = {f: np.unique(np.concatenate([v[f] for v in (_day_ids(run_dir, d, [f]) for d in trained_days)]))
-                   for f in features}  # fmt: skip
-    else:
-        arrays = np.load(serving / "vocabularies.npz")
-    for f in features:
-        values = ids[f]
-        distinct = np.unique(values)
-        if mode == "hash":
-            rows = 1 + trained[f] % state.buckets[f]
-            shared = np.unique(rows, return_counts=True)
-            alone = set(shared[0][shared[1] == 1].tolist())
-            known = np.isin(distinct, trained[f])
-            own = known & np.isin(1 + distinct % state.buckets[f], list(alone))
-        else:
-            own = np.isin(distinct, arrays[f"{f}.values"])
-        owned = distinct[own]
-        owned_distinct += int(own.sum())
-        total_distinct += len(distinct)
-        owned_occurrences += int(np.isin(values, owned).sum())
-        total_occurrences += len(values)
-    return {"occurrences": owned_occurrences / total_occurrences, "distinct": owned_distinct / total_distinct}
 
 
 def main() -> None:
@@ -99,7 +62,9 @@ def main() -> None:
             config = load_config(args.config, overrides)
             states = sorted((config.path(config.preprocess.features_dir)).glob("*/state.json"))
             state = PreprocessState.load(max(states, key=lambda p: p.stat().st_mtime))
-            shares[mode] = _own_row_share(mode, run_dir, state, list(range(args.last)), args.last)
+            share = own_row_share(mode, run_dir / "warehouse", run_dir / "train" / "serving", state.buckets,
+                                  list(range(args.last)), args.last)
+            shares[mode] = {"occurrences": share.occurrences, "distinct": share.distinct}
             folders[mode] = state
         managed = folders.get("managed")
         memory = state_bytes(managed.table_sizes, load_config(args.config).preprocess.managed.policy) if managed else 0

@@ -3,7 +3,8 @@
 On a GPU host: real torchrun jobs on CUDA with NCCL, one process per GPU, on the tiny
 generated days: fp32 and bf16 with fused tables in GPU memory, tables in host memory behind
 a GPU cache (`fused_uvm_caching`), TorchRec's sparse-dist pipeline against plain steps, and
-none of the CPU-only speed work applied. These need neither Prefect nor MLflow
+none of the CPU-only speed work applied, managed-collision ids with tables in GPU memory and
+behind a GPU cache. These need neither Prefect nor MLflow
 (`bench/gpu_check.py` runs them on a host with only the bundle); the last test runs
 `dlrm run` and `dlrm train` where Prefect is installed.
 """
@@ -16,15 +17,25 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from evaluation.config import EvaluationConfig
 from evaluation.metrics import summarize
+from ingestion.config import ManagedIdsConfig
+from ingestion.preprocess import apply_state, fit_state
+from tests.conftest import TINY_DAYS, TINY_PREPROCESS
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.job import TrainJob
 from training.launch.device import DeviceError
 from training.launch.launcher import launch
+from training.model.managed_ids import POLICIES, ManagedIds
+from training.model.objective import managed_ids_of
+from training.model.precision import allow_tf32
+from training.serving.export import _load_trained
+from training.serving.scoring import score_files
 
 pytestmark = [
     pytest.mark.gpu,
@@ -129,3 +140,73 @@ def test_dlrm_run_and_train_on_cuda(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["device"] == "cuda" and report["world_size"] == GPUS and report["eval_ne"] < 0.95
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_managed_ids_admit_evict_and_remap_on_cuda_as_on_cpu(policy: str) -> None:
+    """The same rounds on the same ids give the same rows on both devices (the remapper sits
+    on the device the process trains on)."""
+    sizes = {"C1": 50, "C2": 9}
+    on = {device: ManagedIds(sizes, policy, 2, torch.device(device)) for device in ("cpu", "cuda")}
+    generator = torch.Generator().manual_seed(3)
+    for round_ in range(6):
+        ids = {f: (torch.randint(0, 40 + 30 * round_, (400,), generator=generator) ** 2 // 97) for f in sizes}
+        changed = {device: managed.admit({f: v.to(device) for f, v in ids.items()}) for device, managed in on.items()}
+        for feature in sizes:
+            assert sorted(changed["cpu"][feature].tolist()) == sorted(changed["cuda"][feature].cpu().tolist())
+            assert on["cpu"].id_rows(feature) == on["cuda"].id_rows(feature)
+        query = torch.cat([ids["C1"][:64], torch.arange(10**6, 10**6 + 8), ids["C2"][:72]])
+        kjt = KeyedJaggedTensor.from_lengths_sync(["C1", "C2"], query, torch.ones(144, dtype=torch.int64))
+        cpu_rows = on["cpu"].remap(kjt).values()
+        assert torch.equal(cpu_rows, on["cuda"].remap(kjt.to(torch.device("cuda"))).values().cpu())
+        assert (cpu_rows[64:72] == sizes["C1"] - 1).all(), "never-seen ids share the miss row"
+
+
+@pytest.fixture(scope="module")
+def managed_features(tiny_warehouse: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The tiny days with raw ids for managed tables of at most 200 rows: fewer rows than the
+    larger features' ids, so rounds evict."""
+    config = replace(TINY_PREPROCESS, hash_size=200, categorical_mode="managed")
+    root = tmp_path_factory.mktemp("managed-features")
+    state = fit_state(config, tiny_warehouse, root, (0, 1))
+    return state, {day: [str(p) for p in sorted(apply_state(config, state, tiny_warehouse, root, day).glob("*.parquet"))]
+                   for day in TINY_DAYS}  # fmt: skip
+
+
+def _rescored_on_the_gpu(job: TrainJob) -> np.ndarray:
+    """Day 2 scored from the final checkpoint (weights and remapping) by an unsharded model
+    on the GPU, in the run's row order, with the run's TF32 products."""
+    cuda = torch.device("cuda")
+    allow_tf32(cuda)
+    trained = _load_trained(job, Path(job.folder.read_summary().checkpoint)).to(cuda).eval()
+    managed = managed_ids_of(trained)
+    assert managed is not None
+
+    def logits_of(dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        return trained.model(dense.to(cuda), managed.remap(sparse.to(cuda))).squeeze(-1).cpu()
+
+    # the run's batch: TF32 products of another shape may take other kernels (3e-4 apart, measured)
+    return score_files(logits_of, job.eval_files["2"], "C1", job.evaluation.batch_size).predictions
+
+
+@pytest.mark.parametrize(("sharding_type", "kernel"), [("table_wise", "fused"), ("row_wise", "fused"),
+                                                      ("table_wise", "fused_uvm_caching")])  # fmt: skip
+def test_managed_ids_train_on_cuda_and_the_checkpoint_scores_as_the_run_did(managed_features, tmp_path: Path,
+                                                                            sharding_type: str, kernel: str) -> None:  # fmt: skip
+    """Rounds admit and evict on the GPU, restarting rows in GPU memory or, behind a GPU cache,
+    in host memory; the final checkpoint then scores day 2 as the run's own evaluation did.
+    A restarted row the cache kept (or wrote back over the restart) would differ: the last
+    round restarts rows just before the run's evaluation and its checkpoint."""
+    job = replace(_job(managed_features, tmp_path, ShardingConfig(sharding_type, kernel), pipeline="auto"),
+                  managed_ids=ManagedIdsConfig("lru", eviction_interval=5))  # fmt: skip
+    launch(job, on_line=lambda line: None)
+    summary = job.folder.read_summary()
+    assert (summary.device, summary.pipeline) == ("cuda", "plain"), "managed ids take plain steps"
+    plan = job.folder.plan_files[0].read_text()
+    assert kernel in plan and sharding_type in plan
+    assert summary.managed_rounds >= 5 and summary.managed_restarted_rows > 0
+    run = job.folder.read_predictions("2").predictions
+    rescored = _rescored_on_the_gpu(job)
+    assert rescored.shape == run.shape == (6000,)
+    assert np.abs(rescored - run).max() <= 1e-6, (sharding_type, kernel, float(np.abs(rescored - run).max()))
+    assert _ne(job) < 0.97

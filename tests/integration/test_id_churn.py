@@ -1,11 +1,16 @@
-"""Managed-collision ids end to end (`preprocess.categorical_mode = "managed"`): two nights on
-days whose ids come and go train with a remapper in front of the tables, the second
-continuing the first; the newest serves the same remapping where the project is not
-installed, and its remapping survives checkpoints and changes of world size exactly.
-(How the modes compare night after night: bench/id_churn.py, docs/managed-ids.md.)"""
+"""Managed-collision ids end to end (`preprocess.categorical_mode = "managed"`) on
+configs/drifting-ids.toml, whose ids each live 3 days: `dlrm backfill --from 3 --to 8` in
+hash, vocabulary and managed mode with the same table size. Managed tables hold the live ids
+and score best on the last nights; each night continues the last one's remapping; the
+newest model serves the same remapping where the project is not installed; the remapping
+survives checkpoints and changes of world size exactly. (At 20,000 rows a day and two
+processes: bench/id_churn.py, docs/managed-ids.md.)"""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import subprocess
 from pathlib import Path
 
@@ -16,46 +21,85 @@ from foreign_python import champion_scores_elsewhere, raw_lines, run_predictions
 from mlflow.tracking import MlflowClient
 
 from flows.config import load_config
+from ingestion.preprocess import PreprocessState
 from training.job import JobFolder, TrainJob
+from training.serving.own_rows import own_row_share
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-TINY = str(ROOT / "configs" / "tiny.toml")
-MANAGED = ['preprocess.categorical_mode="managed"', "preprocess.managed.eviction_interval=10",
-           "data.synthetic.id_lifetime_days=3"]  # fmt: skip
+DRIFTING = str(ROOT / "configs" / "drifting-ids.toml")
+MODES = ("managed", "hash", "vocab")
+FIRST, LAST = 3, 8
+# the test's scale: half the config's rows a day (its nights measured the same ranking)
+SCALE = ["data.synthetic.rows_per_day=10000"]
 
 
 @pytest.fixture(scope="module")
-def managed_run(prefect_server, tmp_path_factory: pytest.TempPathFactory):
-    """Nights as of days 2 and 3: the second continues the first's model and remapping."""
-    from flows.pipeline import run_pipeline
+def nights(prefect_server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
+    """Each mode's backfill of nights 3–8: (its config, the nights' summaries)."""
+    from flows.cli import main
 
-    overrides = [f'run_dir="{tmp_path_factory.mktemp("managed")}"', *MANAGED]
-    first = run_pipeline(TINY, overrides, "2")
-    return load_config(TINY, overrides), first, run_pipeline(TINY, overrides, "3")
+    runs = {}
+    for mode in MODES:
+        overrides = [f'run_dir="{tmp_path_factory.mktemp(mode)}"', f'preprocess.categorical_mode="{mode}"', *SCALE]
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            code = main(["backfill", "--config", DRIFTING, *[a for o in overrides for a in ("--set", o)],
+                         "--from", str(FIRST), "--to", str(LAST), "--json"])  # fmt: skip
+        assert code == 0, printed.getvalue()[-3000:]
+        runs[mode] = (load_config(DRIFTING, overrides), json.loads(printed.getvalue().strip().splitlines()[-1])["nights"])
+    return runs
 
 
-def test_a_night_continues_the_last_ones_remapping_and_is_judged_against_it(managed_run) -> None:
-    _, first, second = managed_run
-    assert first["promoted"], first["promotion_reason"]
-    assert second["warm_start_version"] == first["model_version"] and second["days_trained"] == [2]
-    # the champion scored day 3 through its own remapping (the served one): a real NE
+def _ne_table(nights: dict[str, tuple]) -> str:
+    rows = [f"night {'  '.join(f'{mode:>8}' for mode in MODES)}"]
+    for i in range(LAST - FIRST + 1):
+        rows.append(f"{nights[MODES[0]][1][i]['as_of']:>5} " + "  ".join(f"{nights[m][1][i]['eval_ne']:8.4f}" for m in MODES))
+    return "\n".join(rows)
+
+
+def test_managed_tables_score_best_on_the_last_three_nights(nights) -> None:
+    table = _ne_table(nights)
+    print(table)
+    for i in range(LAST - FIRST - 2, LAST - FIRST + 1):
+        ne = {mode: nights[mode][1][i]["eval_ne"] for mode in MODES}
+        assert ne["managed"] < min(ne["hash"], ne["vocab"]), table
+
+
+def test_managed_rows_hold_the_live_ids(nights) -> None:
+    """Of the last day's id occurrences, managed tables give their own row to the most."""
+    shares = {}
+    for mode in MODES:
+        config, _ = nights[mode]
+        states = sorted(config.path(config.preprocess.features_dir).glob("*/state.json"), key=lambda p: p.stat().st_mtime)
+        state = PreprocessState.load(states[-1])
+        shares[mode] = own_row_share(mode, config.path("warehouse"), config.path("train") / "serving", state.buckets,
+                                     list(range(LAST)), LAST)  # fmt: skip
+    print({mode: f"{100 * share.occurrences:.1f} % ({100 * share.distinct:.1f} % of distinct)" for mode, share in shares.items()})
+    assert shares["managed"].occurrences > max(shares["hash"].occurrences, shares["vocab"].occurrences), shares
+    assert shares["managed"].occurrences > 0.8, shares
+
+
+def test_a_night_continues_the_last_ones_remapping_and_is_judged_against_it(nights) -> None:
+    config, managed = nights["managed"]
+    first, second = managed[0], managed[1]
+    assert second["warm_start_version"] == first["model_version"] and second["days_trained"] == [FIRST]
     assert 0.5 < second["champion_ne_same_days"] < second["baseline_constant_ne"]
-    assert second["eval_ne"] < second["baseline_constant_ne"]
-    # the rounds and what they did, in the job's summary and the night's MLflow run
-    config, _, _ = managed_run
+    assert managed[-1]["eval_ne"] < managed[-1]["baseline_constant_ne"]
+    # the last night's rounds, in the job's summary and the night's MLflow run
     trained = JobFolder(config.path("train")).read_summary()
     assert trained.managed_rounds >= 2 and trained.managed_restarted_rows > 0 and trained.managed_resident_ids > 0
-    metrics = MlflowClient(config.tracking_uri).get_run(second["mlflow_run_id"]).data.metrics
+    metrics = MlflowClient(config.tracking_uri).get_run(managed[-1]["mlflow_run_id"]).data.metrics
     assert metrics["managed_ids_resident"] == trained.managed_resident_ids
 
 
-def test_the_served_model_remaps_raw_lines_as_the_run_did_where_the_project_is_not(managed_run, tmp_path: Path) -> None:
-    config, _, second = managed_run
-    lines, expected = raw_lines(config, 3), run_predictions(config, 3)
-    scores = champion_scores_elsewhere(config, lines, tmp_path, version=second["model_version"])
-    assert scores.shape == expected.shape == (6000,)
+def test_the_served_model_remaps_raw_lines_as_the_run_did_where_the_project_is_not(nights, tmp_path: Path) -> None:
+    config, managed = nights["managed"]
+    lines, expected = raw_lines(config, LAST), run_predictions(config, LAST)
+    scores = champion_scores_elsewhere(config, lines, tmp_path, version=managed[-1]["model_version"])
+    assert scores.shape == expected.shape == (len(lines),)
     assert np.abs(scores - expected).max() <= 1e-6
+
 
 
 def _reshard(job_file: Path, checkpoint: Path, world: int, out: Path, save_to: Path | None = None) -> list[dict]:
@@ -68,12 +112,12 @@ def _reshard(job_file: Path, checkpoint: Path, world: int, out: Path, save_to: P
     return [torch.load(out / f"rank-{rank}.pt") for rank in range(world)]
 
 
-def test_the_remapping_survives_a_checkpoint_and_resharding_2_1_2_exactly(managed_run, tmp_path: Path) -> None:
+def test_the_remapping_survives_a_checkpoint_and_resharding_2_1_2_exactly(nights, tmp_path: Path) -> None:
     """The run's checkpoint (2 processes) loaded into 1 process, saved as that process's
     warm start, loaded into 2: every process holds the remapper the run ended with."""
     from training.serving.export import export_managed_ids
 
-    config, _, _ = managed_run
+    config, _ = nights["managed"]
     folder = JobFolder(config.path("train"))
     job = TrainJob.load(folder.job_file())
     checkpoint = Path(folder.read_summary().checkpoint)

@@ -4,7 +4,9 @@ Every process keeps the same remapper. A round gathers every process's ids recor
 the last round (in rank order), so each copy admits and evicts alike; then the rows that
 changed owner start afresh: their embedding from the table's initial distribution (the same
 draw whatever the sharding) and their optimizer state at zero, on whichever process holds
-them. Rounds run every `interval` steps, before every checkpoint (so a checkpoint holds no
+them (a table in host memory behind a GPU cache, `fused_uvm_caching`, has its cache written
+back first and emptied after, so the cache cannot keep or write back a restarted row's old
+values). Rounds run every `interval` steps, before every checkpoint (so a checkpoint holds no
 ids waiting for a round, and a resumed run equals an uninterrupted one) and at the end of a
 run (so the night's newest ids have rows before it serves).
 """
@@ -32,6 +34,7 @@ class AdmissionLedger:
     rounds: int = 0
     restarted_rows: dict[str, int] = field(default_factory=dict)  # feature → rows restarted
     targets: dict[str, RestartTarget] | None = None  # table name → its weight and state
+    caches: tuple[nn.Module, ...] = ()  # fbgemm kernels with a GPU cache in front of their tables
 
     def add(self, changed: dict[str, torch.Tensor]) -> None:
         self.rounds += 1
@@ -84,8 +87,13 @@ def admission_round(model: nn.Module, seed: int, ledger: AdmissionLedger, step: 
     with warnings.catch_warnings():  # TorchRec's tables are ShardedTensors, which torch calls deprecated
         warnings.filterwarnings("ignore", message=".*ShardedTensor.*", category=FutureWarning)
         if ledger.targets is None:
-            ledger.targets = restart_targets(model)
+            ledger.targets, ledger.caches = restart_targets(model), gpu_caches(model)
+        restarting = any(rows.numel() for rows in changed.values())
+        for cache in ledger.caches if restarting else ():
+            cache.flush()  # the cache's newer rows to the table in host memory, which the restart writes
         restart_rows(ledger.targets, changed, seed, step)
+        for cache in ledger.caches if restarting else ():
+            cache.reset_cache_states()  # every row read from the table again, restarted ones included
     ledger.add(changed)
 
 
@@ -99,6 +107,15 @@ def restart_targets(model: nn.Module) -> dict[str, RestartTarget]:
             table = name.split(".")[-2]
             targets[table] = RestartTarget(tensor, tuple(states.get(table, ())))
     return targets
+
+
+def gpu_caches(model: nn.Module) -> tuple[nn.Module, ...]:
+    """fbgemm's kernels that keep rows of host-memory tables in a GPU cache (`fused_uvm_caching`):
+    a row written in the table is stale in the cache until the cache is emptied."""
+    return tuple(module for module in model.modules()
+                 if callable(getattr(module, "reset_cache_states", None)) and callable(getattr(module, "flush", None))
+                 and isinstance(getattr(module, "lxu_cache_weights", None), torch.Tensor)
+                 and module.lxu_cache_weights.numel() > 0)  # fmt: skip
 
 
 def restart_rows(targets: dict[str, RestartTarget], changed: dict[str, torch.Tensor], seed: int, step: int) -> None:

@@ -75,7 +75,7 @@ class ManagedIds(torch.nn.Module):
         device = device or torch.device("cpu")
         if any(rows < 2 for rows in table_sizes.values()):
             raise ValueError(f"managed ids: a table needs at least 2 rows (one id and the miss row), got {dict(table_sizes)}")
-        self.policy, self.admit_min_count = policy, admit_min_count
+        self.policy, self.admit_min_count, self.device = policy, admit_min_count, device
         self.tables = torch.nn.ModuleDict({
             feature: MCHManagedCollisionModule(zch_size=rows, device=device, eviction_interval=1, name=feature,
                                                eviction_policy=eviction_policy(policy, admit_min_count))
@@ -138,8 +138,7 @@ class ManagedIds(torch.nn.Module):
 
     def pending(self) -> dict[str, torch.Tensor]:
         """The ids recorded since the last round, per feature, in the order recorded."""
-        return {feature: torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
-                for feature, parts in self._pending.items()}  # fmt: skip
+        return {feature: torch.cat(parts) if parts else self._no_ids() for feature, parts in self._pending.items()}
 
     @torch.no_grad()
     def admit(self, ids: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -148,9 +147,9 @@ class ManagedIds(torch.nn.Module):
         free or evicted rows), whose embeddings the caller starts afresh."""
         changed: dict[str, torch.Tensor] = {}
         for feature, module in self.tables.items():
-            values = ids.get(feature, torch.zeros(0, dtype=torch.int64)).to(torch.int64)
+            values = ids.get(feature, self._no_ids()).to(self.device, torch.int64)
             if not values.numel():
-                changed[feature] = torch.zeros(0, dtype=torch.int64)
+                changed[feature] = self._no_ids()
                 continue
             # TorchRec sizes its history once, from the first call, and drops what does not fit
             # afterwards: sized to each round's ids instead.
@@ -159,10 +158,14 @@ class ManagedIds(torch.nn.Module):
             lengths = torch.ones(values.numel(), dtype=torch.int64, device=values.device)
             module.profile({feature: JaggedTensor(values=values, lengths=lengths)})
             rows = module.evict()
-            changed[feature] = rows.clone() if rows is not None else torch.zeros(0, dtype=torch.int64)
+            changed[feature] = rows.clone() if rows is not None else self._no_ids()
         self._pending = {feature: [] for feature in self.tables}
         self._stacked = None
         return changed
+
+    def _no_ids(self) -> torch.Tensor:
+        # on the remapper's device: a round's ids of a feature are concatenated and gathered
+        return torch.zeros(0, dtype=torch.int64, device=self.device)
 
     def id_rows(self, feature: str) -> dict[int, int]:
         """Each resident raw id of `feature` → its row (for reports and tests)."""
