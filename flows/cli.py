@@ -29,7 +29,7 @@ from pathlib import Path
 from flows import commands
 from flows.commands import UserError
 from flows.prefect_defaults import DASHBOARD_PORT, apply_prefect_defaults, quiet_library_output
-from training.launch.processes import Stopped, stop_on_signals
+from training.launch.processes import Stopped, stop_on_signals, write_line_to_stderr
 
 DEFAULT_CONFIG = "configs/demo.toml"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _say(line: str) -> None:
-    print(f"dlrm: {line}", file=sys.stderr, flush=True)
+    # called from the signal handler too: written to the descriptor, past Prefect's print
+    # capture and its loggers' locks, which the signal may have interrupted
+    write_line_to_stderr(f"dlrm: {line}")
 
 
 def _trust_config_folder(config: str) -> None:

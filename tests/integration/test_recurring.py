@@ -2,6 +2,10 @@
 the days it has not seen, is judged on a day neither has trained on, and leaves its
 lineage in the registry; a night already run trains nothing."""
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,20 +32,29 @@ COMMON = [f"data.synthetic.rows_per_day={ROWS_PER_DAY}", "data.synthetic.cardina
 
 
 @pytest.fixture(scope="module")
-def nights(prefect_server, tmp_path_factory: pytest.TempPathFactory):
+def nights(prefect_server: str, tmp_path_factory: pytest.TempPathFactory):
     """Six nights, as of days 2 to 7 (as of day 4 on one process: the world size changes),
-    then 7 again; and a model trained from scratch on days 0–4 in a separate run folder and
-    registry (judged on day 5, as the night as of day 5 is)."""
+    then 7 again; and beside them (a `dlrm run` of its own, started first) a model trained
+    from scratch on days 0–4 in a separate run folder and registry (judged on day 5, as the
+    night as of day 5 is)."""
     from flows.pipeline import run_pipeline
 
+    scratch_dir = tmp_path_factory.mktemp("from-scratch")
+    scratch_overrides = [f'run_dir="{scratch_dir}"', *COMMON, "tracking.registered_model=dlrm-scratch",
+                         "data.train_days=[0,1,2,3,4]", "data.eval_days=[5]"]  # fmt: skip
+    # into files, not pipes: a command blocked on a full pipe would hold the trainer slot
+    with (scratch_dir / "run.out").open("w") as out, (scratch_dir / "run.err").open("w") as err:
+        scratch_run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "--config", TINY,
+                                        *[a for o in scratch_overrides for a in ("--set", o)], "--json"], cwd=ROOT,
+                                       stdout=out, stderr=err, env={**os.environ, "PREFECT_API_URL": prefect_server})  # fmt: skip
     run_dir = tmp_path_factory.mktemp("recurring")
     overrides = [f'run_dir="{run_dir}"', *COMMON, "tracking.registered_model=dlrm-recurring"]
     summaries = {}
     for as_of, extra in ((2, []), (3, []), (4, ["training.nproc=1"]), (5, []), (6, []), (7, []), ("7 again", [])):
         summaries[as_of] = run_pipeline(TINY, [*overrides, *extra], str(as_of).split()[0])
-    scratch_dir = tmp_path_factory.mktemp("from-scratch")
-    scratch = run_pipeline(TINY, [f'run_dir="{scratch_dir}"', *COMMON, "tracking.registered_model=dlrm-scratch",
-                                  "data.train_days=[0,1,2,3,4]", "data.eval_days=[5]"])  # fmt: skip
+    scratch_run.wait(timeout=600)
+    assert scratch_run.returncode == 0, (scratch_dir / "run.err").read_text()[-3000:]
+    scratch = json.loads((scratch_dir / "run.out").read_text().strip().splitlines()[-1])
     return load_config(TINY, overrides), summaries, scratch
 
 

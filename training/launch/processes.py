@@ -31,7 +31,9 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1
 _groups: set[int] = set()
 _services: set[int] = set()  # groups the clean-up still needs: stopped by their owner, last
-_lock = threading.Lock()
+# Re-entrant: the signal handler takes it on the main thread, which the signal may have
+# interrupted while holding it.
+_lock = threading.RLock()
 _stop_signal: list[int] = []  # the signal that asked for the stop; empty while none has
 
 
@@ -176,10 +178,25 @@ def _child_sessions() -> set[int]:
     return found
 
 
+def write_line_to_stderr(line: str) -> None:
+    """`line` straight to the standard error's file descriptor: no Python-level buffer,
+    logger or lock between, so a signal handler may call it whatever it interrupted."""
+    data = (line + "\n").encode(errors="replace")
+    while data:
+        try:
+            data = data[os.write(2, data) :]
+        except InterruptedError:
+            continue
+        except OSError:
+            return  # no standard error to write to: the line is lost, the stop goes on
+
+
 @contextlib.contextmanager
 def stop_on_signals(say: Callable[[str], None]) -> Iterator[None]:
     """Within the block, SIGINT and SIGTERM stop the program as described above. `say`
-    prints the one line a person sees for each signal."""
+    prints the one line a person sees for each signal: it runs in the signal handler, so it
+    must take no lock the interrupted code may hold (`write_line_to_stderr`; a `print` inside
+    a Prefect flow goes through the run's loggers and their queues)."""
 
     def on_signal(signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name

@@ -73,6 +73,30 @@ def test_the_first_signal_stops_the_groups_and_a_second_only_says_so() -> None:
     assert _gone(child, 5.0), "the stop ended the child's group"
 
 
+def test_a_signal_that_interrupts_the_registry_of_groups_still_stops() -> None:
+    """The handler runs on the main thread wherever the signal found it, here inside the
+    groups' registry (its lock held): it must neither wait for that lock (the stop would
+    never come) nor print through Python's buffers, which the code it interrupted may hold."""
+    parent = _parent("""
+        import os, signal
+        import training.launch.processes as processes
+        try:
+            with stop_on_signals(write_line_to_stderr):
+                child = start_group(["sleep", "60"])
+                print(child.pid, flush=True)
+                with processes._lock:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(30)
+        except Stopped as stopped:
+            sys.exit(stopped.exit_code)
+    """)
+    child = int(parent.stdout.readline())
+    _, stderr = parent.communicate(timeout=20)
+    assert parent.returncode == 130, stderr
+    assert stderr.splitlines()[0].startswith("SIGINT: stopping"), stderr
+    assert _gone(child, 5.0), "the stop ended the child's group"
+
+
 def test_sigterm_exits_143_and_nothing_starts_after_a_stop() -> None:
     parent = _parent("""
         try:
