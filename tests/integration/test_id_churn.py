@@ -52,10 +52,15 @@ def nights(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> dic
                                        env={**os.environ, "PREFECT_API_URL": prefect_server})  # fmt: skip
         commands[mode] = (overrides, process, outputs)
     runs = {}
-    for mode, (overrides, process, (out, err)) in commands.items():
-        process.wait(timeout=900)
-        assert process.returncode == 0, f"{mode}: {err.read_text()[-3000:]}"
-        runs[mode] = (load_config(DRIFTING, overrides), json.loads(out.read_text().strip().splitlines()[-1])["nights"])
+    try:
+        for mode, (overrides, process, (out, err)) in commands.items():
+            process.wait(timeout=900)
+            assert process.returncode == 0, f"{mode}: {err.read_text()[-3000:]}"
+            runs[mode] = (load_config(DRIFTING, overrides), json.loads(out.read_text().strip().splitlines()[-1])["nights"])
+    finally:  # one failed: the others are not left running
+        for _, process, _ in commands.values():
+            if process.poll() is None:
+                process.kill()
     return runs
 
 

@@ -50,9 +50,13 @@ def nights(prefect_server: str, tmp_path_factory: pytest.TempPathFactory):
     run_dir = tmp_path_factory.mktemp("recurring")
     overrides = [f'run_dir="{run_dir}"', *COMMON, "tracking.registered_model=dlrm-recurring"]
     summaries = {}
-    for as_of, extra in ((2, []), (3, []), (4, ["training.nproc=1"]), (5, []), (6, []), (7, []), ("7 again", [])):
-        summaries[as_of] = run_pipeline(TINY, [*overrides, *extra], str(as_of).split()[0])
-    scratch_run.wait(timeout=600)
+    try:
+        for as_of, extra in ((2, []), (3, []), (4, ["training.nproc=1"]), (5, []), (6, []), (7, []), ("7 again", [])):
+            summaries[as_of] = run_pipeline(TINY, [*overrides, *extra], str(as_of).split()[0])
+        scratch_run.wait(timeout=600)
+    finally:  # a night failed: the scratch run is not left running
+        if scratch_run.poll() is None:
+            scratch_run.kill()
     assert scratch_run.returncode == 0, (scratch_dir / "run.err").read_text()[-3000:]
     scratch = json.loads((scratch_dir / "run.out").read_text().strip().splitlines()[-1])
     return load_config(TINY, overrides), summaries, scratch

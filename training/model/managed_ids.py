@@ -75,7 +75,7 @@ class ManagedIds(torch.nn.Module):
         device = device or torch.device("cpu")
         if any(rows < 2 for rows in table_sizes.values()):
             raise ValueError(f"managed ids: a table needs at least 2 rows (one id and the miss row), got {dict(table_sizes)}")
-        self.policy, self.admit_min_count, self.device = policy, admit_min_count, device
+        self.policy, self.admit_min_count = policy, admit_min_count
         self.tables = torch.nn.ModuleDict({
             feature: MCHManagedCollisionModule(zch_size=rows, device=device, eviction_interval=1, name=feature,
                                                eviction_policy=eviction_policy(policy, admit_min_count))
@@ -162,6 +162,12 @@ class ManagedIds(torch.nn.Module):
         self._pending = {feature: [] for feature in self.tables}
         self._stacked = None
         return changed
+
+    @property
+    def device(self) -> torch.device:
+        """Where the remapper's state is (it follows `.to()`)."""
+        modules = list(self.tables.values())
+        return modules[0]._mch_sorted_raw_ids.device if modules else torch.device("cpu")
 
     def _no_ids(self) -> torch.Tensor:
         # on the remapper's device: a round's ids of a feature are concatenated and gathered
