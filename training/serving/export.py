@@ -28,6 +28,9 @@ CHAMPION_CODE = Path(__file__).with_name("champion_pyfunc.py")
 CHAMPION_BUNDLED = (Path(__file__).parents[1] / "model" / "stock_dlrm.py", Path(__file__).parents[2] / "ingestion" / "id_hash.py",
                     Path(__file__).parents[2] / "evaluation" / "calibration.py")  # fmt: skip
 SERVING_DEVICES = ("cpu", "cuda")
+# vocab and managed modes: each feature's ids with a row of their own ("<feature>.values",
+# sorted) and their rows ("<feature>.rows"), beside the weights
+VOCABULARIES = "vocabularies.npz"
 # fbgemm's CPU build serves on CPU hosts, its CUDA build on GPU hosts: one or the other.
 _FBGEMM = {"cpu": "fbgemm-gpu-cpu", "cuda": "fbgemm-gpu"}
 # torchrec's metadata asks for the CUDA fbgemm and an old torchmetrics: install it with
@@ -91,10 +94,10 @@ def write_serving_model(job: TrainJob, checkpoint: Path, state: PreprocessState,
     trained = _load_trained(job, checkpoint)
     torch.save(trained.model.eval().state_dict(), folder / "dlrm.pt")
     if state.mode == "vocab":
-        np.savez(folder / "vocabularies.npz", **vocabulary_arrays(state, features_root))
+        np.savez(folder / VOCABULARIES, **vocabulary_arrays(state, features_root))
     managed = managed_ids_of(trained)
     if managed is not None:  # the ids' rows as training left them, in the vocabularies' form
-        np.savez(folder / "vocabularies.npz", **managed_id_arrays(managed))
+        np.savez(folder / VOCABULARIES, **managed_id_arrays(managed))
     description = {
         "format": SERVING_FORMAT,
         "device": device,
@@ -105,6 +108,13 @@ def write_serving_model(job: TrainJob, checkpoint: Path, state: PreprocessState,
     }
     (folder / "model.json").write_text(json.dumps(description, indent=2))
     return ServingModel(folder, device)
+
+
+def served_ids(folder: Path, feature: str) -> np.ndarray:
+    """The ids of `feature` that have a row of their own in the model served from `folder`
+    (vocab and managed modes), sorted."""
+    with np.load(folder / VOCABULARIES) as arrays:
+        return arrays[f"{feature}.values"]
 
 
 def managed_id_arrays(managed: ManagedIds) -> dict[str, np.ndarray]:

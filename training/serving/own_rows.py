@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ingestion.warehouse import partition_dir
+from training.serving.export import served_ids
 
 
 @dataclass(frozen=True)
@@ -35,19 +36,21 @@ def day_ids(warehouse: Path, day: int, features: Sequence[str]) -> dict[str, np.
 def own_row_share(mode: str, warehouse: Path, serving: Path, buckets: Mapping[str, int], trained_days: Sequence[int],
                   day: int) -> OwnRowShare:  # fmt: skip
     """The share of `day`'s ids with a row of their own in the model served from `serving`
-    (its vocabularies.npz: managed and vocab modes), trained on `trained_days` of `warehouse`
-    (hash mode: which ids share a row). `buckets`: each feature's hash buckets."""
+    (managed and vocab modes: `served_ids`), trained on `trained_days` of `warehouse` (hash
+    mode: which ids share a row, 1 + id mod buckets as preprocessing hashes). `buckets`: each
+    feature's hash buckets."""
     features = list(buckets)
     ids = day_ids(warehouse, day, features)
-    arrays = np.load(serving / "vocabularies.npz") if mode != "hash" else None
+    # hash mode: every trained day's ids, each day read once
+    trained_days_ids = [day_ids(warehouse, d, features) for d in trained_days] if mode == "hash" else []
     owned_occurrences = owned_distinct = total_occurrences = total_distinct = 0
     for feature in features:
         values = ids[feature]
         distinct = np.unique(values)
-        if arrays is not None:
-            own = np.isin(distinct, arrays[f"{feature}.values"])
+        if mode != "hash":
+            own = np.isin(distinct, served_ids(serving, feature))
         else:
-            trained = np.unique(np.concatenate([day_ids(warehouse, d, [feature])[feature] for d in trained_days]))
+            trained = np.unique(np.concatenate([trained_ids[feature] for trained_ids in trained_days_ids]))
             rows, sharing = np.unique(1 + trained % buckets[feature], return_counts=True)
             alone = rows[sharing == 1]
             own = np.isin(distinct, trained) & np.isin(1 + distinct % buckets[feature], alone)
