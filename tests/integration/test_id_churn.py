@@ -8,15 +8,13 @@ and two processes: bench/id_churn.py, docs/managed-ids.md.)"""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from beside import ended_on_failure, start
 from foreign_python import champion_scores_elsewhere, raw_lines, run_predictions
 from mlflow.tracking import MlflowClient
 
@@ -43,25 +41,11 @@ def nights(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> dic
     for mode in MODES:
         run_dir = tmp_path_factory.mktemp(mode)
         overrides = [f'run_dir="{run_dir}"', f'preprocess.categorical_mode="{mode}"', *SCALE]
-        command = [sys.executable, "-m", "flows.cli", "backfill", "--config", DRIFTING,
-                   *[a for o in overrides for a in ("--set", o)], "--from", str(FIRST), "--to", str(LAST), "--json"]  # fmt: skip
-        # into files, not pipes: a command blocked on a full pipe would hold the trainer slot
-        outputs = (run_dir / "backfill.out", run_dir / "backfill.err")
-        with outputs[0].open("w") as out, outputs[1].open("w") as err:
-            process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err,
-                                       env={**os.environ, "PREFECT_API_URL": prefect_server})  # fmt: skip
-        commands[mode] = (overrides, process, outputs)
-    runs = {}
-    try:
-        for mode, (overrides, process, (out, err)) in commands.items():
-            process.wait(timeout=900)
-            assert process.returncode == 0, f"{mode}: {err.read_text()[-3000:]}"
-            runs[mode] = (load_config(DRIFTING, overrides), json.loads(out.read_text().strip().splitlines()[-1])["nights"])
-    finally:  # one failed: the others are not left running
-        for _, process, _ in commands.values():
-            if process.poll() is None:
-                process.kill()
-    return runs
+        arguments = ["backfill", "--config", DRIFTING, "--from", str(FIRST), "--to", str(LAST)]
+        commands[mode] = (overrides, start(arguments, overrides, run_dir, prefect_server))
+    with ended_on_failure([command for _, command in commands.values()]):
+        return {mode: (load_config(DRIFTING, overrides), command.report(timeout=900)["nights"])
+                for mode, (overrides, command) in commands.items()}  # fmt: skip
 
 
 def _ne_table(nights: dict[str, tuple]) -> str:

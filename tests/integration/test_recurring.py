@@ -2,13 +2,10 @@
 the days it has not seen, is judged on a day neither has trained on, and leaves its
 lineage in the registry; a night already run trains nothing."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from beside import ended_on_failure, start
 from mlflow.tracking import MlflowClient
 
 from flows.config import load_config
@@ -42,23 +39,14 @@ def nights(prefect_server: str, tmp_path_factory: pytest.TempPathFactory):
     scratch_dir = tmp_path_factory.mktemp("from-scratch")
     scratch_overrides = [f'run_dir="{scratch_dir}"', *COMMON, "tracking.registered_model=dlrm-scratch",
                          "data.train_days=[0,1,2,3,4]", "data.eval_days=[5]"]  # fmt: skip
-    # into files, not pipes: a command blocked on a full pipe would hold the trainer slot
-    with (scratch_dir / "run.out").open("w") as out, (scratch_dir / "run.err").open("w") as err:
-        scratch_run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "--config", TINY,
-                                        *[a for o in scratch_overrides for a in ("--set", o)], "--json"], cwd=ROOT,
-                                       stdout=out, stderr=err, env={**os.environ, "PREFECT_API_URL": prefect_server})  # fmt: skip
+    scratch_run = start(["run", "--config", TINY], scratch_overrides, scratch_dir, prefect_server)
     run_dir = tmp_path_factory.mktemp("recurring")
     overrides = [f'run_dir="{run_dir}"', *COMMON, "tracking.registered_model=dlrm-recurring"]
     summaries = {}
-    try:
+    with ended_on_failure([scratch_run]):
         for as_of, extra in ((2, []), (3, []), (4, ["training.nproc=1"]), (5, []), (6, []), (7, []), ("7 again", [])):
             summaries[as_of] = run_pipeline(TINY, [*overrides, *extra], str(as_of).split()[0])
-        scratch_run.wait(timeout=600)
-    finally:  # a night failed: the scratch run is not left running
-        if scratch_run.poll() is None:
-            scratch_run.kill()
-    assert scratch_run.returncode == 0, (scratch_dir / "run.err").read_text()[-3000:]
-    scratch = json.loads((scratch_dir / "run.out").read_text().strip().splitlines()[-1])
+        scratch = scratch_run.report(timeout=600)
     return load_config(TINY, overrides), summaries, scratch
 
 

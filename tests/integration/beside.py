@@ -1,0 +1,51 @@
+"""`dlrm` commands run beside a test's own work, on the session's Prefect server.
+
+Their output goes to files, not pipes: a command blocked on a full pipe nobody reads yet
+would hold what it holds (the trainer slot) and stall every other command waiting for it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Beside:
+    process: subprocess.Popen
+    out: Path
+    err: Path
+
+    def report(self, timeout: float) -> dict:
+        """The command's `--json` report, once it has ended well."""
+        self.process.wait(timeout=timeout)
+        assert self.process.returncode == 0, self.err.read_text()[-3000:]
+        return json.loads(self.out.read_text().strip().splitlines()[-1])
+
+
+def start(arguments: list[str], overrides: list[str], folder: Path, api_url: str) -> Beside:
+    """`dlrm ARGUMENTS --set O ... --json`, its output in `folder`."""
+    out, err = folder / "dlrm.out", folder / "dlrm.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "flows.cli", *arguments,
+                                    *[a for o in overrides for a in ("--set", o)], "--json"], cwd=ROOT,
+                                   stdout=stdout, stderr=stderr, env={**os.environ, "PREFECT_API_URL": api_url})  # fmt: skip
+    return Beside(process, out, err)
+
+
+@contextlib.contextmanager
+def ended_on_failure(commands: list[Beside]) -> Iterator[None]:
+    """The block's commands are killed if it fails: none is left running after a test."""
+    try:
+        yield
+    finally:
+        for command in commands:
+            if command.process.poll() is None:
+                command.process.kill()
