@@ -24,7 +24,8 @@ class UserError(Exception):
 # and no traceback (matched by class name, so no heavy module loads to check)
 USER_FACING_ERRORS = {"UserError", "ConfigError", "PreprocessError", "ShardingError", "MetricError", "FileNotFoundError",
                       "ServerStartError", "EmptyDayError", "HostNetworkError", "SchemaChangeError", "SourceReadError",
-                      "IngestError", "DeviceError", "CatchUpError", "StaleChampionError"}  # fmt: skip
+                      "IngestError", "DeviceError", "CatchUpError", "StaleChampionError",
+                      "SchemaError"}  # fmt: skip
 
 
 def _prefect_console_quiet() -> None:

@@ -287,7 +287,7 @@ def skipped_summary(night: Night, client: MlflowClient, config: PipelineConfig) 
         eval_ne=eval_ne,
         model_version=night.earlier_version,
         promotion_reason=f"nothing trained: {night.skipped}",
-        champion_version=champion.version if champion else None,
+        champion_version=str(champion.version) if champion else None,
     )
 
 
@@ -321,7 +321,7 @@ def champion_staleness(config: PipelineConfig, client: MlflowClient) -> Stalenes
     nights = [v for v in _versions(client, name) if int(v.version) > since and v.tags.get(TAG_AS_OF)]
     as_of = champion.tags.get(TAG_AS_OF, "") if champion else ""
     for key, value in ((TAG_NIGHTS_WITHOUT_PROMOTION, str(len(nights))),
-                       (TAG_CHAMPION_VERSION, champion.version if champion else ""), (TAG_CHAMPION_AS_OF, as_of)):  # fmt: skip
+                       (TAG_CHAMPION_VERSION, str(champion.version) if champion else ""), (TAG_CHAMPION_AS_OF, as_of)):  # fmt: skip
         client.set_registered_model_tag(name, key, value)
     stale = bool(bound) and len(nights) >= bound
     refused = sorted(nights, key=lambda v: int(v.version))[-bound:] if stale else []
@@ -331,4 +331,4 @@ def champion_staleness(config: PipelineConfig, client: MlflowClient) -> Stalenes
         f"last refusals were {', '.join(f'version {v.version}: ' + v.tags.get('promotion.reason', '?') for v in refused[-3:])}. "
         "Fix what they name, or promote a version by hand (alias 'champion')"
     ) if stale else ""  # fmt: skip
-    return Staleness(len(nights), champion.version if champion else None, as_of, stale, message)
+    return Staleness(len(nights), str(champion.version) if champion else None, as_of, stale, message)

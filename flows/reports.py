@@ -2,7 +2,9 @@
 and one formatter for people (`for_people`).
 
 The `--json` output of a command is `encode(report)`; the flows return the same JSON form
-(what Prefect stores and shows), and the command reads it back with `decode`. Days are
+(what Prefect stores and shows), and the command reads it back with `decode`. Each report
+checks its fields' types when it is built (`Checked`), so a producer cannot hand the
+command a report that it would fail to read back. Days are
 shown as the config writes them (ISO dates for a dated warehouse, else integers).
 """
 
@@ -15,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.promotion import reference_line
-from training.codec import FLATTENED, NOT_IN_JSON, decode
+from training.codec import FLATTENED, NOT_IN_JSON, Checked, decode
 
 Day = int | str  # as the config writes it
 
 
 @dataclass(frozen=True)
-class IngestDay:
+class IngestDay(Checked):
     """One day of the ingest stage (each file: read = written + quarantined)."""
 
     day: int
@@ -34,7 +36,7 @@ class IngestDay:
 
 
 @dataclass(frozen=True)
-class IngestTotals:
+class IngestTotals(Checked):
     """`dlrm ingest`: every day's rows together."""
 
     rows_read: int = 0
@@ -45,7 +47,7 @@ class IngestTotals:
 
 
 @dataclass(frozen=True)
-class RunSummary:
+class RunSummary(Checked):
     """`dlrm run`: a pipeline run that trained."""
 
     as_of: Day | None  # a recurring run's day; None for a run of the configured days
@@ -90,7 +92,7 @@ class RunSummary:
 
 
 @dataclass(frozen=True)
-class SkippedNight:
+class SkippedNight(Checked):
     """`dlrm run --as-of N` for a night already covered: nothing trained."""
 
     as_of: Day
@@ -113,31 +115,36 @@ def run_report(data: dict[str, Any]) -> RunSummary | SkippedNight:
 
 
 @dataclass(frozen=True)
-class BackfillReport:
+class BackfillReport(Checked):
     """`dlrm backfill`: each night's summary, in order."""
 
     nights: list[Any]  # RunSummary | SkippedNight
 
 
 @dataclass(frozen=True)
-class TrainReport:
-    """`dlrm train` on node 0 (or one host): the job's figures and its NE on the eval days."""
+class TrainReport(Checked):
+    """`dlrm train` on node 0 (or one host): the job's figures and its NE on the eval days,
+    with the keys `dlrm run` reports them by."""
 
     world_size: int
     global_batch_size: int
     steps: int
     rows_trained: int
     samples_per_s: float
-    eval_ne: float
+    eval_ne: float  # of the served probabilities (calibrated, where a calibrator was kept)
+    eval_ne_uncalibrated: float  # of the model's own probabilities
+    eval_calibration: float  # Σ served predictions / Σ clicks
     eval_days: list[Day]
     resumed_from_step: int
     device: str
     checkpoint: str
     out_dir: str
+    calibrator: str  # how the served probabilities are calibrated ("none": not)
+    calibration_rows: int  # training rows held out of training to fit it
 
 
 @dataclass(frozen=True)
-class NodeReport:
+class NodeReport(Checked):
     """`dlrm train` on another node: its part is done; node 0 reports the job."""
 
     node_rank: int
@@ -147,7 +154,7 @@ class NodeReport:
 
 
 @dataclass(frozen=True)
-class PreprocessReport:
+class PreprocessReport(Checked):
     """`dlrm preprocess`: the fitted state and each day's feature folder."""
 
     state_id: str
@@ -159,7 +166,7 @@ class PreprocessReport:
 
 
 @dataclass(frozen=True)
-class RetuneReport:
+class RetuneReport(Checked):
     """`dlrm retune`: the study's best trial so far."""
 
     study: str
@@ -177,7 +184,7 @@ class RetuneReport:
 
 
 @dataclass(frozen=True)
-class CharacterizeReport:
+class CharacterizeReport(Checked):
     """`dlrm characterize`: the measured points, the hardware's batch, the MLflow run."""
 
     config: str
@@ -197,7 +204,7 @@ class CharacterizeReport:
 
 
 @dataclass(frozen=True)
-class PlanReport:
+class PlanReport(Checked):
     """`dlrm plan`: where each table goes on a cluster, and the planner's estimates."""
 
     tables: int
@@ -213,7 +220,7 @@ class PlanReport:
 
 
 @dataclass(frozen=True)
-class EvaluateReport:
+class EvaluateReport(Checked):
     """`dlrm evaluate`: every metric of a predictions file."""
 
     ne: float
@@ -350,7 +357,8 @@ def port_line(port: dict[str, Any]) -> str:
 def _(report: TrainReport, config: Any = None) -> str:
     return (f"trained {report.steps} steps on {report.world_size} processes (global batch "
             f"{report.global_batch_size:,}): {report.rows_trained:,} rows, {report.samples_per_s:,.0f} samples/s; "
-            f"NE on days {report.eval_days}: {report.eval_ne:.4f} → {report.out_dir}")  # fmt: skip
+            f"NE on days {report.eval_days}: {report.eval_ne:.4f} (before calibration {report.eval_ne_uncalibrated:.4f}; "
+            f"calibrator: {report.calibrator}) → {report.out_dir}")  # fmt: skip
 
 
 @for_people.register

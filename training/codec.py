@@ -14,11 +14,17 @@ which key is wrong in one line (`training.batch_size: expected int, got str 'big
 - A dict field with `metadata=FLATTENED` is written into its parent's object, and takes
   back the keys that are no field of the parent; one with `metadata=NOT_IN_JSON` is not
   written (text for people that the JSON form gives as data).
+
+A record whose class derives from `Checked` is checked the same way when it is built: a
+producer that hands a field the wrong type (an MLflow version number as an int where the
+report says text) fails where it builds the record, in its tests, not later in front of a
+user who decodes the JSON.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -177,3 +183,62 @@ def _scalar(hint: type, value: Any, key: str) -> Any:
     if isinstance(value, hint) and not (hint in (int, float) and isinstance(value, bool)):
         return value
     raise SchemaError(f"{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
+
+
+class Checked:
+    """A dataclass mixin: every field is checked against its type hint when the record is
+    built (no conversion: an int where text is due is a `SchemaError` naming the field)."""
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        for name, hint in _field_hints(cls).items():
+            problem = _mismatch(hint, getattr(self, name))
+            if problem:
+                raise SchemaError(f"{cls.__name__}.{name}: {problem}")
+
+
+@functools.cache
+def _field_hints(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+
+def _mismatch(hint: Any, value: Any) -> str:
+    """"" when `value` fits `hint` as built (a tuple or a list for either), else what is wrong."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return ""
+    if dataclasses.is_dataclass(hint):
+        return "" if isinstance(value, hint) else f"expected {hint.__name__}, got {type(value).__name__}"  # type: ignore[arg-type]
+    if origin is Literal:
+        return "" if value in typing.get_args(hint) else f"must be one of {list(typing.get_args(hint))}, got {value!r}"
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if any(not _mismatch(option, value) for option in options):
+            return ""
+        return f"expected {_names(options)}, got {type(value).__name__} {value!r}"
+    if origin is dict:
+        key_hint, value_hint = typing.get_args(hint)
+        if not isinstance(value, dict):
+            return f"expected a dict, got {type(value).__name__} {value!r}"
+        for key, item in value.items():
+            problem = _mismatch(key_hint, key) or _mismatch(value_hint, item)
+            if problem:
+                return f"[{key!r}]: {problem}"
+        return ""
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            return f"expected a list, got {type(value).__name__} {value!r}"
+        item_hint = typing.get_args(hint)[0]
+        for i, item in enumerate(value):
+            problem = _mismatch(item_hint, item)
+            if problem:
+                return f"[{i}]: {problem}"
+        return ""
+    if hint is type(None):
+        return "" if value is None else f"expected None, got {type(value).__name__} {value!r}"
+    try:
+        _scalar(hint, value, "")
+    except SchemaError:
+        return f"expected {hint.__name__}, got {type(value).__name__} {value!r}"
+    return ""

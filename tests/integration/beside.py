@@ -25,17 +25,23 @@ class Beside:
 
     def report(self, timeout: float) -> dict:
         """The command's `--json` report, once it has ended well."""
+        return json.loads(self.text(timeout).strip().splitlines()[-1])
+
+    def text(self, timeout: float) -> str:
+        """What the command printed, once it has ended well (exit 0)."""
         self.process.wait(timeout=timeout)
         assert self.process.returncode == 0, self.err.read_text()[-3000:]
-        return json.loads(self.out.read_text().strip().splitlines()[-1])
+        return self.out.read_text()
 
 
-def start(arguments: list[str], overrides: list[str], folder: Path, api_url: str) -> Beside:
-    """`dlrm ARGUMENTS --set O ... --json`, its output in `folder`."""
-    out, err = folder / "dlrm.out", folder / "dlrm.err"
+def start(arguments: list[str], overrides: list[str], folder: Path, api_url: str, as_json: bool = True,
+          name: str = "dlrm") -> Beside:  # fmt: skip
+    """`dlrm ARGUMENTS --set O ... [--json]`, its output in `folder` (`name`.out, `name`.err)."""
+    out, err = folder / f"{name}.out", folder / f"{name}.err"
     with out.open("w") as stdout, err.open("w") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "flows.cli", *arguments,
-                                    *[a for o in overrides for a in ("--set", o)], "--json"], cwd=ROOT,
+                                    *[a for o in overrides for a in ("--set", o)], *(["--json"] if as_json else [])],
+                                   cwd=ROOT,
                                    stdout=stdout, stderr=stderr, env={**os.environ, "PREFECT_API_URL": api_url})  # fmt: skip
     return Beside(process, out, err)
 

@@ -10,6 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.config import load_config
 from flows.recurring import TAG_AS_OF, TAG_CHECKPOINT, TAG_DAYS, TAG_PARENT, TAG_STATE
+from flows.reports import SkippedNight, run_report
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +32,7 @@ COMMON = [f"data.synthetic.rows_per_day={ROWS_PER_DAY}", "data.synthetic.cardina
 @pytest.fixture(scope="module")
 def nights(prefect_server: str, tmp_path_factory: pytest.TempPathFactory):
     """Six nights, as of days 2 to 7 (as of day 4 on one process: the world size changes),
-    then 7 again; and beside them (a `dlrm run` of its own, started first) a model trained
+    then, as `dlrm` commands, 7 again and a backfill over 6–7; and beside them (a `dlrm run` of its own, started first) a model trained
     from scratch on days 0–4 in a separate run folder and registry (judged on day 5, as the
     night as of day 5 is)."""
     from flows.pipeline import run_pipeline
@@ -44,8 +45,15 @@ def nights(prefect_server: str, tmp_path_factory: pytest.TempPathFactory):
     overrides = [f'run_dir="{run_dir}"', *COMMON, "tracking.registered_model=dlrm-recurring"]
     summaries = {}
     with ended_on_failure([scratch_run]):
-        for as_of, extra in ((2, []), (3, []), (4, ["training.nproc=1"]), (5, []), (6, []), (7, []), ("7 again", [])):
-            summaries[as_of] = run_pipeline(TINY, [*overrides, *extra], str(as_of).split()[0])
+        for as_of, extra in ((2, []), (3, []), (4, ["training.nproc=1"]), (5, []), (6, []), (7, [])):
+            summaries[as_of] = run_pipeline(TINY, [*overrides, *extra], str(as_of))
+        # the nights already done, as a user reruns them: the last one, and a backfill over two
+        again = tmp_path_factory.mktemp("again")
+        rerun = start(["run", "--config", TINY, "--as-of", "7"], overrides, again, prefect_server, as_json=False, name="run")
+        backfill = start(["backfill", "--config", TINY, "--from", "6", "--to", "7"], overrides, again, prefect_server,
+                         name="backfill")  # fmt: skip
+        with ended_on_failure([rerun, backfill]):
+            summaries["7 again"], summaries["backfill 6–7"] = rerun.text(timeout=300), backfill.report(timeout=300)
         scratch = scratch_run.report(timeout=600)
     return load_config(TINY, overrides), summaries, scratch
 
@@ -83,12 +91,21 @@ def test_every_night_serves_calibrated_probabilities_refitted_on_its_newest_days
 
 
 def test_a_night_already_run_is_skipped(nights) -> None:
+    """`dlrm run --as-of 7` again prints its skipped line and exits 0; `dlrm backfill` over
+    nights 6–7, both covered by the champion, reports both skipped (with the version and its NE)."""
     _, summaries, _ = nights
-    again = summaries["7 again"]
-    assert again["skipped"] is True and again["days_trained"] == [] and again["rows_trained"] == 0
-    assert again["model_version"] == summaries[7]["model_version"]
-    assert again["eval_ne"] == pytest.approx(summaries[7]["eval_ne"])
-    assert "nothing new to train" in again["skip_reason"]
+    version = summaries[7]["model_version"]
+    lines = [line for line in summaries["7 again"].splitlines() if line.strip()]
+    assert lines[0] == (f"as of day 7: skipped: champion version {version} has trained on every day before 7 "
+                        f"(lineage {list(range(7))}); nothing new to train"), lines  # fmt: skip
+    assert lines[1] == f"  champion             version {version}, lineage days {list(range(7))}"
+    six, seven = summaries["backfill 6–7"]["nights"]
+    assert six["skipped"] is True and six["as_of"] == 6 and six["model_version"] == version and six["eval_ne"] is None
+    assert f"champion version {version} has trained on every day before 6" in six["skip_reason"]
+    assert seven["skipped"] is True and seven["days_trained"] == [] and seven["rows_trained"] == 0
+    assert seven["model_version"] == seven["champion_version"] == version
+    assert seven["eval_ne"] == pytest.approx(summaries[7]["eval_ne"])
+    assert "nothing new to train" in seven["skip_reason"]
 
 
 def test_incremental_model_is_as_good_as_one_trained_from_scratch(nights) -> None:
@@ -143,3 +160,8 @@ def test_a_nightly_run_takes_the_newest_complete_day(prefect_server, tmp_path: P
     assert summary["as_of"] == 2 and summary["eval_days"] == [2] and summary["days_trained"] == [0, 1]
     assert summary["rows_trained"] + summary["calibration_rows"] == 2 * synthetic.rows_per_day
     assert summary["warm_start_version"] is None
+    # fired again before day 3 is complete: the same night, already done, read back as the command reads it
+    again = run_report(pipeline(**nightly.parameters))
+    assert isinstance(again, SkippedNight) and again.as_of == 2 and again.model_version == summary["model_version"]
+    assert again.champion_version == (summary["model_version"] if summary["promoted"] else None)
+    assert again.eval_ne == pytest.approx(summary["eval_ne"])

@@ -1,6 +1,7 @@
 """The recurring policy on a real MLflow registry (SQLite): what a night continues
 (`orchestration.continue_from`) and when a champion that stays is stale."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,11 @@ from flows.recurring import (
     StaleChampionError,
     champion_staleness,
     plan_night,
+    skipped_summary,
 )
 from flows.registry import CHAMPION_ALIAS
+from flows.reports import for_people, run_report
+from training.codec import encode
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -74,3 +78,16 @@ def test_a_stale_champion_fails_the_night_when_so_configured(refused_twice) -> N
     with pytest.raises(StaleChampionError, match="stale_after_nights = 2"):
         _judge_staleness(_config(tmp_path, "orchestration.stale_after_nights=2", 'orchestration.on_stale="fail"'))
     _judge_staleness(_config(tmp_path, "orchestration.stale_after_nights=3", 'orchestration.on_stale="fail"'))
+
+
+def test_a_night_already_covered_reports_a_skipped_night_that_reads_back(refused_twice) -> None:
+    """The champion (version 1) has trained on every day before 2: the night as of 2 trains
+    nothing; its summary, built from the registry, survives the JSON the command reads."""
+    tmp_path, client = refused_twice
+    config = _config(tmp_path)
+    night = plan_night(config, 2, client)
+    assert night.skipped and night.earlier_version == "1"
+    summary = skipped_summary(night, client, config)
+    assert summary.champion_version == "1" and summary.model_version == "1" and summary.lineage_days == [0, 1]
+    assert run_report(json.loads(json.dumps(encode(summary)))) == summary
+    assert "as of day 2: skipped: champion version 1 has trained on every day" in for_people(summary)
