@@ -9,13 +9,14 @@ calibrator on the held-out rows of the newest days its model has seen.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from prefect import get_run_logger, task
 
 from evaluation.calibration import CalibrationError, Calibrator, fit_calibrator, out_of_fold_gain
+from evaluation.report import Scores
 from flows.config import PipelineConfig
 from flows.feature_files import Features
 from flows.features import STAGE
@@ -93,18 +94,29 @@ def _feature_files(config: PipelineConfig, features: Features, day: int) -> tupl
 
 @task(name="calibrate", **STAGE)
 def calibrate_task(config: PipelineConfig, folder: JobFolder) -> Calibrator:
-    """The calibrator of the trained model, fitted on its predictions of the held-out
-    training rows; the identity when calibration is off or those rows cannot fit one."""
-    method = config.evaluation.calibration
-    if method == "none":
-        return Calibrator()
-    held_out = folder.read_predictions(CALIBRATION_PART)
+    """The pipeline's calibration stage (`fit_served_calibrator`)."""
     log = get_run_logger()
+    return fit_served_calibrator(config.evaluation.calibration, folder, lambda line: log.info("calibration: %s", line))
+
+
+def fit_served_calibrator(method: str, folder: JobFolder, say: Callable[[str], None]) -> Calibrator:
+    """The calibrator of the trained model in `folder`, fitted on its predictions of the
+    held-out training rows and written beside them; the identity when calibration is off or
+    those rows cannot fit one. The pipeline and `dlrm train` (node 0) both fit it here."""
+    if method == "none":
+        calibrator = Calibrator()
+    else:
+        calibrator = _fitted(method, folder.read_predictions(CALIBRATION_PART), say)
+    folder.write_calibrator(calibrator)
+    return calibrator
+
+
+def _fitted(method: str, held_out: Scores, say: Callable[[str], None]) -> Calibrator:
     rows = len(held_out.labels)
     try:
         calibrator = fit_calibrator(method, held_out.labels, held_out.predictions)
     except CalibrationError as error:
-        log.warning("calibration: not fitted (%s); the model's own probabilities are served", error)
+        say(f"not fitted ({error}); the model's own probabilities are served")
         return Calibrator(rows=rows, note=str(error))
     # On few rows a calibrator can fit their noise: it is kept only if it also lowers the
     # log loss of rows it was not fitted on (5 folds of the held-out rows).
@@ -112,9 +124,9 @@ def calibrate_task(config: PipelineConfig, folder: JobFolder) -> Calibrator:
     if gain <= 0.0:
         note = (f"{calibrator.describe()} did not lower the log loss of held-out rows it was not fitted on "
                 f"({gain:+.2e} a row over 5 folds): the model's own probabilities are served")  # fmt: skip
-        log.info("calibration: %s", note)
+        say(note)
         return Calibrator(rows=rows, note=note)
     before = float(held_out.predictions.sum() / max(held_out.labels.sum(), 1.0))
     after = float(np.sum(calibrator.apply(held_out.predictions)) / max(held_out.labels.sum(), 1.0))
-    log.info("calibration: %s; on those rows Σ predictions / Σ clicks %.3f → %.3f", calibrator.describe(), before, after)
+    say(f"{calibrator.describe()}; on those rows Σ predictions / Σ clicks {before:.3f} → {after:.3f}")
     return calibrator

@@ -109,12 +109,14 @@ def generated_rows(config: PipelineConfig, rows: int, root: Path, on_line: Calla
 
 def own_rows(config: PipelineConfig) -> PointRows:
     """The config's own training features, as an earlier `dlrm run` or `dlrm preprocess`
-    left them (its tables, dense features and multi-hot bags: the model it will train)."""
+    left them (its tables, dense features and multi-hot bags: the model it will train), and
+    the rows its training trains (`training_rows`: less the calibrator's)."""
+    from flows.calibrate import training_rows
     from flows.feature_files import prepared_features
 
     features = prepared_features(config)
     state = features.state
-    return PointRows(features.train_files(config.data.train_days), state.table_sizes, state.train_rows,
+    return PointRows(training_rows(config, features).train_files, state.table_sizes, state.train_rows,
                      len(state.dense), dict(state.multi_hot))  # fmt: skip
 
 

@@ -21,8 +21,9 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
-from evaluation.metrics import binary_state, compute_ne
-from flows.calibrate import TrainingRows
+from evaluation.calibration import Calibrator
+from evaluation.metrics import binary_state, compute_calibration, compute_ne
+from flows.calibrate import TrainingRows, fit_served_calibrator, training_rows
 from flows.config import PipelineConfig
 from flows.feature_files import Features
 from flows.features import STAGE
@@ -52,9 +53,10 @@ def build_job(config: PipelineConfig, features: Features, warm_start: str = "", 
     """The job of the config's training stage. Its checkpoints go to `run_id`'s folder; by
     default, the job's fingerprint, so the same command resumes an interrupted run.
     `warm_start`: start from that checkpoint's weights and optimizer state. `rows`: the
-    training days split for calibration (flows/calibrate.py); else all of them, uncalibrated."""
+    training days split for calibration; by default the split of a run that continues nothing
+    (`training_rows`: the one rule every way into training follows)."""
     state, data = features.state, config.data
-    rows = rows or TrainingRows(features.train_files(data.train_days))
+    rows = rows or training_rows(config, features)
     job = TrainJob(
         model=config.model,
         sharding=config.sharding,
@@ -136,7 +138,8 @@ def train_on_this_host(config: PipelineConfig, features: Features, role: HostRol
     run = resolve_run(config, state=features.state)
     for line in run.change_lines():
         say(f"[train] {line}")
-    job = build_job(run.config, features)
+    rows = training_rows(run.config, features)  # the pipeline's rows: less its calibration rows
+    job = build_job(run.config, features, rows=rows)
     if out is not None:
         job = dataclasses.replace(job, out_dir=str(out))
     several = role.nnodes > 1
@@ -147,18 +150,25 @@ def train_on_this_host(config: PipelineConfig, features: Features, role: HostRol
     launch(job, on_line=say, role=role if several else None)
     if not role.leads:
         return NodeReport(role.node_rank, role.nnodes, str(job.out))
-    return job_report(run, job.folder.read_summary(), job.folder)
+    # node 0 fits the calibrator the pipeline would, on every host's scores of the same rows
+    calibrator = fit_served_calibrator(run.config.evaluation.calibration, job.folder,
+                                       lambda line: say(f"[train] calibration: {line}"))  # fmt: skip
+    return job_report(run, job.folder.read_summary(), job.folder, calibrator, rows.calibration_rows)
 
 
-def job_report(run: ResolvedRun, summary: TrainSummary, folder: JobFolder) -> TrainReport:
-    """What `dlrm train --json` prints (and `dlrm run --json` shares)."""
+def job_report(run: ResolvedRun, summary: TrainSummary, folder: JobFolder, calibrator: Calibrator,
+               calibration_rows: int) -> TrainReport:  # fmt: skip
+    """What `dlrm train --json` prints: the job's figures and its NE as `dlrm run` reports it
+    (`eval_ne` of the served, calibrated probabilities; `eval_ne_uncalibrated` of the model's)."""
     data = run.config.data
     scores = folder.read_predictions(*(data.day_label(day) for day in data.eval_days))
+    served = binary_state(scores.labels, calibrator.apply(scores.predictions))
     return TrainReport(
         world_size=summary.world_size, global_batch_size=summary.global_batch_size, steps=summary.steps,
         rows_trained=summary.rows_trained, samples_per_s=summary.samples_per_s,
-        eval_ne=compute_ne(binary_state(scores.labels, scores.predictions)), eval_days=data.shown_days(data.eval_days),
+        eval_ne=compute_ne(served), eval_ne_uncalibrated=compute_ne(binary_state(scores.labels, scores.predictions)),
+        eval_calibration=compute_calibration(served), eval_days=data.shown_days(data.eval_days),
         resumed_from_step=summary.resumed_from_step, device=summary.device, checkpoint=summary.checkpoint,
-        out_dir=str(folder.root),
+        out_dir=str(folder.root), calibrator=calibrator.describe(), calibration_rows=calibration_rows,
     )  # fmt: skip
 

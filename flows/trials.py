@@ -276,7 +276,9 @@ def validation_job(config: PipelineConfig, data: TuningData, params: Params, out
         evaluation = dataclasses.replace(evaluation, heldout_every_epoch=True, heldout_batches=0)
     trial_config = dataclasses.replace(config, training=training, model=model, evaluation=evaluation)
     job = build_job(trial_config, data.features, run_id=out.name)
-    return dataclasses.replace(job, train_files=data.train_files, eval_files=data.validation_files, out_dir=str(out))
+    # a trial is scored on its validation rows alone: no calibrator is fitted
+    return dataclasses.replace(job, train_files=data.train_files, calibration_files=(), eval_files=data.validation_files,
+                               out_dir=str(out))  # fmt: skip
 
 
 def train_and_score(config: PipelineConfig, features: Features, params: Params, out: Path) -> float:

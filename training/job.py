@@ -11,6 +11,7 @@ reports when done (`TrainSummary`), and every file of its folder (`JobFolder`).
                                    (rank 0; only a job with `profile_steps`)
     <out>/predictions/day=P/       each rank's scores of evaluation part P (rank-R.parquet;
                                    P = "calibration": the rows the calibrator is fitted on)
+    <out>/calibrator.json          the calibrator fitted on those scores (node 0, after training)
     <out>/checkpoints/<run id>/    the run's checkpoints (loop/checkpoint.py, launch/resume.py)
     <out>/logs/[node-R/]           torchrun's per-rank logs; failed-node-R.txt: a host's failure
     <out>/serving/                 the exported model (serving/export.py)
@@ -31,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from evaluation.calibration import Calibrator
 from evaluation.config import EvaluationConfig
 from evaluation.report import Scores
 from ingestion.config import ManagedIdsConfig
@@ -213,6 +215,19 @@ class JobFolder:
         when the job wrote no plan."""
         json_file = self.plan_files[1]
         return json.loads(json_file.read_text()) if json_file.is_file() else []
+
+    @property
+    def calibrator_file(self) -> Path:
+        return self.root / "calibrator.json"
+
+    def write_calibrator(self, calibrator: Calibrator) -> None:
+        self.calibrator_file.write_text(json.dumps(calibrator.as_dict(), indent=2) + "\n")
+
+    def read_calibrator(self) -> Calibrator:
+        """The job's calibrator (the identity when none was fitted)."""
+        if not self.calibrator_file.is_file():
+            return Calibrator()
+        return Calibrator.from_dict(json.loads(self.calibrator_file.read_text()))
 
     # -- predictions ----------------------------------------------------------------------
 

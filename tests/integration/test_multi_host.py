@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from beside import start
 
-from flows.config import load_config
-from ingestion.preprocess import apply_state, fit_state
 from training.job import CALIBRATION_PART, JobFolder
 from training.loop.progress import read_records
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs" / "tiny.toml")
 DLRM = str(Path(sys.executable).parent / "dlrm")
 HOSTS = {"dlrm-test-h0": "10.201.7.1", "dlrm-test-h1": "10.201.7.2"}
 ENDPOINT = "10.201.7.1:29631"
@@ -63,16 +63,16 @@ def _remove(names: list[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def prepared_run(tiny_warehouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run folder holding the tiny config's warehouse and features (as `dlrm preprocess`
-    leaves them): what every host reads."""
+def pipeline_run(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """`dlrm run` of the tiny config on one host (2 processes): its run folder, holding the
+    warehouse and features every host reads, and its summary."""
     run_dir = tmp_path_factory.mktemp("shared-run")
-    shutil.copytree(tiny_warehouse, run_dir / "warehouse")
-    config = load_config(ROOT / "configs" / "tiny.toml", [f'run_dir="{run_dir}"'])
-    state = fit_state(config.preprocess, run_dir / "warehouse", run_dir / "features", config.data.train_days)
-    for day in config.data.all_days:
-        apply_state(config.preprocess, state, run_dir / "warehouse", run_dir / "features", day)
-    return run_dir
+    return run_dir, start(["run", "--config", TINY], [f'run_dir="{run_dir}"'], run_dir, prefect_server).report(600)
+
+
+@pytest.fixture(scope="module")
+def prepared_run(pipeline_run: tuple[Path, dict]) -> Path:
+    return pipeline_run[0]
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def one_host_two_processes(prepared_run: Path) -> dict:
 
 
 def _train(run_dir: Path, out: str, nproc: int, *extra: str, host: str | None = None) -> subprocess.Popen:
-    command = [DLRM, "train", "--config", str(ROOT / "configs" / "tiny.toml"), "--set", f'run_dir="{run_dir}"',
+    command = [DLRM, "train", "--config", TINY, "--set", f'run_dir="{run_dir}"',
                "--set", f"training.nproc={nproc}", "--set", "training.checkpoint_every=10",
                "--out", str(run_dir / out), "--json", *extra]  # fmt: skip
     if host is not None:
@@ -125,11 +125,29 @@ def test_two_hosts_train_as_one_host_with_every_process(two_hosts: list[str], pr
     assert other["node_rank"] == 1 and "eval_ne" not in other, "node 0 reports the job"
     assert report["world_size"] == one_host["world_size"] == 2 * nproc
     assert report["global_batch_size"] == one_host["global_batch_size"] == 256, "the batch is global, not per host"
-    assert report["steps"] == one_host["steps"] and report["rows_trained"] == one_host["rows_trained"] == 12_000
-    assert abs(report["eval_ne"] - one_host["eval_ne"]) <= 1e-6
+    assert report["steps"] == one_host["steps"] and report["rows_trained"] == one_host["rows_trained"]
+    assert report["rows_trained"] + report["calibration_rows"] == 12_000, "less the calibrator's rows, as the pipeline"
+    for key in ("eval_ne", "eval_ne_uncalibrated", "eval_calibration"):
+        assert abs(report[key] - one_host[key]) <= 1e-6, key
+    assert report["calibrator"] == one_host["calibrator"]
     folder = JobFolder(prepared_run / f"two-hosts-{nproc}")
     assert folder.logs(0).is_dir() and folder.logs(1).is_dir(), "each host keeps its own logs in the shared folder"
     assert {p.name for p in folder.logs().iterdir()} == {folder.logs(0).name, folder.logs(1).name}
+
+
+def test_dlrm_train_on_two_hosts_trains_and_calibrates_what_dlrm_run_did(two_hosts: list[str], pipeline_run) -> None:
+    """The same job, two ways in: `dlrm run` (one host, 2 processes) and `dlrm train` on two
+    hosts of 1 process each, on the features that run prepared: the same rows trained, the
+    same calibrator, the same NE of the served and of the model's own probabilities."""
+    run_dir, run = pipeline_run
+    results = _on_two_hosts(run_dir, "two-hosts-as-run", 1, two_hosts)
+    assert [code for code, *_ in results] == [0, 0], [stderr[-3000:] for *_, stderr in results]
+    train = _report(results[0][1])
+    assert train["world_size"] == run["world_size"] == 2 and train["steps"] == run["steps"]
+    assert train["rows_trained"] == run["rows_trained"] and train["calibration_rows"] == run["calibration_rows"] > 0
+    assert train["calibrator"] == run["calibrator"]
+    for key in ("eval_ne", "eval_ne_uncalibrated", "eval_calibration"):
+        assert abs(train[key] - run[key]) <= 1e-6, (key, train[key], run[key])
 
 
 def _is_worker(pid: int) -> bool:
@@ -251,8 +269,8 @@ def test_the_pipeline_trains_across_hosts_served_as_trainer_nodes(
                 process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
-    # The pipeline holds 10 % of the rows out for its calibrator (`dlrm train` trains on all):
-    # both hosts' ranks score their share of them, and the calibrator is fitted on every one.
+    # The pipeline holds 10 % of the rows out for its calibrator (as `dlrm train` does): both
+    # hosts' ranks score their share of them, and the calibrator is fitted on every one.
     assert summary["world_size"] == 2 and summary["rows_trained"] + summary["calibration_rows"] == 12_000
     assert summary["steps"] == -(-summary["rows_trained"] // one_host_two_processes["global_batch_size"])
     scored = sorted(JobFolder(prepared_run / "train").predictions(CALIBRATION_PART).glob("*.parquet"))

@@ -8,6 +8,7 @@ import numpy as np
 
 from evaluation.calibration import Calibrator
 from evaluation.report import EvalReport
+from flows.calibrate import TrainingRows
 from flows.config import load_config
 from flows.feature_files import Features
 from flows.pipeline import run_summary
@@ -47,7 +48,8 @@ def test_a_tuned_batch_is_fitted_by_the_run_length_rule_and_the_key_job_and_summ
     assert "training at batch 512 (24 steps)" in run.changes[1].note
     assert run.key == tuning_key(run.config.training, run.workers) and run.key.global_batch_size == 512
     assert run.key != lookup.key and lookup.key.fingerprint in run.changes[-1].note
-    job = build_job(run.config, _features(run.config))
+    features = _features(run.config)
+    job = build_job(run.config, features, rows=TrainingRows(features.train_files(run.config.data.train_days)))
     assert job.training.batch_size == 512 and job.workers.per_rank_batch(job.training.batch_size) == 256
     # the worker writes the job's batch into its summary (training/worker.py); the run's summary reads it
     trained = TrainedModel(_summary(job.training.batch_size, job.workers.world_size), JobFolder(tmp_path))
