@@ -47,17 +47,16 @@ def evaluate_model(config: PipelineConfig, features: Features, folder: JobFolder
 
 @task(name="baseline-logistic-regression", **STAGE)
 def baseline_task(config: PipelineConfig, features: Features, train_files: tuple[str, ...]) -> DayScores:
-    """The hashed logistic regression on the DLRM's features: L2 chosen on a held-out slice of
-    the training rows, refit on all of them to convergence, scored on the same rows as the
-    model (training/reference.py)."""
+    """The hashed logistic regression on the DLRM's features: L2 chosen on held-out training
+    rows (k-fold cross-validation on few rows), refit on all of them to convergence, scored on
+    the same rows as the model (training/reference.py)."""
     torch.set_num_threads(max(1, config.training.nproc * config.training.threads_per_proc))
     data = config.data
     fit = fit_logistic_regression(features.state.table_sizes, list(train_files), seed=config.training.seed,
                                   max_rows=config.evaluation.reference_max_rows,
                                   raw_ids=features.state.mode == "managed")  # fmt: skip
     get_run_logger().info(
-        "logistic regression: L2 chosen on %s held-out training rows (C %.4g, validation NE %.4f), refit on %s; %s",
-        f"{fit.validation_rows:,}", fit.c, fit.validation_ne,
+        "logistic regression: %s, refit on %s; %s", fit.how_chosen,
         f"all {fit.train_rows:,}" if fit.train_rows == fit.rows_available else
         f"{fit.train_rows:,} of {fit.rows_available:,} (a hashed sample: evaluation.reference_max_rows)",
         "converged" if fit.converged else f"stopped after {fit.iterations} iterations without converging",

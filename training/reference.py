@@ -11,10 +11,12 @@ convergence, not trained for a step or two: full-batch L-BFGS (float64) on
     mean log loss + λ/2 · (‖sparse weights‖² + ‖dense weights‖²)      (the bias is free)
 
 which is scikit-learn's `LogisticRegression(C=1 / (λ·n))` on the one-hot features. C is
-chosen on validation rows that are not the evaluation days: a slice of the training rows
-picked by a hash of each row's ids (the same slice whatever the file order), the rest fitted
-for each C tried; then the chosen C is refitted on every training row. Full batch, fixed
-starts: the same rows give the same weights.
+chosen on validation rows that are not the evaluation days, picked by a hash of each row's
+ids (the same rows whatever the file order): on few training rows (under `CV_BELOW_ROWS`)
+by k-fold cross-validation, every row scored once by a fit that did not see it (a slice of
+a few hundred rows would pick C by its noise); on more, on one slice of the training rows,
+the rest fitted for each C tried. The chosen C is then refitted on every training row.
+Full batch, fixed starts: the same rows give the same weights.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -40,6 +43,10 @@ SAMPLE_SALT = 0x5A3B1E
 DEFAULT_C_GRID: tuple[float, ...] = tuple(10.0 ** (k / 2) for k in range(-7, 3))  # 3.2e-4 … 10
 # Where the search starts: 1e4 real Criteo rows chose C ≈ 0.03, 6e5 generated rows C ≈ 0.1.
 START_C = 0.03
+# Below this many training rows C is chosen by `CV_FOLDS`-fold cross-validation: each fit is
+# cheap there, and one 10 % slice (under 20,000 rows) is too few rows to choose by.
+CV_BELOW_ROWS = 200_000
+CV_FOLDS = 5
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -80,13 +87,23 @@ class LogisticFit:
     model: HashedLogisticRegression
     l2: float  # λ of the final fit: mean log loss + λ/2‖w‖² over all `train_rows`
     c: float  # the same strength as scikit-learn's C = 1 / (λ · train_rows)
-    validation_ne: float  # at this C, fitted without the validation slice, NE on it (NaN: not chosen)
+    validation_ne: float  # at this C, fitted without the validation rows, NE on them (NaN: not chosen)
     validation_ne_by_c: dict[float, float]  # every C tried, in the order tried
     train_rows: int
-    validation_rows: int
+    validation_rows: int  # the rows C was judged on (with folds > 1: every row, out of fold)
     iterations: int  # L-BFGS iterations of the final fit
     converged: bool  # the final fit met its stopping rule before `max_iter`
     rows_available: int = 0  # training rows in the files (train_rows: those fitted, with `max_rows`)
+    folds: int = 1  # k of the k-fold cross-validation that chose C (1: one held-out slice)
+
+    @property
+    def how_chosen(self) -> str:
+        """How C was chosen, for the log and the report."""
+        if not self.validation_ne_by_c:
+            return f"C {self.c:.4g} unvalidated (too few rows of each label to choose by)"
+        where = (f"by {self.folds}-fold cross-validation over {self.validation_rows:,} training rows" if self.folds > 1
+                 else f"on {self.validation_rows:,} held-out training rows")  # fmt: skip
+        return f"C {self.c:.4g} chosen {where} (validation NE {self.validation_ne:.4f}, {len(self.validation_ne_by_c)} C tried)"
 
 
 @dataclass(frozen=True)
@@ -118,10 +135,13 @@ def fit_logistic_regression(
     batch_size: int = 65_536,
     max_rows: int = 0,
     raw_ids: bool = False,
+    folds: int = 0,
 ) -> LogisticFit:
-    """Choose C on a hashed validation slice of the training rows, refit on all of them.
+    """Choose C on hashed validation rows of the training rows, refit on all of them.
 
-    `seed` salts the slice. The search starts at the grid's C nearest `START_C` and walks
+    `folds`: k-fold cross-validation with k > 1; 1: one slice of `validation_fraction` of
+    the rows; 0 (default): `CV_FOLDS` below `CV_BELOW_ROWS` training rows, else one slice.
+    `seed` salts the slice (and the folds). The search starts at the grid's C nearest `START_C` and walks
     towards weaker (then, if that got worse at once, stronger) regularisation while the
     validation NE improves, each fit warm-started from its neighbour's. A fit stops when
     10 L-BFGS iterations lower the objective by less than `tolerance` (relative), or after
@@ -138,7 +158,11 @@ def fit_logistic_regression(
     sample = min(1.0, max_rows / total) if max_rows and total else 1.0
     dense, ids, rows_of_ids, labels, row_hash = _read_training_rows(train_files, features, sizes, batch_size, sample,
                                                                     raw_ids)  # fmt: skip
-    held_out = validation_rows(row_hash, validation_fraction, seed)
+    n = len(labels)
+    k = folds or (CV_FOLDS if n < CV_BELOW_ROWS else 1)
+    # each row's fold: with k = 1 the validation slice is "fold 0", the rest "fold 1"
+    slice_ = (~validation_rows(row_hash, validation_fraction, seed)).astype(np.int64)
+    fold_of = fold_index(row_hash, k, seed) if k > 1 else slice_
     seen = np.bincount(ids, minlength=int(sum(sizes))) > 0  # only the ids seen get a column
     columns, column_of = np.flatnonzero(seen), (np.cumsum(seen, dtype=np.int64) - 1)[ids].astype(np.int32)
     del ids
@@ -149,26 +173,41 @@ def fit_logistic_regression(
     def fit(rows: _Rows, c: float, start: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
         return _lbfgs(rows, 1.0 / (c * len(rows.labels)), start, max_iter, tolerance)
 
-    ne_by_c, c, start = _choose_c(design(~held_out), design(held_out), fit, c_grid, len(columns))
-    everything = design(np.ones(len(labels), dtype=bool))  # after the validation designs are freed
+    splits = [(design(fold_of != f), design(fold_of == f)) for f in range(k)]
+    ne_by_c, c, start = _choose_c(splits, fit, c_grid, len(columns))
+    validation = int(np.sum(fold_of == 0)) if k == 1 else n
+    del splits
+    everything = design(np.ones(n, dtype=bool))  # after the validation designs are freed
     theta, iterations, converged = fit(everything, c, start)
-    n = len(labels)
     model = _to_model(table_sizes, theta, columns, raw_ids)
-    return LogisticFit(model, 1.0 / (c * n), c, ne_by_c.get(c, math.nan), ne_by_c, n, int(held_out.sum()),
-                       iterations, converged, total)  # fmt: skip
+    return LogisticFit(model, 1.0 / (c * n), c, ne_by_c.get(c, math.nan), ne_by_c, n, validation,
+                       iterations, converged, total, k)  # fmt: skip
 
 
-def _choose_c(fit_rows: _Rows, check_rows: _Rows, fit, c_grid: Sequence[float], columns: int):
-    """(validation NE by C tried, the chosen C, its fit on `fit_rows` to start the refit from)."""
-    ctr = float(fit_rows.labels.mean()) if len(fit_rows.labels) else 0.5
-    start = torch.zeros(1 + fit_rows.dense.shape[1] + columns, dtype=torch.float64)
+def _choose_c(splits: list[tuple[_Rows, _Rows]], fit, c_grid: Sequence[float], columns: int):
+    """(validation NE by C tried, the chosen C, a fit at it to start the refit from), the NE
+    of each C pooled over the splits' (fit, check) pairs: every check row scored by the fit
+    that did not see it."""
+    first = splits[0][0]
+    ctr = float(first.labels.mean()) if len(first.labels) else 0.5
+    start = torch.zeros(1 + first.dense.shape[1] + columns, dtype=torch.float64)
     start[0] = math.log(max(ctr, 1e-6) / max(1.0 - ctr, 1e-6))  # the constant predictor
-    if not (_both_classes(check_rows.labels) and _both_classes(fit_rows.labels)):
+    if not all(_both_classes(check.labels) and _both_classes(rows.labels) for rows, check in splits):
         return {}, _nearest(sorted(c_grid), START_C), start  # too few rows to choose: unvalidated
-    return _search_c(lambda c, warm: fit(fit_rows, c, warm)[0], lambda theta: _ne(check_rows, theta), c_grid, start)
+    labels = np.concatenate([check.labels.numpy() for _, check in splits])
+
+    def pooled_ne(thetas: list[torch.Tensor]) -> float:
+        predictions = np.concatenate([_predict(check, theta) for (_, check), theta in zip(splits, thetas, strict=True)])
+        return compute_ne(binary_state(labels, predictions))
+
+    def fit_each(c: float, warm: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [fit(rows, c, theta)[0] for (rows, _), theta in zip(splits, warm, strict=True)]
+
+    ne_by_c, c, thetas = _search_c(fit_each, pooled_ne, c_grid, [start] * len(splits))
+    return ne_by_c, c, thetas[0]
 
 
-def _search_c(fit, validation_ne, c_grid: Sequence[float], start: torch.Tensor):
+def _search_c(fit, validation_ne, c_grid: Sequence[float], start: Any):
     """Walk the grid from `START_C` while validation NE improves: (NE by C, best C, its θ)."""
     grid = sorted(c_grid)
     first = grid.index(_nearest(grid, START_C))
@@ -196,6 +235,12 @@ def validation_rows(row_hash: np.ndarray, fraction: float, seed: int = 0) -> np.
     """[n] bool: the rows whose salted id hash falls in the lowest `fraction` of the range."""
     mixed = _splitmix64(row_hash ^ _splitmix64(np.full(1, seed, dtype=np.uint64)))
     return (mixed >> np.uint64(11)).astype(np.float64) < fraction * 2.0**53
+
+
+def fold_index(row_hash: np.ndarray, folds: int, seed: int = 0) -> np.ndarray:
+    """[n] int64 in 0..folds-1: each row's fold, from the same salted hash as `validation_rows`."""
+    mixed = _splitmix64(row_hash ^ _splitmix64(np.full(1, seed, dtype=np.uint64)))
+    return np.minimum(((mixed >> np.uint64(11)).astype(np.float64) / 2.0**53 * folds).astype(np.int64), folds - 1)
 
 
 def row_id_hash(first_ids: Sequence[np.ndarray]) -> np.ndarray:
@@ -314,10 +359,9 @@ def _lbfgs(rows: _Rows, l2: float, start: torch.Tensor, max_iter: int, tolerance
     return theta, int(optimizer.state[u].get("n_iter", 0)), converged
 
 
-def _ne(rows: _Rows, theta: torch.Tensor) -> float:
+def _predict(rows: _Rows, theta: torch.Tensor) -> np.ndarray:
     d = rows.dense.shape[1]
-    z = theta[0] + rows.dense @ theta[1 : 1 + d] + rows.ids @ theta[1 + d :]
-    return compute_ne(binary_state(rows.labels.numpy(), torch.sigmoid(z).numpy()))
+    return torch.sigmoid(theta[0] + rows.dense @ theta[1 : 1 + d] + rows.ids @ theta[1 + d :]).numpy()
 
 
 def _both_classes(labels: torch.Tensor) -> bool:

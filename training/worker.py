@@ -148,7 +148,7 @@ def _wide_start(job: TrainJob) -> WideStart | None:
         fit = fit_logistic_regression(job.table_sizes, job.train_files, seed=job.training.seed,
                                       max_rows=job.evaluation.reference_max_rows)  # fmt: skip
         print(f"[train] the wide part starts as the logistic regression fitted on {fit.train_rows:,} rows "
-              f"(C {fit.c:.4g}, validation NE {fit.validation_ne:.4f})", flush=True)  # fmt: skip
+              f"({fit.how_chosen})", flush=True)  # fmt: skip
         fitted = [WideStart.of_regression(fit.model)]
     dist.broadcast_object_list(fitted, src=0)
     return fitted[0]

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from scipy import sparse
-from sklearn.linear_model import LogisticRegression
+from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
 from threadpoolctl import threadpool_limits
 
 from evaluation.metrics import binary_state, compute_ne
@@ -20,6 +20,7 @@ from training.reference import (
     DEFAULT_C_GRID,
     HashedLogisticRegression,
     fit_logistic_regression,
+    fold_index,
     row_id_hash,
     train_logistic_regression,
     validation_rows,
@@ -163,7 +164,7 @@ def small_data(tmp_path_factory: pytest.TempPathFactory):
 
 def test_agrees_with_sklearn_on_data_with_signal(signal_data) -> None:
     train, test, sizes, train_files, test_files = signal_data
-    fit = fit_logistic_regression(sizes, train_files, seed=SEED)
+    fit = fit_logistic_regression(sizes, train_files, seed=SEED, folds=1)
     ne = _ne_of_model(fit.model, test_files)
     assert set(fit.validation_ne_by_c) <= set(DEFAULT_C_GRID) and len(fit.validation_ne_by_c) >= 3
     reference, c = _sklearn_choosing_c(train, sizes, fit.validation_ne_by_c)
@@ -187,7 +188,7 @@ def test_beats_the_constant_on_small_sparse_data_where_the_old_reference_did_not
     ids = np.concatenate([train[name] + 100_000 * j for j, name in enumerate(SPARSE_COLUMNS[3:11])])
     _, counts = np.unique(ids, return_counts=True)
     assert np.mean(counts == 1) > 0.5, "most ids of the wide features are seen once"
-    fit = fit_logistic_regression(sizes, train_files, seed=SEED)
+    fit = fit_logistic_regression(sizes, train_files, seed=SEED, folds=1)
     ne = _ne_of_model(fit.model, test_files)
     reference, _ = _sklearn_choosing_c(train, sizes, fit.validation_ne_by_c)
     sklearn_ne = compute_ne(binary_state(test["label"], reference.predict_proba(_one_hot(test, sizes, train))[:, 1]))
@@ -201,15 +202,16 @@ def test_beats_the_constant_on_small_sparse_data_where_the_old_reference_did_not
 
 def test_the_same_rows_give_the_same_weights_and_the_slice_ignores_file_order(signal_data) -> None:
     _, _, sizes, train_files, _ = signal_data
-    first = fit_logistic_regression(sizes, train_files, seed=SEED, c_grid=(0.1,))
-    again = fit_logistic_regression(sizes, train_files, seed=SEED, c_grid=(0.1,))
-    assert torch.equal(first.model.weights.weight, again.model.weights.weight)
-    assert torch.equal(first.model.dense.weight, again.model.dense.weight)
-    swapped = fit_logistic_regression(sizes, train_files[::-1], seed=SEED, c_grid=(0.1,))
-    assert swapped.validation_rows == first.validation_rows
-    assert np.isclose(swapped.validation_ne, first.validation_ne, rtol=1e-5), "the same rows, summed in another order"
-    other_salt = fit_logistic_regression(sizes, train_files, seed=SEED + 1, c_grid=(0.1,))
-    assert other_salt.validation_ne != first.validation_ne
+    for folds in (1, 5):  # one slice, and the folds of cross-validation
+        first = fit_logistic_regression(sizes, train_files, seed=SEED, c_grid=(0.1,), folds=folds)
+        again = fit_logistic_regression(sizes, train_files, seed=SEED, c_grid=(0.1,), folds=folds)
+        assert torch.equal(first.model.weights.weight, again.model.weights.weight)
+        assert torch.equal(first.model.dense.weight, again.model.dense.weight)
+        swapped = fit_logistic_regression(sizes, train_files[::-1], seed=SEED, c_grid=(0.1,), folds=folds)
+        assert swapped.validation_rows == first.validation_rows
+        assert np.isclose(swapped.validation_ne, first.validation_ne, rtol=1e-5), "the same rows, summed in another order"
+        other_salt = fit_logistic_regression(sizes, train_files, seed=SEED + 1, c_grid=(0.1,), folds=folds)
+        assert other_salt.validation_ne != first.validation_ne
 
 
 def test_train_logistic_regression_keeps_its_call(signal_data) -> None:
@@ -239,3 +241,43 @@ def test_max_rows_fits_a_fixed_hashed_sample_and_still_learns(signal_data) -> No
     sampled_ne = _ne_of_model(sampled.model, test_files)
     constant = compute_ne(binary_state(test["label"], np.full(len(test["label"]), train["label"].mean())))
     assert _ne_of_model(full.model, test_files) <= sampled_ne < constant, "half the rows: worse, still informative"
+
+
+def _sklearn_cross_validated(train: dict[str, np.ndarray], sizes: dict[str, int], grid, folds: int):
+    """scikit-learn with C chosen as the project chooses it on few rows: the same hashed folds,
+    the out-of-fold predictions of every fold pooled into one NE per C, then a refit."""
+    x, y = _one_hot(train, sizes, train), train["label"]
+    fold = fold_index(row_id_hash([train[name] for name in SPARSE_COLUMNS]), folds, SEED)
+    ne = {}
+    for c in grid:
+        predictions = np.empty(len(y))
+        for f in range(folds):
+            predictions[fold == f] = _sklearn(x[fold != f], y[fold != f], c).predict_proba(x[fold == f])[:, 1]
+        ne[c] = compute_ne(binary_state(y, predictions))
+    best = min(ne, key=ne.get)
+    return _sklearn(x, y, best), best, ne
+
+
+def test_on_few_rows_c_is_chosen_by_cross_validation_as_scikit_learn_chooses_it(small_data) -> None:
+    """4,500 rows: 5 folds, each row scored once out of fold; the same C and the same NE as
+    scikit-learn's on the same folds, and no worse than a careful analyst's scikit-learn search
+    (its own stratified folds over a fine grid of C)."""
+    train, test, sizes, train_files, test_files = small_data
+    fit = fit_logistic_regression(sizes, train_files, seed=SEED)
+    assert fit.folds == 5 and fit.validation_rows == fit.train_rows == 4500 and fit.converged
+    assert "5-fold cross-validation over 4,500 training rows" in fit.how_chosen
+    reference, c, ne_by_c = _sklearn_cross_validated(train, sizes, fit.validation_ne_by_c, 5)
+    assert fit.c == c, (fit.validation_ne_by_c, ne_by_c)
+    for tried, ne in fit.validation_ne_by_c.items():
+        assert abs(ne - ne_by_c[tried]) < 2e-3 * ne, (tried, ne, ne_by_c[tried])
+    one_hot_test = _one_hot(test, sizes, train)
+    sklearn_ne = compute_ne(binary_state(test["label"], reference.predict_proba(one_hot_test)[:, 1]))
+    with one_blas_thread():
+        analyst = LogisticRegressionCV(Cs=np.logspace(-4, 1, 21).tolist(), cv=5, scoring="neg_log_loss", max_iter=5_000,
+                                       tol=SKLEARN_TOL).fit(_one_hot(train, sizes, train), train["label"])  # fmt: skip
+    analyst_ne = compute_ne(binary_state(test["label"], analyst.predict_proba(one_hot_test)[:, 1]))
+    ne = _ne_of_model(fit.model, test_files)
+    print(f"cross-validated: NE {ne:.5f} (C {fit.c:.4g}), sklearn same folds {sklearn_ne:.5f}, "
+          f"analyst {analyst_ne:.5f} (C {analyst.C_[0]:.4g})")
+    assert abs(ne - sklearn_ne) < 1e-3 * sklearn_ne
+    assert ne < analyst_ne * 1.005
