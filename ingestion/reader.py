@@ -14,12 +14,17 @@ Every rank yields the same number of batches, so collectives never hang:
 
 A background thread reads and decodes ahead into a bounded queue (`prefetch` batches).
 
+`with_row_sums()` also gives, for each batch, the count of its real rows and the sum of
+their hashes (`row_hashes`): what the training loop's ledger adds, worked out a row group
+at a time as it is decoded, so a batch costs the ledger two reductions.
+
 Multi-hot features (list columns, found in the files' schema) become jagged KJT entries
 with one length per example; every other feature has length 1. Padding rows carry id 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Iterator, Sequence
@@ -89,13 +94,14 @@ class Rows:
     ids: tuple[np.ndarray, ...]
     bags: tuple[tuple[np.ndarray, np.ndarray], ...]
     labels: np.ndarray
+    hashes: np.ndarray | None = None  # [n] int64 `row_hashes`, where the reader works them out
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def take(self, index: np.ndarray) -> Rows:
         return Rows(self.dense[index], tuple(c[index] for c in self.ids), tuple(_take_bag(*bag, index) for bag in self.bags),
-                    self.labels[index])  # fmt: skip
+                    self.labels[index], None if self.hashes is None else self.hashes[index])  # fmt: skip
 
     def slice(self, start: int, stop: int | None = None) -> Rows:
         stop = len(self) if stop is None else min(stop, len(self))
@@ -103,7 +109,8 @@ class Rows:
         for lengths, values in self.bags:
             before, inside = int(lengths[:start].sum()), int(lengths[start:stop].sum())
             bags.append((lengths[start:stop], values[before : before + inside]))
-        return Rows(self.dense[start:stop], tuple(c[start:stop] for c in self.ids), tuple(bags), self.labels[start:stop])
+        return Rows(self.dense[start:stop], tuple(c[start:stop] for c in self.ids), tuple(bags), self.labels[start:stop],
+                    None if self.hashes is None else self.hashes[start:stop])  # fmt: skip
 
     @staticmethod
     def concat(parts: Sequence[Rows]) -> Rows:
@@ -112,13 +119,34 @@ class Rows:
             for i in range(len(parts[0].bags))
         )
         ids = tuple(np.concatenate([p.ids[i] for p in parts]) for i in range(len(parts[0].ids)))
-        return Rows(np.concatenate([p.dense for p in parts]), ids, bags, np.concatenate([p.labels for p in parts]))
+        hashes = None if any(p.hashes is None for p in parts) else np.concatenate([p.hashes for p in parts])
+        return Rows(np.concatenate([p.dense for p in parts]), ids, bags, np.concatenate([p.labels for p in parts]), hashes)
 
     @staticmethod
-    def empty(dense: int, one_hot: int, multi_hot: int) -> Rows:
+    def empty(dense: int, one_hot: int, multi_hot: int, hashed: bool = False) -> Rows:
         bag = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         return Rows(np.zeros((0, dense), np.float32), (np.zeros(0, np.int64),) * one_hot,
-                    (bag,) * multi_hot, np.zeros(0, np.float32))  # fmt: skip
+                    (bag,) * multi_hot, np.zeros(0, np.float32), np.zeros(0, np.int64) if hashed else None)  # fmt: skip
+
+
+# Each feature's factor in a row's hash: its place in the KJT's keys (1-based) × this.
+HASH_FACTOR = 0x9E3779B1
+
+
+def row_hashes(rows: Rows, sparse: Sequence[str], one_hot: Sequence[str], multi_hot: Sequence[str]) -> np.ndarray:
+    """A 64-bit hash per row, of its ids and its label (the trained-rows ledger's, in
+    training/loop/checkpoint.py): Σ over the row's ids x of feature f (its place in `sparse`,
+    the KJT's key order) of x · (f + 1) · HASH_FACTOR, then × 31 + label; every product and
+    sum wraps mod 2**64 (int64). Independent of where the row is in the files."""
+    place = {name: i + 1 for i, name in enumerate(sparse)}
+    summed = np.zeros(len(rows), np.int64)
+    for name, column in zip(one_hot, rows.ids, strict=True):
+        summed += column.astype(np.int64, copy=False) * np.int64(place[name] * HASH_FACTOR)
+    for name, (lengths, values) in zip(multi_hot, rows.bags, strict=True):
+        per_row = np.zeros(len(rows), np.int64)
+        np.add.at(per_row, np.repeat(np.arange(len(rows)), lengths), values.astype(np.int64, copy=False))
+        summed += per_row * np.int64(place[name] * HASH_FACTOR)
+    return summed * np.int64(31) + rows.labels.astype(np.int64)
 
 
 def _take_bag(lengths: np.ndarray, values: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -194,21 +222,33 @@ class BatchReader:
         return self.num_batches - self.start_batch
 
     def __iter__(self) -> Iterator[Batch]:
-        return prefetched(self._batches(), self.prefetch, name="batch-prefetch")
+        return prefetched((self._to_batch(rows) for rows in self._batch_rows(hashed=False)), self.prefetch,
+                          name="batch-prefetch")  # fmt: skip
 
-    def _batches(self) -> Iterator[Batch]:
+    def with_row_sums(self) -> Iterator[tuple[Batch, int, int]]:
+        """Each batch with its real rows' count and the sum of their hashes mod 2**64 (padding
+        rows are neither), read ahead like the batches."""
+        return prefetched((self._with_sums(rows) for rows in self._batch_rows(hashed=True)), self.prefetch,
+                          name="batch-prefetch")  # fmt: skip
+
+    def _with_sums(self, rows: Rows) -> tuple[Batch, int, int]:
+        assert rows.hashes is not None
+        real = rows.labels != PAD_LABEL
+        return self._to_batch(rows), int(real.sum()), int(rows.hashes[real].sum(dtype=np.int64)) % 2**64
+
+    def _batch_rows(self, hashed: bool) -> Iterator[Rows]:
         emitted = self.start_batch
-        rows = _RowBuffer(Rows.empty(len(self.dense), len(self.one_hot), len(self.multi_hot)))
-        for part in self._rows_from(self.start_batch * self.batch_size):
+        rows = _RowBuffer(Rows.empty(len(self.dense), len(self.one_hot), len(self.multi_hot), hashed))
+        for part in self._rows_from(self.start_batch * self.batch_size, hashed):
             rows.append(part)
             while len(rows) >= self.batch_size and emitted < self.num_batches:
-                yield self._to_batch(rows.take(self.batch_size))
+                yield rows.take(self.batch_size)
                 emitted += 1
         while emitted < self.num_batches:  # evaluation only: pad the tail to full batches
-            yield self._to_batch(_pad(rows.take(len(rows)), self.batch_size))
+            yield _pad(rows.take(len(rows)), self.batch_size)
             emitted += 1
 
-    def _rows_from(self, skip: int) -> Iterator[Rows]:
+    def _rows_from(self, skip: int, hashed: bool = False) -> Iterator[Rows]:
         """Decoded segments in order, starting `skip` rows into this rank's stream."""
         handles: dict[str, pq.ParquetFile] = {}  # open files, footers parsed once per pass
         for index, segment in enumerate(self.segments):
@@ -218,6 +258,8 @@ class BatchReader:
             if segment.path not in handles:
                 handles[segment.path] = pq.ParquetFile(segment.path)
             rows = _read_segment(handles[segment.path], segment, self.dense, self.one_hot, self.multi_hot)
+            if hashed:  # a row group at a time: carried along through the shuffle and the batches
+                rows = dataclasses.replace(rows, hashes=row_hashes(rows, self.sparse, self.one_hot, self.multi_hot))
             if self.shuffle_seed is not None:
                 # in-memory shuffle of one row group; seeded so a resumed run replays it
                 rng = np.random.default_rng([self.shuffle_seed, self.epoch, index])
@@ -291,7 +333,8 @@ def _pad(rows: Rows, size: int) -> Rows:
     missing = size - len(rows)
     one_id = (np.ones(missing, np.int64), np.zeros(missing, np.int64))
     padding = Rows(np.zeros((missing, rows.dense.shape[1]), np.float32), (np.zeros(missing, np.int64),) * len(rows.ids),
-                   (one_id,) * len(rows.bags), np.full(missing, PAD_LABEL, np.float32))  # fmt: skip
+                   (one_id,) * len(rows.bags), np.full(missing, PAD_LABEL, np.float32),
+                   None if rows.hashes is None else np.full(missing, -1, np.int64))  # fmt: skip
     return Rows.concat([rows, padding])
 
 

@@ -107,7 +107,8 @@ def train_step(steps: TrainSteps, stream: Iterator[Batch], batches: TrainBatches
     the profiler) at its scheduled rates, and account the batch it trained."""
     schedule.apply(step, total_steps)
     output = steps.step(stream)
-    ledger.add(batches.pop_trained().row_hashes)
+    trained = batches.pop_trained()
+    ledger.add(trained.rows, trained.hash_sum)
     return output
 
 

@@ -43,9 +43,11 @@ class RowLedger:
     rows: int = 0
     fingerprint: int = 0  # Σ row hashes, mod 2**64
 
-    def add(self, row_hashes: torch.Tensor) -> None:
-        self.rows += int(row_hashes.numel())
-        self.fingerprint = (self.fingerprint + int(row_hashes.sum())) % 2**64
+    def add(self, rows: int, hash_sum: int) -> None:
+        """A trained batch: its real rows' count and hash sum (`loop/batches.trained_rows`,
+        worked out as the batch was read, so a step adds two integers)."""
+        self.rows += rows
+        self.fingerprint = (self.fingerprint + hash_sum) % 2**64
 
 
 def save_checkpoint(

@@ -57,6 +57,13 @@ def build_optimizer(model: nn.Module, config: TrainingConfig) -> CombinedOptimiz
     return CombinedOptimizer([model.fused_optimizer, dense_opt])  # type: ignore[attr-defined]
 
 
+def dense_optimizer(model: nn.Module, optimizer: CombinedOptimizer) -> torch.optim.Optimizer:
+    """The part of `build_optimizer`'s optimizer that is not fused into the embeddings' backward."""
+    fused = getattr(model, "fused_optimizer", None)
+    (dense,) = [part for _, part in optimizer.optimizers if part is not fused]
+    return dense
+
+
 def fused_dense_optimizer(name: str, device: torch.device) -> bool:
     """Whether torch has a fused kernel for the dense optimizer on `device`: one kernel over
     all the MLPs' tensors instead of a chain of `foreach` ops (a step of Adam over this
