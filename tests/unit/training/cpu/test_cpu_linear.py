@@ -16,8 +16,9 @@ def _layer(in_features: int, out_features: int) -> tuple[torch.Tensor, torch.Ten
     return torch.randn(out_features, in_features) / in_features**0.5, torch.randn(out_features) * 0.1
 
 
-# fewer inputs than outputs: the weight gradient is computed as a transposed product
-@pytest.mark.parametrize(("in_features", "out_features"), [(48, 24), (13, 64)])
+# fewer inputs than outputs: the weight gradient is computed as a transposed product; one input
+# (a warehouse with one count column) is where a transpose's strides survive `.contiguous()`
+@pytest.mark.parametrize(("in_features", "out_features"), [(48, 24), (13, 64), (1, 32)])
 def test_the_fused_layer_matches_a_float64_relu_linear_in_values_and_gradients(
     in_features: int, out_features: int
 ) -> None:
@@ -35,6 +36,8 @@ def test_the_fused_layer_matches_a_float64_relu_linear_in_values_and_gradients(
     assert torch.allclose(out.double(), expected, atol=1e-5)
     for got, want in zip(grads, expected_grads, strict=True):
         assert got.dtype == torch.float32 and got.is_contiguous() and torch.allclose(got.double(), want, atol=1e-4)
+    # laid out as the weight is, stride for stride: what DDP's gradient buckets require
+    assert grads[1].stride() == weight.stride() == torch.empty(out_features, in_features).stride()
 
 
 def test_a_zero_padded_input_multiplies_a_zero_padded_weight() -> None:
@@ -118,3 +121,27 @@ def test_the_compiled_dense_path_calls_the_oneDNN_layers_and_computes_the_same(t
     assert torch.allclose(compiled_logits, eager_logits, atol=1e-5)
     for name, grad in eager_grads.items():
         assert torch.allclose(compiled_grads[name], grad, atol=1e-5), name
+
+
+def test_ddp_takes_a_one_input_layers_gradient_without_a_copy_or_a_warning(tmp_path) -> None:
+    """A layer of one input (a warehouse with one count column) under DDP, as the dense MLPs
+    train: its weight's gradient lands in DDP's bucket view as laid out, so DDP neither copies
+    it every step nor warns that the strides differ."""
+    import warnings
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        layer = OneDnnReLUPerceptron(1, 512, device=torch.device("cpu"))
+        ddp = DistributedDataParallel(layer)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                ddp(torch.randn(64, 1)).sum().backward()
+        weight = layer._linear.weight
+        assert weight.grad.stride() == weight.stride()
+        assert not [w for w in caught if "stride" in str(w.message).lower()], [str(w.message) for w in caught]
+    finally:
+        dist.destroy_process_group()
