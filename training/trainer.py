@@ -85,9 +85,9 @@ def train(
         timer.stepped(step)
         profiler.stepped(step)
         ne.add(logits, labels)
-        maybe_evaluate(steps, job, device, progress, timer, step)
+        maybe_evaluate(steps, job, device, progress, timer, step, ne)
         ne.maybe_log(step, loss)
-        maybe_checkpoint(model, optimizer, job, batches, ledger, timer, step, total_steps)
+        maybe_checkpoint(model, optimizer, job, batches, ledger, timer, step, total_steps, ne)
     if admissions.rounds and dist.get_rank() == 0:
         print(f"[train] managed ids: {admissions.rounds} admission rounds; rows restarted for new ids: "
               f"{sum(admissions.restarted_rows.values()):,}", flush=True)  # fmt: skip
@@ -113,22 +113,24 @@ def train_step(steps: TrainSteps, stream: Iterator[Batch], batches: TrainBatches
 
 
 def maybe_evaluate(steps: TrainSteps, job: TrainJob, device: torch.device, progress: Progress, timer: TrainTimer,
-                   step: int) -> None:  # fmt: skip
+                   step: int, ne: TrainingNE) -> None:  # fmt: skip
     """Held-out NE every `heldout_every_steps` steps, at every epoch end when
     `heldout_every_epoch`, and at the last step of either (not training time)."""
     every, config = job.evaluation.heldout_every_steps, job.evaluation
     periodic = bool(every) and (step % every == 0 or step == progress.total_steps)
     if periodic or (config.heldout_every_epoch and step % progress.steps_per_epoch == 0):
         with timer.paused():
+            ne.flush()  # the training records before this one, in step order
             progress.add_heldout(step, heldout_state(steps.pause(), job, device))
 
 
 def maybe_checkpoint(model: nn.Module, optimizer: CombinedOptimizer, job: TrainJob, batches: TrainBatches,
-                     ledger: RowLedger, timer: TrainTimer, step: int, total_steps: int) -> None:  # fmt: skip
+                     ledger: RowLedger, timer: TrainTimer, step: int, total_steps: int, ne: TrainingNE) -> None:  # fmt: skip
     """A checkpoint every `checkpoint_every` steps before the last (the worker writes the
     last), at the position after the batch this step trained (not training time)."""
     every = job.training.checkpoint_every
     if every and step % every == 0 and step < total_steps:
         with timer.paused():
+            ne.flush()  # every record up to the step a resume starts from is written
             save_checkpoint(model, optimizer, job.checkpoint_root, batches.position(step),
                             ledger, job.training.keep_checkpoints)  # fmt: skip

@@ -150,8 +150,10 @@ class Progress:
             self._write(record)
             print(f"[train] step {step}/{self.total_steps} held-out NE {record.heldout_ne:.6f}", flush=True)
 
-    def report(self, step: int, loss: float) -> TrainRecord:
-        now = time.perf_counter()
+    def report(self, step: int, loss: float, at: float | None = None) -> TrainRecord:
+        """Step `step`'s record, as of `at` (time.perf_counter; default now): a step's NE
+        sums may be reported a logged step later (loop/meters.py), its time is its own."""
+        now = time.perf_counter() if at is None else at
         steps = step - self.interval_start_step
         samples_per_s = steps * self.global_batch / max(now - self.interval_started, 1e-9)
         self.interval_started, self.interval_start_step = now, step
