@@ -194,7 +194,7 @@ def run_summary(run: ResolvedRun, features: Features, report: EvalReport, traine
         promotion_reason=decision.reason if decision else "no model registered",
         champion_ne_same_days=decision.champion_ne if decision else None,
         tuning_key=run.key.fingerprint, tuning_decision=run.tuning.action, tuning_reason=run.tuning.reason,
-        calibrator=calibrator.describe(), calibration_rows=calibration_rows,
+        calibrator=calibrator.describe(), calibration_rows=calibration_rows, managed_churn=job.managed_churn,
         port=port_summary(run.config, run.tuning.port, trained.folder.metrics) if run.tuning.port else None,
     )  # fmt: skip
 
@@ -220,7 +220,10 @@ def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: Day
             "train_seconds": summary.seconds,
             **({"managed_ids_rounds": float(summary.managed_rounds),
                 "managed_ids_restarted_rows": float(summary.managed_restarted_rows),
-                "managed_ids_resident": float(summary.managed_resident_ids)} if summary.managed_rounds else {}),
+                "managed_ids_resident": float(summary.managed_resident_ids),
+                "managed_ids_admitted": float(summary.managed_admitted_ids),
+                "managed_ids_returned": float(summary.managed_returned_ids),
+                "managed_ids_live": float(summary.managed_live_ids)} if summary.managed_rounds else {}),
         },
         history=read_metrics_history(folder.metrics),
         artifacts={"training": [*folder.plan_files, folder.summary_file]},

@@ -82,6 +82,8 @@ class RunSummary(Checked):
     skipped: bool = False
     calibrator: str = ""  # how the served probabilities are calibrated ("none": not)
     calibration_rows: int = 0  # training rows held out of training to fit it
+    # managed ids whose tables churn: how much, and the table size that would hold the live ids
+    managed_churn: str = ""
     # the port workflow's figures (training/tuning/port.py): the hardware's batch, the NE gap
     # against the nearest tuned key at its own batch, the time to reach that key's NE
     port: dict[str, Any] | None = None
@@ -325,6 +327,7 @@ def _(report: RunSummary, config: Any = None) -> str:
         f"{config.sharding.sharding_type})"),
         f"  hyperparameters      {report.tuning_decision}: {report.tuning_reason}",
         *([port_line(report.port)] if report.port else []),
+        *([f"  tables churn         {report.managed_churn}"] if report.managed_churn else []),
         f"  MLflow run           {report.mlflow_run_url or report.mlflow_run_id}  (model version {report.model_version})",
         f"  champion             {'promoted: ' if report.promoted else 'not promoted: '}{report.promotion_reason}"
         + (f" (champion NE on these days {champion:.4f})" if champion is not None and not report.promoted else ""),

@@ -139,6 +139,12 @@ class TrainSummary:
     managed_rounds: int = 0
     managed_restarted_rows: int = 0
     managed_resident_ids: int = 0
+    # ... the ids those rounds admitted, how many of them had been evicted earlier in the launch,
+    # the most distinct ids one feature saw, and the advice when the tables churn ("": they do not)
+    managed_admitted_ids: int = 0
+    managed_returned_ids: int = 0
+    managed_live_ids: int = 0
+    managed_churn: str = ""
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from training.model.build import (
     start_at_click_rate,
     table_name,
 )
-from training.model.managed_ids import ManagedIds
+from training.model.managed_ids import ManagedIds, churn_advice
 from training.model.objective import attach_managed_ids, managed_ids_of
 from training.model.precision import allow_tf32, logit_in_float32, resolve_precision
 from training.reference import fit_logistic_regression
@@ -104,19 +104,27 @@ def run(job: TrainJob, device: torch.device) -> None:
             cpu=cpu, rows_trained=rows_trained, rows_fingerprint=fingerprint,
             resumed_from_step=start.step if start else 0, world_size=world, global_batch_size=config.batch_size,
             device=device.type, backend=backend_for(device), pipeline=pipeline_kind(config, device, job.managed_ids is not None),
-            checkpoint=str(checkpoint), eval_rows_rank0=rows, **_managed_figures(sharded, stats.admissions),
+            checkpoint=str(checkpoint), eval_rows_rank0=rows, **_managed_figures(sharded, stats.admissions, job.table_sizes),
         ))  # fmt: skip
         print(f"[train] done: {stats.steps} steps, {rows_trained:,} rows trained, "
               f"{stats.samples_per_s:,.0f} samples/s", flush=True)
 
 
-def _managed_figures(model: torch.nn.Module, admissions: AdmissionLedger | None) -> dict[str, int]:
-    """The summary's figures of managed ids: rounds, restarted rows, resident ids."""
+def _managed_figures(model: torch.nn.Module, admissions: AdmissionLedger | None, table_sizes: dict[str, int]) -> dict:
+    """The summary's figures of managed ids: rounds, restarted rows, resident ids, and how much
+    the tables churn (said in one line when they do)."""
     managed = managed_ids_of(model)
     if managed is None or admissions is None:
         return {}
+    churn = managed.churn
+    advice = churn_advice(churn, table_sizes)
+    if advice:
+        print(f"[train] {advice}", flush=True)
     return {"managed_rounds": admissions.rounds, "managed_restarted_rows": sum(admissions.restarted_rows.values()),
-            "managed_resident_ids": sum(len(managed.id_rows(feature)) for feature in managed.tables)}
+            "managed_resident_ids": sum(len(managed.id_rows(feature)) for feature in managed.tables),
+            "managed_admitted_ids": sum(c.admitted for c in churn.values()),
+            "managed_returned_ids": sum(c.returned for c in churn.values()),
+            "managed_live_ids": max((c.live_ids for c in churn.values()), default=0), "managed_churn": advice}  # fmt: skip
 
 
 def _cpu_kernels(model: torch.nn.Module, job: TrainJob, device: torch.device) -> dict[str, str]:

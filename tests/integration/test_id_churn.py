@@ -88,6 +88,11 @@ def test_a_night_continues_the_last_ones_remapping_and_is_judged_against_it(nigh
     assert trained.managed_rounds >= 2 and trained.managed_restarted_rows > 0 and trained.managed_resident_ids > 0
     metrics = MlflowClient(config.tracking_uri).get_run(managed[-1]["mlflow_run_id"]).data.metrics
     assert metrics["managed_ids_resident"] == trained.managed_resident_ids
+    # how much the tables churn: counted, and said (with the size that would hold the ids) when it is much
+    assert 0 <= trained.managed_returned_ids <= trained.managed_admitted_ids and trained.managed_live_ids > 0
+    assert metrics["managed_ids_returned"] == trained.managed_returned_ids
+    churns = trained.managed_returned_ids >= 0.2 * trained.managed_admitted_ids
+    assert managed[-1]["managed_churn"] == trained.managed_churn and bool(trained.managed_churn) == churns
 
 
 def test_the_served_model_remaps_raw_lines_as_the_run_did_where_the_project_is_not(nights, tmp_path: Path) -> None:

@@ -82,6 +82,7 @@ class ManagedIds(torch.nn.Module):
             for feature, rows in table_sizes.items()
         })  # fmt: skip
         self._pending: dict[str, list[torch.Tensor]] = {feature: [] for feature in table_sizes}
+        self.churn = {feature: Churn() for feature in table_sizes}  # this launch's rounds, per feature
         self._stacked: tuple[torch.Tensor, ...] | None = None  # `_stack`
         self._order = {feature: i for i, feature in enumerate(table_sizes)}
         self.register_load_state_dict_post_hook(lambda module, keys: module._restack())
@@ -156,9 +157,11 @@ class ManagedIds(torch.nn.Module):
             module._input_history_buffer_size = -1
             module.train()
             lengths = torch.ones(values.numel(), dtype=torch.int64, device=values.device)
+            before = self._residents(feature)
             module.profile({feature: JaggedTensor(values=values, lengths=lengths)})
             rows = module.evict()
             changed[feature] = rows.clone() if rows is not None else self._no_ids()
+            self.churn[feature].add_round(values, before, self._residents(feature))
         self._pending = {feature: [] for feature in self.tables}
         self._stacked = None
         return changed
@@ -172,6 +175,11 @@ class ManagedIds(torch.nn.Module):
     def _no_ids(self) -> torch.Tensor:
         # on the remapper's device: a round's ids of a feature are concatenated and gathered
         return torch.zeros(0, dtype=torch.int64, device=self.device)
+
+    def _residents(self, feature: str) -> torch.Tensor:
+        """The ids of `feature` with a row of their own, sorted."""
+        ids = self.tables[feature]._mch_sorted_raw_ids[:-1]
+        return ids[ids != _EMPTY]
 
     def id_rows(self, feature: str) -> dict[int, int]:
         """Each resident raw id of `feature` → its row (for reports and tests)."""
@@ -188,6 +196,50 @@ class ManagedIds(torch.nn.Module):
         """The remapper's state on each process."""
         sizes = {feature: int(module.output_size()) for feature, module in self.tables.items()}
         return state_bytes(sizes, self.policy)
+
+
+# An admission share of ids evicted earlier in the run from which the tables are said to churn
+CHURN_SHARE = 0.2
+
+
+class Churn:
+    """One feature's admission rounds in this launch: the ids admitted, those of them that had
+    been evicted earlier (a table too small for the ids that keep coming back), and the
+    distinct ids seen, which a table needs as many rows as (plus its miss row) to hold them all.
+    The distinct ids are kept as a sorted tensor: 8 bytes an id."""
+
+    def __init__(self) -> None:
+        self.admitted = 0
+        self.returned = 0
+        self.evicted = torch.zeros(0, dtype=torch.int64)
+        self.seen = torch.zeros(0, dtype=torch.int64)
+
+    def add_round(self, ids: torch.Tensor, before: torch.Tensor, after: torch.Tensor) -> None:
+        """A round on `ids` that turned residents `before` into `after` (both sorted)."""
+        ids, before, after = ids.cpu(), before.cpu(), after.cpu()
+        admitted = after[~torch.isin(after, before)]
+        self.admitted += admitted.numel()
+        self.returned += int(torch.isin(admitted, self.evicted).sum())
+        self.evicted = torch.unique(torch.cat([self.evicted, before[~torch.isin(before, after)]]))
+        self.seen = torch.unique(torch.cat([self.seen, ids]))
+
+    @property
+    def live_ids(self) -> int:
+        return self.seen.numel()
+
+
+def churn_advice(churn: Mapping[str, Churn], table_sizes: Mapping[str, int]) -> str:
+    """One line when the tables churn (`CHURN_SHARE` or more of the admitted ids had been
+    evicted earlier): how much, and the table size that would hold the live ids; "" otherwise."""
+    admitted, returned = sum(c.admitted for c in churn.values()), sum(c.returned for c in churn.values())
+    if not admitted or returned < CHURN_SHARE * admitted:
+        return ""
+    feature = max(churn, key=lambda f: churn[f].live_ids - table_sizes[f])
+    needed = churn[feature].live_ids + 1  # and the miss row
+    return (f"managed ids: {returned:,} of the {admitted:,} ids admitted ({returned / admitted:.0%}) had been evicted "
+            f"earlier in this run: the tables are too small for the ids that keep coming back (feature {feature}: "
+            f"{churn[feature].live_ids:,} distinct ids for {table_sizes[feature]:,} rows); tables of {needed:,} rows "
+            f"(preprocess.hash_size = {needed}) would hold every id seen")  # fmt: skip
 
 
 def state_bytes(table_sizes: Mapping[str, int], policy: Policy) -> int:

@@ -124,3 +124,23 @@ def test_one_search_over_all_features_remaps_as_each_torchrec_module_does() -> N
     expected = torch.cat([managed.tables[f].remap({f: jagged})[f].values() for f, jagged in kjt.to_dict().items()])
     remapped = managed.remap(kjt)
     assert torch.equal(remapped.values(), expected) and torch.equal(remapped.lengths(), kjt.lengths())
+
+
+def test_ids_evicted_and_back_are_counted_and_a_churning_table_says_what_would_hold_them() -> None:
+    """LRU over a table of 3 ids: ids 1–3, then 4–6 evict them, then 1–3 come back and evict
+    4–6 again: 9 admissions, 3 of them ids evicted earlier; six distinct ids, 7 rows would hold them."""
+    from training.model.managed_ids import churn_advice
+
+    managed = ManagedIds({"f": 4, "g": 4}, "lru")
+    for round_ids in ((1, 2, 3), (4, 5, 6), (1, 2, 3)):
+        managed.admit({"f": ids(*round_ids), "g": ids(7)})
+    churn = managed.churn["f"]
+    assert (churn.admitted, churn.returned, churn.live_ids) == (9, 3, 6)
+    assert (managed.churn["g"].admitted, managed.churn["g"].returned) == (1, 0)
+    advice = churn_advice(managed.churn, {"f": 4, "g": 4})
+    assert "3 of the 10 ids admitted (30%) had been evicted earlier" in advice
+    assert "feature f: 6 distinct ids for 4 rows" in advice and "preprocess.hash_size = 7" in advice
+    roomy = ManagedIds({"f": 8}, "lru")
+    for round_ids in ((1, 2, 3), (4, 5, 6), (1, 2, 3)):
+        roomy.admit({"f": ids(*round_ids)})
+    assert roomy.churn["f"].returned == 0 and churn_advice(roomy.churn, {"f": 8}) == "", "room for all: no churn"
