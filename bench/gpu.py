@@ -29,10 +29,12 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torchrec.datasets.utils import Batch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -128,7 +130,6 @@ def stock_loop(files: list[str], batch: int, device: torch.device, steps: int) -
         Topology,
     )
     from torchrec.distributed.sharding_plan import get_default_sharders
-    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
     from torchrec.models.dlrm import DLRM, DLRMTrain
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -160,29 +161,42 @@ def stock_loop(files: list[str], batch: int, device: torch.device, steps: int) -
                                       lambda params: torch.optim.Adam(params, lr=LR["dense_lr"], fused=fused))  # fmt: skip
         optimizer = CombinedOptimizer([sharded.fused_optimizer, dense])
         reader = build_reader(files, batch, 0, 1, drop_remainder=True, prefetch=4)
-        batches = (b.pin_memory() if device.type == "cuda" else b for b in reader)
-        if device.type == "cuda":
-            pipeline = TrainPipelineSparseDist(sharded, optimizer, device)
-            step = lambda: pipeline.progress(batches)
-        else:
-            def step():
-                loss, _ = sharded(next(batches))
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-        for _ in range(WARMUP_STEPS):
-            step()
-        _sync(device)
-        started = time.perf_counter()
-        for _ in range(steps - WARMUP_STEPS):
-            step()
-        _sync(device)
-        return batch * (steps - WARMUP_STEPS) / (time.perf_counter() - started)
+        seconds = timed_stock_steps(sharded, optimizer, iter(reader), device, WARMUP_STEPS, steps - WARMUP_STEPS)
+        return batch * (steps - WARMUP_STEPS) / seconds
     finally:
         dist.destroy_process_group()
 
 
-def _sync(device: torch.device) -> None:
+def timed_stock_steps(model, optimizer, batches: Iterator[Batch], device: torch.device, warmup: int, timed: int) -> float:
+    """TorchRec's stock loop as its examples write it (read, move, forward, zero_grad, backward,
+    step; `TrainPipelineSparseDist` on CUDA, batches pinned): `warmup` steps, then the seconds
+    of `timed` more, the device waited for at both ends. bench/step_overhead.py times it too."""
+    if device.type == "cuda":
+        from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+        pipeline = TrainPipelineSparseDist(model, optimizer, device)
+        pinned = (b.pin_memory() for b in batches)
+        step: Callable[[], object] = lambda: pipeline.progress(pinned)
+    else:
+        def step() -> None:
+            loss, _ = model(next(batches).to(device, non_blocking=True))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    for _ in range(warmup):
+        step()
+    sync(device)
+    started = time.perf_counter()
+    for _ in range(timed):
+        step()
+    sync(device)
+    elapsed = time.perf_counter() - started
+    if device.type == "cuda":
+        pipeline.detach()  # the model's own forwards again, for whatever runs next on it
+    return elapsed
+
+
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

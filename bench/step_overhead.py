@@ -48,6 +48,8 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gpu import sync, timed_stock_steps  # bench/gpu.py, beside this script
+
 import ingestion.reader as reader_module
 import training.loop.batches as batches_module
 import training.trainer as trainer_module
@@ -107,30 +109,8 @@ def stock_round(model, optimizer, job: TrainJob, device: torch.device, steps: in
     # read ahead in a background thread where the trainer does (a spare core), as a DataLoader's worker would
     reader = build_reader(list(job.train_files), job.training.batch_size, 0, 1, shuffle_seed=job.training.seed,
                           drop_remainder=False, prefetch=reader_prefetch(job.training))  # fmt: skip
-    batches = iter(reader)
-    if device.type == "cuda":
-        from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
-
-        pipeline = TrainPipelineSparseDist(model, optimizer, device)
-        pinned = (b.pin_memory() for b in batches)
-        step: Callable[[], object] = lambda: pipeline.progress(pinned)
-    else:
-        def step() -> None:
-            loss, _ = model(next(batches).to(device, non_blocking=True))
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    for _ in range(LOG_EVERY):
-        step()
-    _sync(device)
-    started = time.perf_counter()
-    for _ in range(steps - LOG_EVERY):
-        step()
-    _sync(device)
-    elapsed = time.perf_counter() - started
-    if device.type == "cuda":
-        pipeline.detach()
-    return 1000 * elapsed / (steps - LOG_EVERY)
+    seconds = timed_stock_steps(model, optimizer, iter(reader), device, LOG_EVERY, steps - LOG_EVERY)
+    return 1000 * seconds / (steps - LOG_EVERY)
 
 
 def trainer_round(model, optimizer, schedule, job: TrainJob, device: torch.device) -> float:
@@ -214,7 +194,7 @@ def parts_round(model, optimizer, schedule, job: TrainJob, device: torch.device)
         started = time.perf_counter()
         schedule.applied = None
         stats = trainer_module.train(model, optimizer, job, device, schedule)
-        _sync(device)
+        sync(device)
         total = time.perf_counter() - started
     seconds = dict(times.seconds)
     if not batches_module.reader_prefetch(job.training):  # read in the training thread: the hashing is in the wait
@@ -222,11 +202,6 @@ def parts_round(model, optimizer, schedule, job: TrainJob, device: torch.device)
     else:  # in the reader thread: not on the step's path
         seconds[HASHES_AHEAD] = seconds.pop(HASHES, 0.0)
     return {part: round(1000 * s / stats.steps, 4) for part, s in sorted(seconds.items())}, 1000 * total / stats.steps
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def main() -> dict:
