@@ -1,7 +1,7 @@
 """The shipped defaults on real public data: the model against its logistic regression, per seed.
 
     .venv/bin/python bench/real_data.py --folder DIR [--seeds 0,1,2] [--only avazu,movielens]
-        [--set KEY=VALUE ...]
+        [--set KEY=VALUE ...] [--keep SCRATCH]
 
 DIR holds data the user brought, kept outside the repository (their terms forbid
 redistribution; no test needs them):
@@ -121,19 +121,22 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--only", default="avazu,movielens")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    parser.add_argument("--keep", type=Path, help="keep the warehouses and run folders here (default: a temporary folder)")
     args = parser.parse_args()
     builders = {"avazu": (args.folder / "avazu-10k.csv", avazu_warehouse),
                 "movielens": (args.folder / "ml-100k", movielens_warehouse)}  # fmt: skip
     seeds = [int(s) for s in args.seeds.split(",")]
     results, started = {}, time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="real-data-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="real-data-") as temporary:
+        scratch = args.keep or temporary
+        Path(scratch).mkdir(parents=True, exist_ok=True)
         for name in args.only.split(","):
             source, build = builders[name]
             if not source.exists():
                 raise SystemExit(f"{source}: not found; bring the data to --folder (see this script's docstring)")
             root = Path(scratch) / name
             config = root / "config.toml"
-            root.mkdir()
+            root.mkdir(exist_ok=True)
             config.write_text(config_text(name, root / "run", build(source, root / "warehouse")))
             runs = [run(config, [f'run_dir="{root}/run-{seed}"', f"training.seed={seed}", *args.overrides],
                         Path(scratch) / "home") for seed in seeds]  # fmt: skip

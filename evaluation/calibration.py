@@ -171,3 +171,25 @@ def _isotonic(p: np.ndarray, y: np.ndarray, prior_rows: float) -> tuple[tuple[fl
 
 def _unknown(method: Any) -> Any:
     raise ValueError(f"calibration: {method!r} is not one of {list(METHODS)}")
+
+
+def served_calibrator(method: str, labels: np.ndarray, predictions: np.ndarray) -> tuple[Calibrator, str]:
+    """The calibrator to serve for a model whose held-out rows scored `predictions`, and a
+    line saying why: the `method` calibrator when it fits and also lowers the log loss of
+    rows it was not fitted on (on few rows a calibrator can fit their noise: 5 folds of the
+    held-out rows); otherwise the identity, with the reason as its note."""
+    rows = len(labels)
+    if method == "none":
+        return Calibrator(rows=rows, note="evaluation.calibration = \"none\""), "off"
+    try:
+        calibrator = fit_calibrator(method, labels, predictions)
+    except CalibrationError as error:
+        return Calibrator(rows=rows, note=str(error)), f"not fitted ({error}); the model's own probabilities are served"
+    gain = out_of_fold_gain(method, labels, predictions)
+    if gain <= 0.0:
+        note = (f"{calibrator.describe()} did not lower the log loss of held-out rows it was not fitted on "
+                f"({gain:+.2e} a row over 5 folds): the model's own probabilities are served")  # fmt: skip
+        return Calibrator(rows=rows, note=note), note
+    clicks = max(float(np.sum(labels)), 1.0)
+    before, after = float(np.sum(predictions)) / clicks, float(np.sum(calibrator.apply(predictions))) / clicks
+    return calibrator, f"{calibrator.describe()}; on those rows Σ predictions / Σ clicks {before:.3f} → {after:.3f}"

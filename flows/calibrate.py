@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
+import pyarrow.parquet as pq
 from prefect import get_run_logger, task
 
-from evaluation.calibration import CalibrationError, Calibrator, fit_calibrator, out_of_fold_gain
-from evaluation.report import Scores
+from evaluation.calibration import Calibrator, served_calibrator
 from flows.config import PipelineConfig
 from flows.feature_files import Features
 from flows.features import STAGE
@@ -24,6 +23,10 @@ from ingestion.holdout import HoldoutSplit, split_holdout
 from ingestion.preprocess import features_dir
 from training.job import CALIBRATION_PART, JobFolder
 from training.locking import exclusive
+
+# A run holds out its newest day whole only when that is at most a quarter of its days:
+# on two days it would train on half of them.
+PROGRESSIVE_MIN_DAYS = 4
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,14 @@ class TrainingRows:
     calibration_files: tuple[str, ...] = ()
     calibration_rows: int = 0
     calibration_days: tuple[int, ...] = ()
+    # every training day's whole files, for a fresh run that chooses its length: where its
+    # held-out rows fit no calibrator worth serving, a fresh model trains on all of these
+    # for that length (training/worker.py). Empty: no second training (a continuing night)
+    refit_files: tuple[str, ...] = ()
+
+    def model_files(self, refit: bool) -> tuple[str, ...]:
+        """The files the served model trained on: every training day after a refit."""
+        return self.refit_files if refit and self.refit_files else self.train_files
 
 
 def joined(parts: Sequence[HoldoutSplit]) -> HoldoutSplit:
@@ -63,18 +74,28 @@ def holdout_of(config: PipelineConfig, state_id: str, day_files: dict[int, Seque
     return joined(list(split_days(config, state_id, day_files, percent, fold).values()))
 
 
-def training_rows(config: PipelineConfig, features: Features, lineage_days: Sequence[int] = ()) -> TrainingRows:
-    """The run's training days, less the calibration rows when it calibrates. The calibrator
+def training_rows(config: PipelineConfig, features: Features, lineage_days: Sequence[int] = (),
+                  continues: bool = False) -> TrainingRows:  # fmt: skip
+    """The run's training days, less the held-out rows when it calibrates or chooses its length
+    (`training.epochs = "auto"`: the same rows choose it, training/loop/validation.py); a
+    fresh run on several days that chooses its length may hold out the newest day instead
+    (`progressive_rows`; `continues`: the run continues a model). Otherwise the calibrator
     is fitted on the held-out rows of the newest `evaluation.calibration_days` days the model
     has seen: this run's training days and, for a night continuing a champion, the earlier
     days of its lineage whose features are still there (no model of the lineage trained on
     their held-out rows, as long as its runs held out the same share: each trains on the fit
     side only)."""
     data, evaluation = config.data, config.evaluation
-    if evaluation.calibration == "none" or not data.train_days:
+    if (evaluation.calibration == "none" and not config.training.chooses_epochs) or not data.train_days:
         return TrainingRows(features.train_files(data.train_days))
+    fresh_and_choosing = config.training.chooses_epochs and not continues
+    newest_day = config.training.validation_rows == "newest_day"
+    if fresh_and_choosing and newest_day and len(data.train_days) >= PROGRESSIVE_MIN_DAYS:
+        return progressive_rows(config, features)
     day_files = {day: features.files[day] for day in data.train_days}
-    for day in lineage_days:
+    # A lineage that chooses its length was refit on whole days (`progressive_rows`): only
+    # this night's own held-out rows are unseen by the model it continues.
+    for day in () if config.training.chooses_epochs else lineage_days:
         if day not in day_files and (files := _feature_files(config, features, day)):
             day_files[day] = files
     window = sorted(day_files)[-evaluation.calibration_days :]
@@ -83,7 +104,22 @@ def training_rows(config: PipelineConfig, features: Features, lineage_days: Sequ
                         evaluation.calibration_percent)  # fmt: skip
     trained = joined([splits[day] for day in data.train_days])
     held_out = joined([splits[day] for day in window])
-    return TrainingRows(trained.fit_files, held_out.validation_files, held_out.validation_rows, tuple(window))
+    return TrainingRows(trained.fit_files, held_out.validation_files, held_out.validation_rows, tuple(window),
+                        refit_files=features.train_files(data.train_days) if fresh_and_choosing else ())  # fmt: skip
+
+
+def progressive_rows(config: PipelineConfig, features: Features) -> TrainingRows:
+    """A fresh run on `PROGRESSIVE_MIN_DAYS` or more dated days that chooses its length
+    (`training.epochs = "auto"`, `training.validation_rows = "newest_day"`): it trains on the earlier days and is scored on the newest,
+    as the next day will score it (users and items drift; a hash slice of the same days
+    shares theirs). The newest day chooses the length and fits the calibrator, on
+    predictions of a model that never saw it; where no calibrator is kept, a fresh model
+    trains on every day for that length (`refit_files`)."""
+    days = sorted(config.data.train_days)
+    newest = tuple(features.files[days[-1]])
+    rows = sum(pq.ParquetFile(path).metadata.num_rows for path in newest)
+    return TrainingRows(features.train_files(tuple(days[:-1])), newest, rows, (days[-1],),
+                        refit_files=features.train_files(tuple(days)))  # fmt: skip
 
 
 def _feature_files(config: PipelineConfig, features: Features, day: int) -> tuple[str, ...]:
@@ -102,31 +138,14 @@ def calibrate_task(config: PipelineConfig, folder: JobFolder) -> Calibrator:
 def fit_served_calibrator(method: str, folder: JobFolder, say: Callable[[str], None]) -> Calibrator:
     """The calibrator of the trained model in `folder`, fitted on its predictions of the
     held-out training rows and written beside them; the identity when calibration is off or
-    those rows cannot fit one. The pipeline and `dlrm train` (node 0) both fit it here."""
+    those rows cannot fit one (`served_calibrator`: the rule the training job also applies
+    when it decides to train again on every row). The pipeline and `dlrm train` (node 0)
+    both fit it here."""
     if method == "none":
         calibrator = Calibrator()
     else:
-        calibrator = _fitted(method, folder.read_predictions(CALIBRATION_PART), say)
+        held_out = folder.read_predictions(CALIBRATION_PART)
+        calibrator, line = served_calibrator(method, held_out.labels, held_out.predictions)
+        say(line)
     folder.write_calibrator(calibrator)
-    return calibrator
-
-
-def _fitted(method: str, held_out: Scores, say: Callable[[str], None]) -> Calibrator:
-    rows = len(held_out.labels)
-    try:
-        calibrator = fit_calibrator(method, held_out.labels, held_out.predictions)
-    except CalibrationError as error:
-        say(f"not fitted ({error}); the model's own probabilities are served")
-        return Calibrator(rows=rows, note=str(error))
-    # On few rows a calibrator can fit their noise: it is kept only if it also lowers the
-    # log loss of rows it was not fitted on (5 folds of the held-out rows).
-    gain = out_of_fold_gain(method, held_out.labels, held_out.predictions)
-    if gain <= 0.0:
-        note = (f"{calibrator.describe()} did not lower the log loss of held-out rows it was not fitted on "
-                f"({gain:+.2e} a row over 5 folds): the model's own probabilities are served")  # fmt: skip
-        say(note)
-        return Calibrator(rows=rows, note=note)
-    before = float(held_out.predictions.sum() / max(held_out.labels.sum(), 1.0))
-    after = float(np.sum(calibrator.apply(held_out.predictions)) / max(held_out.labels.sum(), 1.0))
-    say(f"{calibrator.describe()}; on those rows Σ predictions / Σ clicks {before:.3f} → {after:.3f}")
     return calibrator

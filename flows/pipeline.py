@@ -122,10 +122,10 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
     for line in run.change_lines():
         logger.info("%s", line)
     config = run.config
-    rows = training_rows(config, features, night.lineage_days)
+    rows = training_rows(config, features, night.lineage_days, continues=night.warm_start is not None)
     trained = train_model(config, features, night.warm_checkpoint, rows)
     calibrator = calibrate_task(config, trained.folder)
-    report, scores = evaluate_model(config, features, trained.folder, rows.train_files, calibrator)
+    report, scores = evaluate_model(config, features, trained.folder, rows.model_files(trained.summary.refit), calibrator)
     model = export_task(config, features, trained, calibrator)
     lineage = lineage_tags(config, night, features.state, keep_checkpoint(config, trained.summary.checkpoint))
     tracked = _track(run, features, report, scores, trained, model, lineage, started_at_ms, calibrator)
@@ -195,6 +195,7 @@ def run_summary(run: ResolvedRun, features: Features, report: EvalReport, traine
         champion_ne_same_days=decision.champion_ne if decision else None,
         tuning_key=run.key.fingerprint, tuning_decision=run.tuning.action, tuning_reason=run.tuning.reason,
         calibrator=calibrator.describe(), calibration_rows=calibration_rows, managed_churn=job.managed_churn,
+        epochs_trained=job.epochs_trained, epochs_kept=job.epochs_kept, run_length=job.run_length,
         port=port_summary(run.config, run.tuning.port, trained.folder.metrics) if run.tuning.port else None,
     )  # fmt: skip
 
@@ -224,8 +225,12 @@ def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: Day
                 "managed_ids_admitted": float(summary.managed_admitted_ids),
                 "managed_ids_returned": float(summary.managed_returned_ids),
                 "managed_ids_live": float(summary.managed_live_ids)} if summary.managed_rounds else {}),
+            **({"epochs_trained": float(summary.epochs_trained), "epochs_kept": float(summary.epochs_kept)}
+               if summary.run_length else {}),
         },
-        history=read_metrics_history(folder.metrics),
+        # the validation NE by epochs trained: its own series, stepped by epoch
+        history=read_metrics_history(folder.metrics) + [{"step": float(epochs), "validation_ne": ne}
+                                                        for epochs, ne in summary.validation_ne.items() if ne is not None],
         artifacts={"training": [*folder.plan_files, folder.summary_file]},
         documents={
             "preprocessing/state.json": asdict(features.state),

@@ -84,6 +84,10 @@ class RunSummary(Checked):
     calibration_rows: int = 0  # training rows held out of training to fit it
     # managed ids whose tables churn: how much, and the table size that would hold the live ids
     managed_churn: str = ""
+    # a run that chose its length (`training.epochs = "auto"`): the epochs trained and kept, and why
+    epochs_trained: int = 0
+    epochs_kept: int = 0
+    run_length: str = ""
     # the port workflow's figures (training/tuning/port.py): the hardware's batch, the NE gap
     # against the nearest tuned key at its own batch, the time to reach that key's NE
     port: dict[str, Any] | None = None
@@ -143,6 +147,10 @@ class TrainReport(Checked):
     out_dir: str
     calibrator: str  # how the served probabilities are calibrated ("none": not)
     calibration_rows: int  # training rows held out of training to fit it
+    # a run that chose its length (`training.epochs = "auto"`): the epochs trained and kept, and why
+    epochs_trained: int = 0
+    epochs_kept: int = 0
+    run_length: str = ""
 
 
 @dataclass(frozen=True)
@@ -327,6 +335,7 @@ def _(report: RunSummary, config: Any = None) -> str:
         f"{config.sharding.sharding_type})"),
         f"  hyperparameters      {report.tuning_decision}: {report.tuning_reason}",
         *([port_line(report.port)] if report.port else []),
+        *([f"  run length           {report.run_length}"] if report.run_length else []),
         *([f"  tables churn         {report.managed_churn}"] if report.managed_churn else []),
         f"  MLflow run           {report.mlflow_run_url or report.mlflow_run_id}  (model version {report.model_version})",
         f"  champion             {'promoted: ' if report.promoted else 'not promoted: '}{report.promotion_reason}"
@@ -361,7 +370,8 @@ def _(report: TrainReport, config: Any = None) -> str:
     return (f"trained {report.steps} steps on {report.world_size} processes (global batch "
             f"{report.global_batch_size:,}): {report.rows_trained:,} rows, {report.samples_per_s:,.0f} samples/s; "
             f"NE on days {report.eval_days}: {report.eval_ne:.4f} (before calibration {report.eval_ne_uncalibrated:.4f}; "
-            f"calibrator: {report.calibrator}) → {report.out_dir}")  # fmt: skip
+            f"calibrator: {report.calibrator}) → {report.out_dir}"
+            + (f"\nrun length: {report.run_length}" if report.run_length else ""))  # fmt: skip
 
 
 @for_people.register

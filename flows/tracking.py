@@ -181,7 +181,7 @@ def _log_history(run_id: str, history: list[dict[str, float]]) -> None:
     """Per-step training metrics, in batches of at most 1000 (MLflow's limit per call)."""
     client = MlflowClient()
     entries = [
-        Metric(key if key.startswith(("train_", "heldout_")) else f"train_{key}", float(value), 0, int(row["step"]))
+        Metric(key if key.startswith(("train_", "heldout_", "validation_")) else f"train_{key}", float(value), 0, int(row["step"]))
         for row in history
         for key, value in row.items()
         if key != "step" and value is not None and np.isfinite(value)

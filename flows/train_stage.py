@@ -65,6 +65,8 @@ def build_job(config: PipelineConfig, features: Features, warm_start: str = "", 
         table_sizes=state.table_sizes,
         train_files=rows.train_files,
         calibration_files=rows.calibration_files,
+        validation_files=rows.calibration_files if config.training.chooses_epochs else (),
+        refit_files=rows.refit_files,
         eval_files={data.day_label(day): tuple(features.files[day]) for day in data.eval_days},
         out_dir=str(config.path("train")),
         run_id=run_id or "",
@@ -170,5 +172,6 @@ def job_report(run: ResolvedRun, summary: TrainSummary, folder: JobFolder, calib
         eval_calibration=compute_calibration(served), eval_days=data.shown_days(data.eval_days),
         resumed_from_step=summary.resumed_from_step, device=summary.device, checkpoint=summary.checkpoint,
         out_dir=str(folder.root), calibrator=calibrator.describe(), calibration_rows=calibration_rows,
+        epochs_trained=summary.epochs_trained, epochs_kept=summary.epochs_kept, run_length=summary.run_length,
     )  # fmt: skip
 

@@ -167,7 +167,8 @@ class TrainingTrial:
             # the same step, and every trial's first run has the same seed and fold.
             first = (seed, fold) == (seeds[0], 0)
             metric = "heldout_ne" + (f".seed_{seed}" if len(seeds) > 1 else "") + (f".fold_{fold}" if folds > 1 else "")
-            epochs = EpochEnds(self.config.tuning.max_epochs)
+            # a run that chooses its own epochs is scored with the model it kept
+            epochs = EpochEnds(1 if self.config.training.chooses_epochs else self.config.tuning.max_epochs)
             watch = functools.partial(self._on_progress, trial, run_id, metric=metric, prune=first,
                                       epochs=epochs)  # fmt: skip
             try:
@@ -270,15 +271,18 @@ def validation_job(config: PipelineConfig, data: TuningData, params: Params, out
     training = dataclasses.replace(training, checkpoint_every=0, max_restarts=0,
                                    seed=training.seed if seed is None else seed)  # fmt: skip
     evaluation = config.evaluation
-    if early_stopping and config.tuning.max_epochs > 1:
+    if training.chooses_epochs:
+        pass  # the trial chooses its length as the run does, on its own validation rows
+    elif early_stopping and config.tuning.max_epochs > 1:
         # up to max_epochs, scored at every epoch end on all the validation rows (early stopping)
         training = dataclasses.replace(training, epochs=config.tuning.max_epochs)
         evaluation = dataclasses.replace(evaluation, heldout_every_epoch=True, heldout_batches=0)
     trial_config = dataclasses.replace(config, training=training, model=model, evaluation=evaluation)
     job = build_job(trial_config, data.features, run_id=out.name)
     # a trial is scored on its validation rows alone: no calibrator is fitted
-    return dataclasses.replace(job, train_files=data.train_files, calibration_files=(), eval_files=data.validation_files,
-                               out_dir=str(out))  # fmt: skip
+    return dataclasses.replace(job, train_files=data.train_files, calibration_files=(), refit_files=(), eval_files=data.validation_files,
+                               validation_files=tuple(f for files in data.validation_files.values() for f in files)
+                               if training.chooses_epochs else (), out_dir=str(out))  # fmt: skip
 
 
 def train_and_score(config: PipelineConfig, features: Features, params: Params, out: Path) -> float:

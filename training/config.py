@@ -189,9 +189,24 @@ class TrainingConfig:
 
     nproc: int = 2
     batch_size: int = 2048
-    epochs: int = 1
+    # "auto": the run chooses its own length (training/loop/validation.py). After each epoch
+    # it scores the held-out training rows (the calibrator's, evaluation.calibration_percent
+    # % of each training day by a hash of the row: rows no model of the run trains on) and
+    # stops when `patience` epochs in a row did not lower their NE, or after `max_epochs`;
+    # the model it keeps is the best epoch's. A night that continues a champion scores the
+    # champion first: when no epoch of the new rows beats it, the night keeps its weights.
+    # An integer trains exactly that many epochs.
+    epochs: int | Literal["auto"] = "auto"
+    max_epochs: int = 8
+    patience: int = 2
+    # The rows that choose the length of a fresh run: "held_out", the calibrator's hash
+    # slice of every training day; "newest_day", the newest training day whole, when there
+    # are at least four (the run trains on the earlier ones): closer to how the next day
+    # scores the model, and on MovieLens-100K worse by 0.5 % NE (docs/run-length.md).
+    validation_rows: Literal["held_out", "newest_day"] = "held_out"
     # A run with fewer optimizer steps than this halves its global batch until it has them
-    # (training/loop/run_length.py, logged); 0 keeps the batch as configured.
+    # (training/loop/run_length.py, logged); 0 keeps the batch as configured. With epochs =
+    # "auto" it is the steps of one epoch: each validation follows that many steps.
     min_steps: int = 50
     embedding_lr: float = 0.05
     dense_lr: float = 0.001
@@ -247,6 +262,16 @@ class TrainingConfig:
     # orchestration.trainer_hosts, or `dlrm train --nnodes`.
     torchrun_args: tuple[str, ...] = ()
 
+    @property
+    def chooses_epochs(self) -> bool:
+        """The run chooses its length by validation (`epochs = "auto"`)."""
+        return self.epochs == "auto"
+
+    @property
+    def most_epochs(self) -> int:
+        """The epochs a run trains at most: `epochs`, or `max_epochs` when it chooses."""
+        return self.max_epochs if self.epochs == "auto" else int(self.epochs)
+
     def __post_init__(self) -> None:
         if self.nproc < 1:
             raise ValueError(f"nproc: must be at least 1, got {self.nproc}")
@@ -259,8 +284,10 @@ class TrainingConfig:
             raise ValueError(f"torchrun_args: {hosts} set the job's hosts; set orchestration.trainer_hosts and "
                              "orchestration.rdzv_endpoint (the pipeline), or run `dlrm train --nnodes N --node-rank R "
                              "--rdzv-endpoint HOST:PORT` on each host (README: Running on several hosts)")  # fmt: skip
-        if self.epochs < 1:
-            raise ValueError(f"epochs: must be at least 1, got {self.epochs}")
+        if self.epochs != "auto" and (isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 1):
+            raise ValueError(f"epochs: must be \"auto\" or a whole number of at least 1, got {self.epochs!r}")
+        if self.max_epochs < 1 or self.patience < 1:
+            raise ValueError(f"max_epochs and patience: must be at least 1, got {self.max_epochs} and {self.patience}")
         if self.min_steps < 0:
             raise ValueError(f"min_steps: must be ≥ 0 (0: off), got {self.min_steps}")
         for key in ("embedding_lr", "dense_lr"):

@@ -22,6 +22,7 @@ launcher and the flows; the workers) read and write them through it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from dataclasses import dataclass, field
@@ -74,6 +75,14 @@ class TrainJob:
     # Training rows held out of training, scored when done (part CALIBRATION_PART) for the
     # calibrator (evaluation/calibration.py); never in the held-out NE during training.
     calibration_files: tuple[str, ...] = ()
+    # The rows that choose the run's length when `training.epochs = "auto"`, scored after
+    # each epoch (training/loop/validation.py): the calibration rows in a pipeline run, a
+    # trial's validation rows in a study. None: the run trains one epoch and says why.
+    validation_files: tuple[str, ...] = ()
+    # Every training day's files, when the length is chosen on a day the run does not train
+    # on (the newest of a dated warehouse, flows/calibrate.py): once it is chosen, a fresh
+    # model trains on all of these for that many epochs (`refit_job`). Empty: no refit.
+    refit_files: tuple[str, ...] = ()
     # Profile this many last steps (training/loop/profile.py) and write `profile.json`: where
     # a step's time goes, and each rank's peak memory (`dlrm characterize`). 0: none.
     profile_steps: int = 0
@@ -87,6 +96,27 @@ class TrainJob:
     def scored_parts(self) -> dict[str, tuple[str, ...]]:
         """Every part the job scores when done: the evaluation parts, then the calibration rows."""
         return {**self.eval_files, **({CALIBRATION_PART: self.calibration_files} if self.calibration_files else {})}
+
+    @property
+    def chooses_epochs(self) -> bool:
+        """The run chooses its length: `training.epochs = "auto"` and rows to choose on."""
+        return self.training.chooses_epochs and bool(self.validation_files)
+
+    @property
+    def most_epochs(self) -> int:
+        """The epochs the run trains at most (one when it should choose but has no rows to)."""
+        if self.training.chooses_epochs:
+            return self.training.max_epochs if self.validation_files else 1
+        return int(self.training.epochs)
+
+    def refit_job(self, epochs: int) -> TrainJob:
+        """The job that trains a fresh model on every training day (`refit_files`) for the
+        `epochs` the validation chose: in its own folder under this one (its checkpoints,
+        metrics and logs), scoring nothing itself."""
+        training = dataclasses.replace(self.training, epochs=epochs)
+        return dataclasses.replace(self, training=training, train_files=self.refit_files, validation_files=(),
+                                   calibration_files=(), refit_files=(), init_checkpoint="", init_optimizer=False,
+                                   out_dir=str(self.out / "refit"))  # fmt: skip
 
     @property
     def workers(self) -> Workers:
@@ -145,6 +175,16 @@ class TrainSummary:
     managed_returned_ids: int = 0
     managed_live_ids: int = 0
     managed_churn: str = ""
+    # a run that chose its length (`training.epochs = "auto"`): the epochs it trained, the
+    # epochs of the model it kept (0: the model it started from), the validation NE after
+    # each epoch (by epochs trained; None where it was undefined), and why, for people
+    epochs_trained: int = 0
+    epochs_kept: int = 0
+    validation_ne: dict[str, float | None] = field(default_factory=dict)
+    run_length: str = ""
+    # ... and trained a fresh model on every training day for the epochs kept (the figures
+    # above, steps and rows, are then that model's)
+    refit: bool = False
 
 
 @dataclass(frozen=True)

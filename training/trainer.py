@@ -28,6 +28,7 @@ from training.loop.profile import StepProfile, StepProfiler
 from training.loop.progress import Progress
 from training.loop.schedule import LRSchedule
 from training.loop.steps import StepOutput, TrainSteps, train_steps
+from training.loop.validation import EpochValidation
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class TrainStats:
     position: TrainPosition
     profile: StepProfile | None = None  # only when the job profiles steps (`profile_steps`)
     admissions: AdmissionLedger | None = None  # managed ids' rounds (None: not managed)
+    validation: EpochValidation | None = None  # a run that chose its length (`epochs = "auto"`)
 
     @property
     def samples_per_s(self) -> float:
@@ -54,16 +56,22 @@ def train(
     schedule: LRSchedule,
     start: TrainPosition | None = None,
     ledger: RowLedger | None = None,
+    started_from_model: bool = False,
 ) -> TrainStats:
     """Epochs over the training files from `start`; every rank takes the same steps.
 
-    Checkpoints every `checkpoint_every` steps; returns when the last epoch is done.
+    Checkpoints every `checkpoint_every` steps; returns when the last epoch is done, or, in
+    a run that chooses its length, when validation stops it (with the best epoch's model).
+    `started_from_model`: the weights before the first step are a model worth keeping (a
+    warm start, or a wide part started as the fitted regression): such a run scores them
+    first, and keeps them if no epoch beats them.
     """
     config = job.training
+    resumed = start is not None
     start = start or TrainPosition(step=0, epoch=0, batch=0)
     ledger = ledger or RowLedger()
     batches = TrainBatches(job, device, start)
-    total_steps = batches.steps_per_epoch * config.epochs
+    total_steps = batches.steps_per_epoch * job.most_epochs
     if job.max_steps:
         total_steps = min(total_steps, job.max_steps)
     metrics = job.folder.metrics if dist.get_rank() == 0 else None
@@ -76,7 +84,13 @@ def train(
     stream = profiler.labelled(batches.stream) if profiler.active else batches.stream
     step = start.step
     admissions = AdmissionLedger()
-    while step < total_steps:
+    validation = EpochValidation(job, device, resumed) if job.chooses_epochs else None
+    if validation is not None and step == 0 and started_from_model:
+        validation.score(steps.pause(), optimizer, 0, 0, ledger)  # the model the run continues
+        model.train()
+    # a relaunch after validation had stopped the run (during its refit) trains no more
+    finished = validation is not None and resumed and validation.scores.done()
+    while step < total_steps and not finished:
         loss, logits, labels = train_step(steps, stream, batches, schedule, ledger, step, total_steps)
         step += 1
         if job.managed_ids is not None:
@@ -88,17 +102,31 @@ def train(
         maybe_evaluate(steps, job, device, progress, timer, step, ne)
         ne.maybe_log(step, loss)
         maybe_checkpoint(model, optimizer, job, batches, ledger, timer, step, total_steps, ne)
+        if validation is not None and step % batches.steps_per_epoch == 0:
+            with timer.paused():
+                ne.flush()
+                stop = validation.score(steps.pause(), optimizer, step // batches.steps_per_epoch, step, ledger)
+                model.train()
+            if stop:
+                break
     if admissions.rounds and dist.get_rank() == 0:
         print(f"[train] managed ids: {admissions.rounds} admission rounds; rows restarted for new ids: "
               f"{sum(admissions.restarted_rows.values()):,}", flush=True)  # fmt: skip
     steps.pause()  # the model's own forward again, for the final checkpoint and predictions
     batches.close()
     progress.close()
-    return TrainStats(steps=step, samples=timer.timed_steps(step) * config.batch_size, seconds=timer.seconds(),
-                      first_step_seconds=timer.first_step_seconds, ledger=ledger,
-                      position=TrainPosition(step, config.epochs, 0),
+    samples, seconds = timer.timed_steps(step) * config.batch_size, timer.seconds()
+    position = TrainPosition(step, -(-step // batches.steps_per_epoch), 0)
+    if validation is not None and (best := validation.restore_best(model, optimizer)) is not None:
+        position, ledger = best
+        if dist.get_rank() == 0:
+            print(f"[train] keeping the model of epoch {position.epoch} (step {position.step}): "
+                  f"{validation.scores.reason()}", flush=True)  # fmt: skip
+    return TrainStats(steps=position.step, samples=samples, seconds=seconds,
+                      first_step_seconds=timer.first_step_seconds, ledger=ledger, position=position,
                       profile=profiler.result() if profiler.active else None,
-                      admissions=admissions if job.managed_ids is not None else None)  # fmt: skip
+                      admissions=admissions if job.managed_ids is not None else None,
+                      validation=validation)  # fmt: skip
 
 
 def train_step(steps: TrainSteps, stream: Iterator[Batch], batches: TrainBatches, schedule: LRSchedule,

@@ -8,13 +8,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
+from torchrec.optim.keyed import CombinedOptimizer
 
-from training.job import TrainJob, TrainSummary
+from evaluation.calibration import served_calibrator
+from training.job import CALIBRATION_PART, TrainJob, TrainSummary
 from training.launch.device import backend_for, runtime_device
 from training.launch.processes import die_with_parent
 from training.loop.admission import AdmissionLedger
@@ -28,7 +31,7 @@ from training.loop.checkpoint import (
 from training.loop.heldout import predict
 from training.loop.optimizers import attach_embedding_optimizer, build_optimizer
 from training.loop.progress import read_records, record_line
-from training.loop.schedule import build_schedule
+from training.loop.schedule import LRSchedule, build_schedule
 from training.loop.steps import pipeline_kind
 from training.model.build import (
     build_train_model,
@@ -46,9 +49,23 @@ from training.sharding.start import WideStart, start_wide
 from training.trainer import train
 
 
+@dataclass
+class BuiltModel:
+    """A sharded model ready to train: its optimizer, schedule, the CPU kernels it runs, and
+    whether its weights before the first step are a model worth keeping (a wide part
+    started as the fitted regression)."""
+
+    model: torch.nn.Module
+    optimizer: CombinedOptimizer
+    schedule: LRSchedule
+    cpu: dict[str, str]
+    started_as_regression: bool
+
+
 def run(job: TrainJob, device: torch.device) -> None:
     """Build, shard and start the model; resume or warm-start it; train; save the last
-    checkpoint; score the evaluation parts; rank 0 writes the summary."""
+    checkpoint; score the evaluation parts; rank 0 writes the summary. A run that chose its
+    length on a day it did not train on trains again on every day for that length (`refit`)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != job.workers.world_size:
         raise SystemExit(f"this job is for {job.workers.world_size} processes ({job.hosts} host(s) × "
@@ -60,10 +77,84 @@ def run(job: TrainJob, device: torch.device) -> None:
     config = job.training
     allow_tf32(device)
     torch.set_num_threads(config.threads_per_proc)
+    built = build(job, device, write_plan=rank == 0)
+    start, ledger = _restore(built.model, built.optimizer, job)
+    if rank == 0:
+        _keep_metrics_up_to(job.folder.metrics, start.step if start else 0)
+        if config.chooses_epochs and not job.chooses_epochs:
+            print("[train] training.epochs = \"auto\" has no held-out rows to choose on (the job has no "
+                  "validation files): training one epoch; set training.epochs", flush=True)  # fmt: skip
+    stats = train(built.model, built.optimizer, job, device, built.schedule, start, ledger,
+                  started_from_model=bool(job.init_checkpoint) or built.started_as_regression)  # fmt: skip
+    checkpoint = save_checkpoint(built.model, built.optimizer, job.checkpoint_root, stats.position, stats.ledger,
+                                 config.keep_checkpoints)  # fmt: skip
+    chosen = stats.validation.summary() if stats.validation else {}
+    scored_calibration = refit = False
+    if job.refit_files and stats.validation is not None and stats.validation.scores.best_epochs > 0:
+        # the held-out rows chose the length; if they fit no calibrator worth serving, they
+        # train the served model instead (a fresh one, on every row, for that length)
+        predict(built.model, dataclasses.replace(job, eval_files={}), device)
+        scored_calibration, refit = True, not _calibrator_kept(job)
+    if refit:
+        assert stats.validation is not None
+        refit_job = job.refit_job(stats.validation.scores.best_epochs)
+        if rank == 0:
+            refit_job.out.mkdir(parents=True, exist_ok=True)
+        del built
+        built = build(refit_job, device, write_plan=False)
+        start, ledger = _restore(built.model, built.optimizer, refit_job)
+        if rank == 0:
+            _keep_metrics_up_to(refit_job.folder.metrics, start.step if start else 0)
+            print(f"[train] no calibrator is kept: training again on every training row for the chosen "
+                  f"{refit_job.training.epochs} epoch(s)", flush=True)  # fmt: skip
+        stats = train(built.model, built.optimizer, refit_job, device, built.schedule, start, ledger)
+        checkpoint = save_checkpoint(built.model, built.optimizer, refit_job.checkpoint_root, stats.position,
+                                     stats.ledger, config.keep_checkpoints)  # fmt: skip
+        chosen["run_length"] += (f"; no calibrator was kept, so a fresh model trained on every training row (the "
+                                 f"held-out ones included) for {refit_job.training.epochs} epoch(s)")  # fmt: skip
+    rows_trained, fingerprint = _all_reduce_ledger(stats.ledger, device)
+    rows = predict(built.model, dataclasses.replace(job, calibration_files=()) if scored_calibration else job, device)
+    if rank == 0 and stats.profile is not None:
+        job.folder.write_profile(stats.profile)
+    # Every rank's predictions are written before rank 0 reports: on several hosts, its
+    # host's launcher reads them all once its own workers end.
+    dist.barrier()
+    if rank == 0:
+        job.folder.write_summary(TrainSummary(
+            steps=stats.steps, samples=stats.samples, seconds=stats.seconds, samples_per_s=stats.samples_per_s,
+            first_step_seconds=stats.first_step_seconds, compiled=config.compile, precision=config.precision,
+            cpu=built.cpu, rows_trained=rows_trained, rows_fingerprint=fingerprint,
+            resumed_from_step=start.step if start else 0, world_size=world, global_batch_size=config.batch_size,
+            device=device.type, backend=backend_for(device), pipeline=pipeline_kind(config, device, job.managed_ids is not None),
+            checkpoint=str(checkpoint), eval_rows_rank0=rows, **_managed_figures(built.model, stats.admissions, job.table_sizes),
+            refit=bool(refit), **chosen,
+        ))  # fmt: skip
+        print(f"[train] done: {stats.steps} steps, {rows_trained:,} rows trained, "
+              f"{stats.samples_per_s:,.0f} samples/s", flush=True)
+
+
+def _calibrator_kept(job: TrainJob) -> bool:
+    """Whether the pipeline will serve a calibrator fitted on the scores of the calibration
+    rows every rank has just written: rank 0 applies the pipeline's own rule to them
+    (`served_calibrator`) and tells every rank."""
+    dist.barrier()  # every rank's scores are written
+    kept = [False]
+    if dist.get_rank() == 0:
+        held_out = job.folder.read_predictions(CALIBRATION_PART)
+        calibrator, _ = served_calibrator(job.evaluation.calibration, held_out.labels, held_out.predictions)
+        kept = [calibrator.method != "none"]
+    dist.broadcast_object_list(kept, src=0)
+    return bool(kept[0])
+
+
+def build(job: TrainJob, device: torch.device, write_plan: bool) -> BuiltModel:
+    """The job's model built, sharded and started (at the click rate; a wide part at the
+    regression), with its optimizer and schedule; rank 0 writes the plan when asked."""
+    config = job.training
     torch.manual_seed(config.seed)
     model = build_train_model(job.model, job.table_sizes, torch.device("meta"), job.dense_features)
     cpu = _cpu_kernels(model, job, device)
-    if precision == "bf16":
+    if config.precision == "bf16":
         logit_in_float32(model)
     attach_embedding_optimizer(model, config)
     pooling = {table_name(feature): factor for feature, factor in job.pooling_factors.items()}
@@ -77,37 +168,14 @@ def run(job: TrainJob, device: torch.device) -> None:
         attach_managed_ids(sharded, managed)
     # a resumed or warm-started run loads its own weights over these starting values
     start_at_click_rate(sharded, job.initial_click_rate)
-    start_wide(sharded, _wide_start(job))
+    wide = _wide_start(job)
+    start_wide(sharded, wide)
     if config.compile:
         compile_dense_parts(sharded, device)
-    if rank == 0:
-        _write_plan(job, plan, world, device)
+    if write_plan:
+        _write_plan(job, plan, dist.get_world_size(), device)
     optimizer = build_optimizer(sharded, config)
-    schedule = build_schedule(sharded, optimizer, config)
-    start, ledger = _restore(sharded, optimizer, job)
-    if rank == 0:
-        _keep_metrics_up_to(job.folder.metrics, start.step if start else 0)
-    stats = train(sharded, optimizer, job, device, schedule, start, ledger)
-    checkpoint = save_checkpoint(sharded, optimizer, job.checkpoint_root, stats.position, stats.ledger,
-                                 config.keep_checkpoints)  # fmt: skip
-    rows_trained, fingerprint = _all_reduce_ledger(stats.ledger, device)
-    rows = predict(sharded, job, device)
-    if rank == 0 and stats.profile is not None:
-        job.folder.write_profile(stats.profile)
-    # Every rank's predictions are written before rank 0 reports: on several hosts, its
-    # host's launcher reads them all once its own workers end.
-    dist.barrier()
-    if rank == 0:
-        job.folder.write_summary(TrainSummary(
-            steps=stats.steps, samples=stats.samples, seconds=stats.seconds, samples_per_s=stats.samples_per_s,
-            first_step_seconds=stats.first_step_seconds, compiled=config.compile, precision=config.precision,
-            cpu=cpu, rows_trained=rows_trained, rows_fingerprint=fingerprint,
-            resumed_from_step=start.step if start else 0, world_size=world, global_batch_size=config.batch_size,
-            device=device.type, backend=backend_for(device), pipeline=pipeline_kind(config, device, job.managed_ids is not None),
-            checkpoint=str(checkpoint), eval_rows_rank0=rows, **_managed_figures(sharded, stats.admissions, job.table_sizes),
-        ))  # fmt: skip
-        print(f"[train] done: {stats.steps} steps, {rows_trained:,} rows trained, "
-              f"{stats.samples_per_s:,.0f} samples/s", flush=True)
+    return BuiltModel(sharded, optimizer, build_schedule(sharded, optimizer, config), cpu, wide is not None)
 
 
 def _managed_figures(model: torch.nn.Module, admissions: AdmissionLedger | None, table_sizes: dict[str, int]) -> dict:

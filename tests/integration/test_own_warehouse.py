@@ -30,7 +30,8 @@ ROWS_PER_DAY = 20_000
 # 300,000 rows: 0.921 vs 0.928), so only the constant click rate gates: these tests are about
 # the source, not the model's quality.
 SMALLER = ["model.embedding_dim=8", "model.bottom_mlp=[32, 8]", "model.top_mlp=[32, 1]", "preprocess.hash_size=20000",
-           "training.batch_size=1024", "evaluation.heldout_every_steps=0", "evaluation.gate_on_logistic_regression=false"]  # fmt: skip
+           "training.batch_size=1024", "training.epochs=1", "evaluation.heldout_every_steps=0",
+           "evaluation.gate_on_logistic_regression=false"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -187,3 +187,23 @@ def test_compiled_training_in_two_processes_trains_what_eager_trains(tiny_featur
         params[compiled] = export_model(job, latest_checkpoint(job.checkpoint_root)).state_dict()
     for name, value in params[False].items():
         assert torch.allclose(params[True][name], value, atol=1e-5), name
+
+
+def test_a_continued_model_that_no_epoch_improves_is_kept_unchanged(tiny_features, table_wise, tmp_path: Path) -> None:
+    """`training.epochs = "auto"` on a warm start: the model it continues is scored first, and
+    when the new epochs only make the validation rows worse (rates far too large here), the
+    run keeps the weights it started from: its predictions are the parent's."""
+    parent, lines = table_wise
+    assert any('training.epochs = "auto" has no held-out rows' in line for line in lines), "a job without them says so"
+    _, files = tiny_features
+    job = _job(tiny_features, tmp_path, ShardingConfig("table_wise", "fused"), max_epochs=3, patience=1)
+    job = replace(job, training=replace(job.training, embedding_lr=50.0, dense_lr=50.0),
+                  init_checkpoint=str(latest_checkpoint(parent.checkpoint_root)), validation_files=tuple(files[2]))  # fmt: skip
+    said: list[str] = []
+    launch(job, on_line=said.append)
+    summary = job.folder.read_summary()
+    assert (summary.epochs_trained, summary.epochs_kept, summary.steps) == (1, 0, 0), summary.run_length
+    assert "the model it started from" in summary.run_length
+    assert any("epoch 0: validation NE" in line for line in said)
+    before, after = parent.folder.read_predictions("2"), job.folder.read_predictions("2")
+    np.testing.assert_allclose(after.predictions, before.predictions, rtol=0, atol=1e-6)

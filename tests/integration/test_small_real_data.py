@@ -29,8 +29,40 @@ def test_every_training_row_is_trained_at_a_batch_that_gives_enough_steps(small_
     given = pq.read_table(features, partitioning=None).num_rows
     assert summary["rows_trained"] + summary["calibration_rows"] == given == 8000
     assert 600 < summary["calibration_rows"] < 1000, "about 10 % held out for the calibrator"
-    # batch 2,048 would be 4 steps; min_steps = 50 halves it to 128: 57 steps of the 7,200-odd rows
-    assert (summary["global_batch_size"], summary["steps"]) == (128, -(-summary["rows_trained"] // 128))
+    # batch 2,048 would be 4 steps an epoch; min_steps = 50 halves it to 128: 57 steps of the
+    # 7,200-odd rows an epoch, for as many epochs as the validation rows chose
+    fit_rows, kept = given - summary["calibration_rows"], summary["epochs_kept"]
+    assert summary["rows_trained"] == kept * fit_rows
+    assert (summary["global_batch_size"], summary["steps"]) == (128, kept * -(-fit_rows // 128))
+
+
+def test_the_run_length_is_chosen_on_the_calibration_rows_and_the_best_epoch_is_kept(small_run) -> None:
+    """`training.epochs = "auto"` (the default): the loop's validation NE of the kept epoch is
+    the NE of the calibration rows' predictions written after training (numpy float64), so
+    the kept model is the best one, scored on the rows its calibrator was then fitted on."""
+    import json
+
+    import numpy as np
+
+    from training.job import CALIBRATION_PART, JobFolder
+
+    config, summary = small_run
+    folder = JobFolder(config.path("train"))
+    job = json.loads(folder.summary_file.read_text())
+    scores = {int(e): ne for e, ne in job["validation_ne"].items()}
+    kept, trained = summary["epochs_kept"], summary["epochs_trained"]
+    assert 1 <= kept <= trained == max(scores) and len(scores) == trained
+    assert scores[kept] == min(scores.values())
+    assert trained == config.training.max_epochs or trained - kept == config.training.patience
+    held_out = folder.read_predictions(CALIBRATION_PART)
+    assert len(held_out.labels) == summary["calibration_rows"]
+    labels, p = held_out.labels.astype(np.float64), np.clip(held_out.predictions.astype(np.float64), 1e-7, 1 - 1e-7)
+    rate = labels.mean()
+    oracle = -np.mean(labels * np.log(p) + (1 - labels) * np.log1p(-p)) / -(rate * np.log(rate) + (1 - rate) * np.log1p(-rate))
+    assert oracle == pytest.approx(scores[kept], rel=1e-4)
+    assert f"kept epoch {kept}'s model" in summary["run_length"]
+    history = MlflowClient(tracking_uri=config.tracking_uri).get_metric_history(summary["mlflow_run_id"], "validation_ne")
+    assert sorted((m.step, round(m.value, 6)) for m in history) == sorted((e, round(v, 6)) for e, v in scores.items())
 
 
 def test_the_logistic_regression_reference_beats_the_constant(small_run) -> None:

@@ -90,7 +90,7 @@ class TrainBatches:
             yield batch
 
     def _prepared(self) -> Iterator[tuple[Batch, ReadBatch]]:
-        for epoch in range(self.start.epoch, self.job.training.epochs):
+        for epoch in range(self.start.epoch, self.job.most_epochs):
             first = self.start.batch if epoch == self.start.epoch else 0
             for index, (batch, rows, hash_sum) in enumerate(self._reader(epoch, first).with_row_sums(), start=first):
                 read = ReadBatch(epoch, index, rows, hash_sum)

@@ -106,6 +106,16 @@ def latest_checkpoint(root: Path) -> Path | None:
     return max(complete, key=_step_of) if complete else None
 
 
+def drop_checkpoints_after(root: Path, step: int) -> None:
+    """Remove the checkpoints past `step` (rank 0, then every rank waits): a run that went
+    back to an earlier model must neither resume from them nor prune its final checkpoint
+    as the oldest."""
+    if dist.get_rank() == 0:
+        for later in [p for p in _complete(root) if _step_of(p) > step]:
+            shutil.rmtree(later, ignore_errors=True)
+    dist.barrier()
+
+
 def load_unsharded(model: nn.Module, checkpoint: Path) -> nn.Module:
     """Load a sharded checkpoint's model into a plain model in this one process."""
     state = {"model": model.state_dict()}

@@ -3,6 +3,8 @@ training, and every rank's predictions once it is done."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -21,12 +23,20 @@ def heldout_state(model: nn.Module, job: TrainJob, device: torch.device) -> Bina
     """The summed state of the first `evaluation.heldout_batches` batches of the evaluation
     parts on every rank (the same count everywhere; 0: all of them)."""
     files = [f for part_files in job.eval_files.values() for f in part_files]
-    reader = build_reader(files, job.evaluation.batch_size, dist.get_rank(), dist.get_world_size(),
+    return files_state(model, files, job, device, job.evaluation.heldout_batches)
+
+
+@torch.no_grad()
+def files_state(model: nn.Module, files: Sequence[str], job: TrainJob, device: torch.device,
+                max_batches: int = 0) -> BinaryState:  # fmt: skip
+    """The summed state of `files` scored by `model`, over every rank's share (the first
+    `max_batches` batches of each rank's; 0: all)."""
+    reader = build_reader(list(files), job.evaluation.batch_size, dist.get_rank(), dist.get_world_size(),
                           drop_remainder=False, prefetch=0)  # fmt: skip
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     for index, batch in enumerate(reader):
-        if index == job.evaluation.heldout_batches > 0:
+        if index == max_batches > 0:
             break
         with autocast(job.training, device):
             _, (_, logits, labels) = model(batch.to(device, non_blocking=True))

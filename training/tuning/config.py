@@ -63,7 +63,8 @@ class TuningConfig:
     # end, the trial stops when it rises, and its best epoch count becomes
     # `training.epochs` (the run's learning-rate schedule then spans those epochs, where the
     # trial's spanned max_epochs). 1: every trial trains the configured epochs. Small, noisy
-    # data often wants a second epoch; large data stops after the first.
+    # data often wants a second epoch; large data stops after the first. Only for a whole
+    # `training.epochs`: with "auto" a trial chooses its length as the run does.
     max_epochs: int = 3
     # Global batch sizes to choose among (`training.batch_size`); empty keeps the run's.
     # "auto": the run's batch, its half and its quarter (see `search_batches`): the run's

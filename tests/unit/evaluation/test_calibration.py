@@ -7,7 +7,7 @@ import pytest
 from sklearn.isotonic import IsotonicRegression
 from sklearn.linear_model import LogisticRegression
 
-from evaluation.calibration import CalibrationError, Calibrator, fit_calibrator, out_of_fold_gain
+from evaluation.calibration import CalibrationError, Calibrator, fit_calibrator, out_of_fold_gain, served_calibrator
 
 
 def _miscalibrated(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -73,3 +73,21 @@ def test_out_of_fold_gain_is_positive_for_a_miscalibrated_model_and_not_for_a_ca
     assert out_of_fold_gain("platt", labels, predictions) > 0.005, "it fixes the over-confidence"
     assert out_of_fold_gain("platt", labels, truth) < 0.0005, "nothing to fix in the true probabilities"
     assert out_of_fold_gain("isotonic", labels[:300], truth[:300]) < 0.0, "a step function fits 300 rows' noise"
+
+
+def test_the_served_calibrator_is_kept_only_where_it_helps_rows_it_was_not_fitted_on() -> None:
+    """A model whose probabilities are all twice the click rate: Platt scaling fixes that on
+    every fold and is served. A well-calibrated model on few rows: Platt fits their noise,
+    lowers no held-out fold's log loss, and the identity is served with the reason."""
+    rng = np.random.default_rng(3)
+    labels = (rng.random(4000) < 0.2).astype(np.float64)
+    overconfident = np.clip(np.where(labels == 1, 0.5, 0.3) + rng.normal(0, 0.05, 4000), 0.01, 0.99)
+    served, line = served_calibrator("platt", labels, overconfident)
+    assert served.method == "platt" and served.rows == 4000 and "Σ predictions / Σ clicks" in line
+    assert abs(np.sum(served.apply(overconfident)) / labels.sum() - 1.0) < 0.02
+    few = (rng.random(40) < 0.5).astype(np.float64)
+    identity, line = served_calibrator("platt", few, np.full(40, 0.5))
+    assert identity.method == "none" and identity.rows == 40
+    assert "the model's own probabilities are served" in line and identity.note in line
+    off, _ = served_calibrator("none", labels, overconfident)
+    assert off.method == "none"
