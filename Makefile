@@ -47,7 +47,7 @@ $(CHROMIUM):
 # run ending), so two share a 2-core machine well. Each test module runs whole in one of them
 # (fixtures are module-wide), the longest first (tests/conftest.py).
 TEST_WORKERS ?= 2
-test: install $(CHROMIUM)
+test: install lint $(CHROMIUM)
 	PREFECT_HOME=$(CURDIR)/.pytest-prefect $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder --durations=15
 
@@ -78,8 +78,9 @@ test-compat:
 bench: install
 	$(BIN)/python bench/generate.py
 
+# The style the code keeps (pyproject.toml [tool.ruff]); `make test` and so CI run it first.
 lint: install
-	$(BIN)/python -m ruff check . || true
+	$(BIN)/python -m ruff check .
 
 clean:
 	rm -rf runs .pytest-prefect .pytest_cache

@@ -104,7 +104,8 @@ def main() -> dict[str, object]:
         print(f"{kind} batches ({f['distinct_rows']:,.0f} distinct rows of {len(SPARSE_COLUMNS) * BATCH:,} ids): "
               f"forward {f['forward_ms']:.2f} ms; forward + backward with the update: fbgemm {f['fbgemm_step_ms']:.2f} ms, "
               f"vectorized {f['vectorized_step_ms']:.2f} ms, native {f['native_step_ms']:.2f} ms; backward over fbgemm's: "
-              f"vectorized {f['vectorized_backward_speedup']:.2f}x, native {f['native_backward_speedup']:.2f}x faster")  # fmt: skip
+              f"vectorized {f['vectorized_backward_speedup']:.2f}x, "
+              f"native {f['native_backward_speedup']:.2f}x faster")  # fmt: skip
     return {f"{kind}_{key}": value for kind, f in figures.items() for key, value in f.items()}
 
 

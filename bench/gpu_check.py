@@ -214,7 +214,8 @@ def check_plan(out: Path) -> dict:
     # on a GPU, more than its HBM: the planner must place some tables in host memory (UVM)
     rows = int((1.2 if GPUS else 0.5) * memory / (tables * dim * 4))
     config = load_config(ROOT / "configs" / "m3-scaled.toml", [
-        f"model.embedding_dim={dim}", f"model.bottom_mlp=[512, {dim}]", f"model.declared_tables.count={tables}", f"model.declared_tables.max_rows={rows}",
+        f"model.embedding_dim={dim}", f"model.bottom_mlp=[512, {dim}]", f"model.declared_tables.count={tables}",
+        f"model.declared_tables.max_rows={rows}",
         f"model.declared_tables.min_rows={rows}", "model.declared_tables.pooling_factor=1.0",
         f"training.nproc={max(1, GPUS)}", "training.batch_size=8192",
     ])  # fmt: skip
@@ -257,7 +258,8 @@ def check_managed(out: Path, rows_per_day: int) -> dict:
     synthetic = replace(config.data.synthetic, rows_per_day=rows_per_day)
     log = out / "managed.log"
     figures: dict = {"rows_per_day": rows_per_day, "hash_size": config.preprocess.hash_size,
-                     "policy": config.preprocess.managed.policy, "eviction_interval": config.preprocess.managed.eviction_interval}  # fmt: skip
+                     "policy": config.preprocess.managed.policy,
+                     "eviction_interval": config.preprocess.managed.eviction_interval}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         truth = GroundTruth(synthetic)

@@ -88,7 +88,8 @@ def movielens_warehouse(folder: Path, out: Path) -> dict:
         _write(out / f"week={week}", rows)
     return {"source": "parquet", "path": str(out), "partition": "week", "label": "liked",
             "dense": ["age", "release_year"], "sparse": ["user_id", "movie_id", "gender", "occupation", "zip3", "genres"],
-            "train_days": list(MOVIELENS_TRAIN_WEEKS), "eval_days": [MOVIELENS_EVAL_WEEK], "slice_feature": "occupation"}  # fmt: skip
+            "train_days": list(MOVIELENS_TRAIN_WEEKS), "eval_days": [MOVIELENS_EVAL_WEEK],
+            "slice_feature": "occupation"}  # fmt: skip
 
 
 def _write(folder: Path, rows: list[dict]) -> None:

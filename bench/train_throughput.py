@@ -89,7 +89,8 @@ def prepare(folder: Path) -> list[str]:
     ingest_day([str(folder / "raw" / "day_0.tsv.gz")], 0, folder / "warehouse")
     preprocess = PreprocessConfig(hash_size=TABLE_ROWS)
     state = fit_state(preprocess, folder / "warehouse", folder / "features", (0,))
-    return [str(p) for p in sorted(apply_state(preprocess, state, folder / "warehouse", folder / "features", 0).glob("*.parquet"))]
+    features = apply_state(preprocess, state, folder / "warehouse", folder / "features", 0)
+    return [str(p) for p in sorted(features.glob("*.parquet"))]
 
 
 def this_trainer(files: list[str], folder: Path, nproc: int, threads: int, precision: str, compiled: bool,
@@ -346,7 +347,8 @@ def main(repeats: int = 2) -> dict[str, float]:
     for precision, rate in flops.items():
         print(f"GEMM {precision} {rate / 1e9:,.0f} GFLOP/s → roofline {roofline[precision]:,.0f} samples/s")
     floor = sum(floor_parts.values())
-    print(f"kernel floor per step of 2048 ({best_precision}): " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in floor_parts.items())
+    print(f"kernel floor per step of 2048 ({best_precision}): "
+          + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in floor_parts.items())
           + f" = {floor * 1e3:.2f} ms → {BATCH / floor:,.0f} samples/s")  # fmt: skip
     one, two = trainer.get(f"1x{cores}-{best_variant}"), trainer.get(f"2x{max(1, cores // 2)}-{best_variant}")
     return {

@@ -74,7 +74,8 @@ def quality_failure(candidate_ne: float, evidence: QualityEvidence, gate: Qualit
     for name, reference_ne in references:
         threshold = reference_ne * (1.0 - gate.reference_margin)
         if not candidate_ne < threshold:
-            by = f" by the {100 * gate.reference_margin:.3f} % reference margin (< {threshold:.4f})" if gate.reference_margin else ""
+            margin = gate.reference_margin
+            by = f" by the {100 * margin:.3f} % reference margin (< {threshold:.4f})" if margin else ""
             return f"NE {candidate_ne:.4f} is not below {name} {reference_ne:.4f}{by}"
     if not gate.calibration_min <= evidence.calibration <= gate.calibration_max:
         return f"calibration {evidence.calibration:.3f} is outside [{gate.calibration_min:.3f}, {gate.calibration_max:.3f}]"

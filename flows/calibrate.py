@@ -110,7 +110,8 @@ def training_rows(config: PipelineConfig, features: Features, lineage_days: Sequ
 
 def progressive_rows(config: PipelineConfig, features: Features) -> TrainingRows:
     """A fresh run on `PROGRESSIVE_MIN_DAYS` or more dated days that chooses its length
-    (`training.epochs = "auto"`, `training.validation_rows = "newest_day"`): it trains on the earlier days and is scored on the newest,
+    (`training.epochs = "auto"`, `training.validation_rows = "newest_day"`): it trains on
+    the earlier days and is scored on the newest,
     as the next day will score it (users and items drift; a hash slice of the same days
     shares theirs). The newest day chooses the length and fits the calibrator, on
     predictions of a model that never saw it; where no calibrator is kept, a fresh model

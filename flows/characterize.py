@@ -167,7 +167,8 @@ def _point_line(label: str, result: PointResult, seconds: float) -> str:
     parts = ", ".join(f"{k} {v:.2f}" for k, v in result.breakdown_ms.items())
     return (f"[{label}] batch {result.batch_size:,}: {result.samples_per_s:,.0f} samples/s "
             f"(windows {result.samples_per_s_min:,.0f}–{result.samples_per_s_max:,.0f}), step {result.measured_step_ms:.2f} ms "
-            f"(planner {result.estimated_step_ms:.2f} ms; {parts}), peak {result.peak_memory_mb:,.0f} MB ({seconds:.0f} s)")  # fmt: skip
+            f"(planner {result.estimated_step_ms:.2f} ms; {parts}), peak {result.peak_memory_mb:,.0f} MB "
+            f"({seconds:.0f} s)")  # fmt: skip
 
 
 def _slug(text: str) -> str:
@@ -194,7 +195,8 @@ def point_row(series: str, point: MeasuredPoint) -> dict[str, Any]:
         "estimated_step_ms": point.estimated_step_ms, "measured_embedding_ms": round(point.measured_embedding_ms, 4),
         "estimated_vs_measured_embedding": round(point.estimated_step_ms / point.measured_embedding_ms, 4)
         if point.measured_embedding_ms > 0 else None,
-        "breakdown_ms": point.breakdown_ms, "profiled_step_ms": point.profiled_step_ms, "breakdown_timing": point.breakdown_timing, "device": point.device,
+        "breakdown_ms": point.breakdown_ms, "profiled_step_ms": point.profiled_step_ms,
+        "breakdown_timing": point.breakdown_timing, "device": point.device,
         "world_size": point.world_size,
     }  # fmt: skip
 

@@ -246,7 +246,8 @@ def characterize(args: argparse.Namespace) -> int:
     from flows.characterize import characterize as run_characterization
 
     report = run_characterization(series, sweeps, first_batch=args.first_batch,
-                                  last_batch=args.max_batch, min_gain=args.min_gain, patience=args.patience, track=not args.no_tracking,
+                                  last_batch=args.max_batch, min_gain=args.min_gain, patience=args.patience,
+                                  track=not args.no_tracking,
                                   own_features=args.own_features,
                                   on_line=lambda line: print(line, file=sys.stderr if args.json else sys.stdout,
                                                              flush=True))  # fmt: skip

@@ -63,7 +63,8 @@ def plan_report(config: PipelineConfig, cluster: ClusterConfig, sizes: dict[str,
         "",
         "planner's estimate per rank:  device memory GiB | host memory GiB | cost (ms per step)",
     ]
-    lines += [f"  rank {e.rank:>3}: {e.hbm_bytes / gib:>10.1f} | {e.ddr_bytes / gib:>10.1f} | {e.perf_ms:>8.2f}" for e in estimates]
+    lines += [f"  rank {e.rank:>3}: {e.hbm_bytes / gib:>10.1f} | {e.ddr_bytes / gib:>10.1f} | {e.perf_ms:>8.2f}"
+              for e in estimates]
     return PlanReport(
         tables=len(rows), embedding_gib=total / gib, sharding_types=dict(by_type), compute_kernels=dict(by_kernel),
         row_wise_tables=row_wise, host_memory_tables=in_host_memory, per_rank=[asdict(e) for e in estimates],

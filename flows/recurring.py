@@ -207,7 +207,8 @@ def with_champion_shape(config: PipelineConfig, warm: WarmStart) -> tuple[Pipeli
     if config.model == warm.model:
         return config, ""
     changed = [f"model.{f.name} {getattr(config.model, f.name)!r} → {getattr(warm.model, f.name)!r}"
-               for f in dataclasses.fields(ModelConfig) if getattr(config.model, f.name) != getattr(warm.model, f.name)]  # fmt: skip
+               for f in dataclasses.fields(ModelConfig)
+               if getattr(config.model, f.name) != getattr(warm.model, f.name)]  # fmt: skip
     return dataclasses.replace(config, model=warm.model), (
         f"a warm start keeps the champion's model shape, whatever the config or the tuner say: {'; '.join(changed)} "
         "(start a new lineage with `dlrm run` to train another shape)")  # fmt: skip
@@ -321,7 +322,8 @@ def champion_staleness(config: PipelineConfig, client: MlflowClient) -> Stalenes
     nights = [v for v in _versions(client, name) if int(v.version) > since and v.tags.get(TAG_AS_OF)]
     as_of = champion.tags.get(TAG_AS_OF, "") if champion else ""
     for key, value in ((TAG_NIGHTS_WITHOUT_PROMOTION, str(len(nights))),
-                       (TAG_CHAMPION_VERSION, str(champion.version) if champion else ""), (TAG_CHAMPION_AS_OF, as_of)):  # fmt: skip
+                       (TAG_CHAMPION_VERSION, str(champion.version) if champion else ""),
+                       (TAG_CHAMPION_AS_OF, as_of)):  # fmt: skip
         client.set_registered_model_tag(name, key, value)
     stale = bool(bound) and len(nights) >= bound
     refused = sorted(nights, key=lambda v: int(v.version))[-bound:] if stale else []

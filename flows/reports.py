@@ -354,7 +354,8 @@ def _(report: RunSummary, config: Any = None) -> str:
 def port_line(port: dict[str, Any]) -> str:
     """The port workflow's figures in one line (training/tuning/port.py)."""
     how = "saturation" if port["saturated"] else "largest measured"
-    text = f"  port                 hardware batch {port['hardware_batch_size']:,} ({how}, {port['hardware_samples_per_s']:,.0f} samples/s)"
+    text = (f"  port                 hardware batch {port['hardware_batch_size']:,} "
+            f"({how}, {port['hardware_samples_per_s']:,.0f} samples/s)")
     if port.get("ne_gap") is not None:
         text += (f"; NE gap {port['ne_gap']:+.5f} ({port['ne_gap_percent']:+.2f} %) against key {port['nearest_key']} "
                  f"at batch {port['nearest_batch']:,}")  # fmt: skip

@@ -25,7 +25,8 @@ def parse_sweep(text: str) -> Sweep:
     key, equals, values = text.partition("=")
     parts = _split_top_level(values)
     if not equals or not key.strip() or not parts or any(not part for part in parts):
-        raise ConfigError(f"--sweep {text!r}: expected KEY=V1,V2,… (e.g. --sweep sharding.compute_kernel=fused,fused_uvm_caching)")
+        raise ConfigError(f"--sweep {text!r}: expected KEY=V1,V2,… "
+                          "(e.g. --sweep sharding.compute_kernel=fused,fused_uvm_caching)")
     return Sweep(key.strip(), tuple(parts))
 
 

@@ -177,11 +177,15 @@ def _param_value(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (list, tuple, dict)) else str(value)
 
 
+# history keys logged under their own names; any other is a training metric (`train_` + key)
+OWN_PREFIXES = ("train_", "heldout_", "validation_")
+
+
 def _log_history(run_id: str, history: list[dict[str, float]]) -> None:
     """Per-step training metrics, in batches of at most 1000 (MLflow's limit per call)."""
     client = MlflowClient()
     entries = [
-        Metric(key if key.startswith(("train_", "heldout_", "validation_")) else f"train_{key}", float(value), 0, int(row["step"]))
+        Metric(key if key.startswith(OWN_PREFIXES) else f"train_{key}", float(value), 0, int(row["step"]))
         for row in history
         for key, value in row.items()
         if key != "step" and value is not None and np.isfinite(value)

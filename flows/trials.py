@@ -280,7 +280,8 @@ def validation_job(config: PipelineConfig, data: TuningData, params: Params, out
     trial_config = dataclasses.replace(config, training=training, model=model, evaluation=evaluation)
     job = build_job(trial_config, data.features, run_id=out.name)
     # a trial is scored on its validation rows alone: no calibrator is fitted
-    return dataclasses.replace(job, train_files=data.train_files, calibration_files=(), refit_files=(), eval_files=data.validation_files,
+    return dataclasses.replace(job, train_files=data.train_files, calibration_files=(), refit_files=(),
+                               eval_files=data.validation_files,
                                validation_files=tuple(f for files in data.validation_files.values() for f in files)
                                if training.chooses_epochs else (), out_dir=str(out))  # fmt: skip
 

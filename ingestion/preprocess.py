@@ -265,13 +265,15 @@ def continue_state(config: PreprocessConfig, parent: PreprocessState, warehouse:
         known = vocabulary_path(features_root, parent, column)
         if not known.is_file():
             raise PreprocessError(f"{column}: the vocabulary {known} of the model's preprocessing state "
-                                  f"{parent.state_id} is gone; a recurring run needs the run folder it was fitted in")  # fmt: skip
+                                  f"{parent.state_id} is gone; a recurring run needs the run folder it was "
+                                  "fitted in")  # fmt: skip
         entries = parent.buckets[column]
         free = max(0, parent.table_sizes[column] - 2 - entries)
         values = (f"(SELECT unnest({quoted(column)}) AS v FROM read_parquet(?))" if column in parent.multi_hot
                   else f"(SELECT {quoted(column)} AS v FROM read_parquet(?))")  # fmt: skip
         new_ids = (f"SELECT v, count(*) AS n FROM {values} WHERE v IS NOT NULL AND v NOT IN "
-                   f"(SELECT value FROM read_parquet('{known}')) GROUP BY v HAVING count(*) >= {int(config.min_count)}")  # fmt: skip
+                   f"(SELECT value FROM read_parquet('{known}')) GROUP BY v "
+                   f"HAVING count(*) >= {int(config.min_count)}")  # fmt: skip
         candidates = con.execute(f"SELECT count(*) FROM ({new_ids})", [globs]).fetchall()[0][0]
         con.execute(
             f"COPY (SELECT value, index FROM read_parquet('{known}') UNION ALL "

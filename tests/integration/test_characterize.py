@@ -84,8 +84,9 @@ def test_the_plots_and_the_table_are_in_mlflow(sweep) -> None:
     assert {"characterize/throughput_vs_batch.png", "characterize/step_breakdown.png",
             "characterize/planner_vs_measured.png", "characterize/points.json",
             "characterize/points.csv"} <= names  # fmt: skip
-    table = json.loads(Path(mlflow.artifacts.download_artifacts(
-        run_id=run.info.run_id, artifact_path="characterize/points.json", tracking_uri=client.tracking_uri)).read_text())  # fmt: skip
+    points = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="characterize/points.json",
+                                                 tracking_uri=client.tracking_uri)  # fmt: skip
+    table = json.loads(Path(points).read_text())
     columns = table["columns"]
     rows = [dict(zip(columns, row, strict=True)) for row in table["data"]]
     # the planner-vs-measured table: a row per measured point, both figures in each

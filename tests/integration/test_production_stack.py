@@ -156,7 +156,9 @@ def test_the_server_schedules_the_nightly_deployments_runs(stack: Stack, served:
         assert run["parameters"]["as_of"] == "newest", "each night runs as of the newest complete day"
 
 
-def test_the_prefect_ui_run_button_starts_a_retrain_that_completes_and_registers_a_new_version(stack: Stack, served: dict, tmp_path: Path) -> None:
+def test_the_prefect_ui_run_button_starts_a_retrain_that_completes_and_registers_a_new_version(
+    stack: Stack, served: dict, tmp_path: Path
+) -> None:
     """Headless Debian Chromium, driven by Playwright: open the deployment, press Run."""
     from playwright.sync_api import sync_playwright
 

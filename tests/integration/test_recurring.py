@@ -32,9 +32,9 @@ COMMON = [f"data.synthetic.rows_per_day={ROWS_PER_DAY}", "data.synthetic.cardina
 @pytest.fixture(scope="module")
 def nights(prefect_server: str, tmp_path_factory: pytest.TempPathFactory):
     """Six nights, as of days 2 to 7 (as of day 4 on one process: the world size changes),
-    then, as `dlrm` commands, 7 again and a backfill over 6–7; and beside them (a `dlrm run` of its own, started first) a model trained
-    from scratch on days 0–4 in a separate run folder and registry (judged on day 5, as the
-    night as of day 5 is)."""
+    then, as `dlrm` commands, 7 again and a backfill over 6–7; and beside them (a `dlrm run`
+    of its own, started first) a model trained from scratch on days 0–4 in a separate run
+    folder and registry (judged on day 5, as the night as of day 5 is)."""
     from flows.pipeline import run_pipeline
 
     scratch_dir = tmp_path_factory.mktemp("from-scratch")

@@ -78,8 +78,8 @@ def launch(
     stale address and hang.
     """
     if job.hosts != (role.nnodes if role is not None else 1):
-        raise TrainingFailed(f"the job spans {job.hosts} host(s), but this launch is "
-                             f"{'node ' + str(role.node_rank) + ' of ' + str(role.nnodes) if role else 'one host'}", None, 2)  # fmt: skip
+        this = f"node {role.node_rank} of {role.nnodes}" if role else "one host"
+        raise TrainingFailed(f"the job spans {job.hosts} host(s), but this launch is {this}", None, 2)
     check_one_process_per_gpu(job.training.nproc, job.training.device)
     poll = _progress_poller(MetricsFollower(job.folder.metrics), on_progress)
     if role is not None and role.nnodes > 1:

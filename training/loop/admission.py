@@ -176,5 +176,6 @@ def _optimizer_states(model: nn.Module) -> dict[str, list[torch.Tensor]]:
         return {}
     states: dict[str, list[torch.Tensor]] = {}
     for name, state in fused.state_dict()["state"].items():  # name: "….embedding_bags.t_C1.weight"
-        states[name.split(".")[-2]] = [tensor for tensor in state.values() if isinstance(tensor, torch.Tensor) and tensor.dim() >= 1]
+        tensors = [tensor for tensor in state.values() if isinstance(tensor, torch.Tensor) and tensor.dim() >= 1]
+        states[name.split(".")[-2]] = tensors
     return states

@@ -10,8 +10,9 @@ Prefect progress artifact, the tuner's pruner, MLflow's history). Its records:
   at the last step: NE on a fixed sample of the held-out days.
 
 Both carry `step`, `total_steps` (percent done = 100 · step / total_steps),
-`steps_per_epoch` (an epoch ends at each multiple) and `samples_seen`. A resumed run rewrites the file to the records up to its checkpoint's step
-(replacing it: a new file), then appends again from there. `MetricsFollower` reads the
+`steps_per_epoch` (an epoch ends at each multiple) and `samples_seen`. A resumed run
+rewrites the file to the records up to its checkpoint's step (replacing it: a new file),
+then appends again from there. `MetricsFollower` reads the
 records appended since its last call; the console lines are for people and nobody parses them.
 """
 

@@ -185,8 +185,8 @@ def sharders_for(config: ShardingConfig) -> list[ModuleSharder[nn.Module]]:
     sharders = get_default_sharders()
     if not quantized_comms(config):
         return sharders
-    registry = get_qcomm_codecs_registry(QCommsConfig(forward_precision=CommType[config.comm_forward_precision.upper()],
-                                                      backward_precision=CommType[config.comm_backward_precision.upper()]))  # fmt: skip
+    forward, backward = CommType[config.comm_forward_precision.upper()], CommType[config.comm_backward_precision.upper()]
+    registry = get_qcomm_codecs_registry(QCommsConfig(forward_precision=forward, backward_precision=backward))
     return [EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry) if type(s) is EmbeddingBagCollectionSharder
             else s for s in sharders]  # fmt: skip
 

@@ -54,7 +54,8 @@ def decide(
             return TuningDecision("retune_first", f"{never}; a key on its hardware was tuned: retuning at batch "
                                   f"{key.global_batch_size} before training", key, configured)  # fmt: skip
         return TuningDecision("characterize_then_retune", f"{never} and no key on its hardware was: measuring the "
-                              "batch size where its throughput saturates, then retuning at that batch", key, configured)  # fmt: skip
+                              "batch size where its throughput saturates, then retuning at that batch", key,
+                              configured)  # fmt: skip
     if policy == "retune_first":
         return TuningDecision("retune_first", f"{never}; tuning.policy = retune_first: retuning before training",
                               key, configured)  # fmt: skip

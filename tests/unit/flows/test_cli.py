@@ -139,7 +139,8 @@ def test_ingest_multi_hot_stores_bags_and_names_a_bad_feature(tmp_path: Path) ->
     result = dlrm("ingest", str(tmp_path / "day_0.tsv"), "--warehouse", str(tmp_path / "wh"), "--multi-hot", "C1", "--json")
     assert json.loads(result.stdout.strip().splitlines()[-1])["rows_written"] == 1, result.stderr
     assert pq.read_table(tmp_path / "wh" / "day=0")["C1"].to_pylist() == [[0x0A1B2C3D, 0x0F]]
-    bad = _one_line_error(dlrm("ingest", str(tmp_path / "day_0.tsv"), "--warehouse", str(tmp_path / "wh"), "--multi-hot", "C1,C99"))
+    bad = _one_line_error(dlrm("ingest", str(tmp_path / "day_0.tsv"), "--warehouse", str(tmp_path / "wh"),
+                               "--multi-hot", "C1,C99"))
     assert "--multi-hot: ['C99'] are not categorical features" in bad
 
 

@@ -80,7 +80,8 @@ def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
 
 
 def test_overrides_are_typed_and_validated(tmp_path: Path) -> None:
-    config = load_config(ROOT / "configs" / "demo.toml", ["training.batch_size=4096", "run_dir=/tmp/x", "model.bottom_mlp=[64, 16]"])
+    overrides = ["training.batch_size=4096", "run_dir=/tmp/x", "model.bottom_mlp=[64, 16]"]
+    config = load_config(ROOT / "configs" / "demo.toml", overrides)
     assert config.training.batch_size == 4096
     assert config.run_dir == "/tmp/x"
     assert config.model.bottom_mlp == (64, 16)

@@ -30,7 +30,8 @@ def test_a_heldout_record_worse_than_the_median_prunes_the_trial() -> None:
     client = _Client()
     watch = TrainingTrial(None, None, client, "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
     trial = _trial_after_a_good_one()
-    watch._on_progress(trial, "run", TrainRecord(23, 46, 5888, 0.5, 0.9, 0.9, 1e4, 1.0, steps_per_epoch=46), metric="heldout_ne", prune=True)
+    record = TrainRecord(23, 46, 5888, 0.5, 0.9, 0.9, 1e4, 1.0, steps_per_epoch=46)
+    watch._on_progress(trial, "run", record, metric="heldout_ne", prune=True)
     assert client.logged == [], "training records do not feed the pruner"
     watch._on_progress(trial, "run", HeldoutRecord(10, 46, 2560, 0.99, steps_per_epoch=46), metric="heldout_ne", prune=False)
     assert client.logged == [("run", "heldout_ne", 0.99, 10)], "logged, not reported, for a later seed"
@@ -81,9 +82,11 @@ def test_early_stopping_stops_when_an_epoch_end_is_worse_and_keeps_the_best_epoc
 def test_a_watched_epoch_end_that_rose_stops_the_run() -> None:
     watch = TrainingTrial(None, None, _Client(), "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
     ends, trial = EpochEnds(max_epochs=2), _trial_after_a_good_one()
-    watch._on_progress(trial, "run", HeldoutRecord(10, 20, 1, 0.85, steps_per_epoch=10), metric="heldout_ne", prune=False, epochs=ends)
+    first = HeldoutRecord(10, 20, 1, 0.85, steps_per_epoch=10)
+    watch._on_progress(trial, "run", first, metric="heldout_ne", prune=False, epochs=ends)
     with pytest.raises(StopEarly):
-        watch._on_progress(trial, "run", HeldoutRecord(20, 20, 1, 0.86, steps_per_epoch=10), metric="heldout_ne", prune=False, epochs=ends)
+        second = HeldoutRecord(20, 20, 1, 0.86, steps_per_epoch=10)
+        watch._on_progress(trial, "run", second, metric="heldout_ne", prune=False, epochs=ends)
 
 
 def test_early_stopping_trials_run_the_most_epochs_scored_on_every_validation_row(tiny_features, tmp_path) -> None:

@@ -115,7 +115,8 @@ def test_vocabulary_bags_match_a_numpy_oracle(multi_hot_warehouse: Path, tmp_pat
     state = fit_state(config, multi_hot_warehouse, tmp_path, (0, 1))
     day2 = pq.read_table(apply_state(config, state, multi_hot_warehouse, tmp_path, 2))
     for name in TINY_MULTI_HOT:
-        counts = Counter(v for day in (0, 1) for bag in _bags(pq.read_table(multi_hot_warehouse / f"day={day}")[name]) for v in bag)
+        bags = [bag for day in (0, 1) for bag in _bags(pq.read_table(multi_hot_warehouse / f"day={day}")[name])]
+        counts = Counter(v for bag in bags for v in bag)
         kept = sorted((v for v, n in counts.items() if n >= 2), key=lambda v: (-counts[v], v))[: config.hash_size - 2]
         index = {v: i + 2 for i, v in enumerate(kept)}
         assert state.buckets[name] == len(kept)

@@ -131,7 +131,8 @@ def test_accelerate_chooses_the_interaction_from_the_config(monkeypatch, tmp_pat
         native_build.load.cache_clear()
         native_interaction._library.cache_clear()
         assert _chosen(embedding_update="fbgemm") == "aten"
-        with pytest.raises(RuntimeError, match=r"cpu.interaction = 'native': no C compiler.*set training.cpu.interaction = 'aten'"):
+        expected = r"cpu.interaction = 'native': no C compiler.*set training.cpu.interaction = 'aten'"
+        with pytest.raises(RuntimeError, match=expected):
             _chosen(interaction="native", embedding_update="fbgemm")
     finally:
         native_build.load.cache_clear()

@@ -226,7 +226,8 @@ def test_the_planner_counts_row_wise_adagrad_state_as_one_float_per_row_in_train
     training_bytes = sum(e.ddr_bytes for e in estimates)
     assert with_state <= training_bytes < 1.1 * with_state, (training_bytes, with_state)
 
-    config = PipelineConfig(model=model_config, sharding=ShardingConfig("table_wise", "fused"), training=TrainingConfig(nproc=1, batch_size=512))
+    config = PipelineConfig(model=model_config, sharding=ShardingConfig("table_wise", "fused"),
+                            training=TrainingConfig(nproc=1, batch_size=512))
     report = plan_report(config, ClusterConfig(hosts=1, devices_per_host=1, compute_device="cpu"), sizes)
     assert sum(rank["ddr_bytes"] for rank in report.per_rank) == training_bytes, "dlrm plan plans what trains"
 

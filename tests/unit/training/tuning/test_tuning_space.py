@@ -88,8 +88,8 @@ def test_the_dense_optimizer_is_searched_only_when_asked() -> None:
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     chosen = {suggest(study.ask(), space)["training.dense_optimizer"] for _ in range(20)}
     assert chosen == {"adagrad", "adam"}
-    training, _ = apply_params(TrainingConfig(dense_optimizer="adagrad"), ModelConfig(),
-                               {**params_of(TrainingConfig(), ModelConfig(), space), "training.dense_optimizer": "adam"})  # fmt: skip
+    params = {**params_of(TrainingConfig(), ModelConfig(), space), "training.dense_optimizer": "adam"}
+    training, _ = apply_params(TrainingConfig(dense_optimizer="adagrad"), ModelConfig(), params)
     assert training.dense_optimizer == "adam"
     assert "training.dense_optimizer" not in suggest(study.ask(), SPACE)
     # a warm start from a key tuned without the choice gets the first choice

@@ -168,7 +168,8 @@ def test_a_study_resumes_after_its_worker_is_killed(tmp_path: Path) -> None:
     assert worker == 1, "the resumed run joins as a second worker"
     run_worker(study, bowl, space, url, worker)
     trials = study.get_trials()
-    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == 6, [(t.number, t.state.name, t.system_attrs) for t in trials]
+    done = [(t.number, t.state.name, t.system_attrs) for t in trials]
+    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == 6, done
     assert [t.state for t in trials if t.number == interrupted[0].number] == [TrialState.FAIL]
     retried = [t for t in trials if t.system_attrs.get("failed_trial") == interrupted[0].number]
     assert len(retried) == 1 and retried[0].params == interrupted[0].params, "its parameters were run again"
