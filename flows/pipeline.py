@@ -195,7 +195,7 @@ def run_summary(run: ResolvedRun, features: Features, report: EvalReport, traine
         champion_ne_same_days=decision.champion_ne if decision else None,
         tuning_key=run.key.fingerprint, tuning_decision=run.tuning.action, tuning_reason=run.tuning.reason,
         calibrator=calibrator.describe(), calibration_rows=calibration_rows, managed_churn=job.managed_churn,
-        epochs_trained=job.epochs_trained, epochs_kept=job.epochs_kept, run_length=job.run_length,
+        epochs_trained=job.epochs_trained, epochs_kept=job.epochs_kept, run_length=job.run_length, refit=job.refit,
         port=port_summary(run.config, run.tuning.port, trained.folder.metrics) if run.tuning.port else None,
     )  # fmt: skip
 

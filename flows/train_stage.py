@@ -173,5 +173,6 @@ def job_report(run: ResolvedRun, summary: TrainSummary, folder: JobFolder, calib
         resumed_from_step=summary.resumed_from_step, device=summary.device, checkpoint=summary.checkpoint,
         out_dir=str(folder.root), calibrator=calibrator.describe(), calibration_rows=calibration_rows,
         epochs_trained=summary.epochs_trained, epochs_kept=summary.epochs_kept, run_length=summary.run_length,
+        refit=summary.refit,
     )  # fmt: skip
 

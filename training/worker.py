@@ -46,7 +46,7 @@ from training.model.precision import allow_tf32, logit_in_float32, resolve_preci
 from training.reference import fit_logistic_regression
 from training.sharding.plan import describe_plan, format_plan, plan_as_json, shard_model
 from training.sharding.start import WideStart, start_wide
-from training.trainer import train
+from training.trainer import TrainStats, train
 
 
 @dataclass
@@ -90,28 +90,18 @@ def run(job: TrainJob, device: torch.device) -> None:
                                  config.keep_checkpoints)  # fmt: skip
     chosen = stats.validation.summary() if stats.validation else {}
     scored_calibration = refit = False
-    if job.refit_files and stats.validation is not None and stats.validation.scores.best_epochs > 0:
+    if job.refit_files and stats.validation is not None:
         # the held-out rows chose the length; if they fit no calibrator worth serving, they
         # train the served model instead (a fresh one, on every row, for that length)
         predict(built.model, dataclasses.replace(job, eval_files={}), device)
         scored_calibration, refit = True, not _calibrator_kept(job)
     if refit:
         assert stats.validation is not None
-        refit_job = job.refit_job(stats.validation.scores.best_epochs)
-        if rank == 0:
-            refit_job.out.mkdir(parents=True, exist_ok=True)
+        epochs = stats.validation.scores.best_epochs
         del built
-        built = build(refit_job, device, write_plan=False)
-        start, ledger = _restore(built.model, built.optimizer, refit_job)
-        if rank == 0:
-            _keep_metrics_up_to(refit_job.folder.metrics, start.step if start else 0)
-            print(f"[train] no calibrator is kept: training again on every training row for the chosen "
-                  f"{refit_job.training.epochs} epoch(s)", flush=True)  # fmt: skip
-        stats = train(built.model, built.optimizer, refit_job, device, built.schedule, start, ledger)
-        checkpoint = save_checkpoint(built.model, built.optimizer, refit_job.checkpoint_root, stats.position,
-                                     stats.ledger, config.keep_checkpoints)  # fmt: skip
+        built, stats, checkpoint, start = _refit(job, device, epochs)
         chosen["run_length"] += (f"; no calibrator was kept, so a fresh model trained on every training row (the "
-                                 f"held-out ones included) for {refit_job.training.epochs} epoch(s)")  # fmt: skip
+                                 f"held-out ones included) for {epochs} epoch(s)")  # fmt: skip
     rows_trained, fingerprint = _all_reduce_ledger(stats.ledger, device)
     rows = predict(built.model, dataclasses.replace(job, calibration_files=()) if scored_calibration else job, device)
     if rank == 0 and stats.profile is not None:
@@ -131,6 +121,34 @@ def run(job: TrainJob, device: torch.device) -> None:
         ))  # fmt: skip
         print(f"[train] done: {stats.steps} steps, {rows_trained:,} rows trained, "
               f"{stats.samples_per_s:,.0f} samples/s", flush=True)
+
+
+def _refit(job: TrainJob, device: torch.device,
+           epochs: int) -> tuple[BuiltModel, TrainStats, Path, TrainPosition | None]:  # fmt: skip
+    """A fresh model trained on every training row (`refit_files`) for `epochs` epochs, in
+    its own folder; 0 epochs: the kept model was the start of a wide part, so the start is
+    fitted again on every row and not trained. Returns the model, its figures, its final
+    checkpoint and the position a relaunch resumed it from."""
+    rank = dist.get_rank()
+    refit_job = job.refit_job(max(epochs, 1))
+    if rank == 0:
+        refit_job.out.mkdir(parents=True, exist_ok=True)
+        print(f"[train] no calibrator is kept: training a fresh model on every training row for the chosen "
+              f"{epochs} epoch(s)", flush=True)  # fmt: skip
+    built = build(refit_job, device, write_plan=False)
+    start: TrainPosition | None = None
+    if epochs == 0:
+        built.optimizer.init_state()  # type: ignore[attr-defined]  # a checkpoint carries the optimizer's state
+        stats = TrainStats(steps=0, samples=0, seconds=0.0, first_step_seconds=0.0, ledger=RowLedger(),
+                           position=TrainPosition(0, 0, 0))  # fmt: skip
+    else:
+        start, ledger = _restore(built.model, built.optimizer, refit_job)
+        if rank == 0:
+            _keep_metrics_up_to(refit_job.folder.metrics, start.step if start else 0)
+        stats = train(built.model, built.optimizer, refit_job, device, built.schedule, start, ledger)
+    checkpoint = save_checkpoint(built.model, built.optimizer, refit_job.checkpoint_root, stats.position,
+                                 stats.ledger, job.training.keep_checkpoints)  # fmt: skip
+    return built, stats, checkpoint, start
 
 
 def _calibrator_kept(job: TrainJob) -> bool:

@@ -31,9 +31,12 @@ def test_every_training_row_is_trained_at_a_batch_that_gives_enough_steps(small_
     assert 600 < summary["calibration_rows"] < 1000, "about 10 % held out for the calibrator"
     # batch 2,048 would be 4 steps an epoch; min_steps = 50 halves it to 128: 57 steps of the
     # 7,200-odd rows an epoch, for as many epochs as the validation rows chose
-    fit_rows, kept = given - summary["calibration_rows"], summary["epochs_kept"]
-    assert summary["rows_trained"] == kept * fit_rows
-    assert (summary["global_batch_size"], summary["steps"]) == (128, kept * -(-fit_rows // 128))
+    # (every row, when no calibrator was kept and a fresh model trained on all of them)
+    trained_rows = given if summary["refit"] else given - summary["calibration_rows"]
+    kept = summary["epochs_kept"]
+    assert summary["rows_trained"] == kept * trained_rows
+    assert (summary["global_batch_size"], summary["steps"]) == (128, kept * -(-trained_rows // 128))
+    assert summary["refit"] == summary["calibrator"].startswith("none"), "the held-out rows fit or train"
 
 
 def test_the_run_length_is_chosen_on_the_calibration_rows_and_the_best_epoch_is_kept(small_run) -> None:
@@ -51,7 +54,8 @@ def test_the_run_length_is_chosen_on_the_calibration_rows_and_the_best_epoch_is_
     job = json.loads(folder.summary_file.read_text())
     scores = {int(e): ne for e, ne in job["validation_ne"].items()}
     kept, trained = summary["epochs_kept"], summary["epochs_trained"]
-    assert 1 <= kept <= trained == max(scores) and len(scores) == trained
+    # the wide part starts as the fitted regression: it is scored first, as epoch 0
+    assert 0 <= kept <= trained == max(scores) and sorted(scores) == list(range(trained + 1))
     assert scores[kept] == min(scores.values())
     assert trained == config.training.max_epochs or trained - kept == config.training.patience
     held_out = folder.read_predictions(CALIBRATION_PART)
@@ -60,7 +64,7 @@ def test_the_run_length_is_chosen_on_the_calibration_rows_and_the_best_epoch_is_
     rate = labels.mean()
     oracle = -np.mean(labels * np.log(p) + (1 - labels) * np.log1p(-p)) / -(rate * np.log(rate) + (1 - rate) * np.log1p(-rate))
     assert oracle == pytest.approx(scores[kept], rel=1e-4)
-    assert f"kept epoch {kept}'s model" in summary["run_length"]
+    assert (f"kept epoch {kept}'s model" if kept else "kept the model it started from") in summary["run_length"]
     history = MlflowClient(tracking_uri=config.tracking_uri).get_metric_history(summary["mlflow_run_id"], "validation_ne")
     assert sorted((m.step, round(m.value, 6)) for m in history) == sorted((e, round(v, 6)) for e, v in scores.items())
 
@@ -107,9 +111,11 @@ def test_the_logistic_regression_reference_is_within_1_percent_of_scikit_learns(
         table = pq.read_table(sorted(files), partitioning=None)
         return {name: table[name].to_numpy() for name in table.column_names}
 
-    # the rows the model trained on: the calibrator's share of the training day is held out
+    # the rows the served model trained on: the training day less the calibrator's share, or
+    # all of it where no calibrator was kept (a fresh model then trained on every row)
     [fit_rows] = state_file.parent.glob("holdout-*/day=*/fit")
-    train = columns(list(fit_rows.glob("*.parquet")))
+    trained = state_file.parent / "day=0" if summary["refit"] else fit_rows
+    train = columns(list(trained.glob("*.parquet")))
     test = columns(list(state_file.parent.glob(f"day={config.data.eval_days[0]}/*.parquet")))
     x, y = _one_hot(train, sizes, train), train["label"]
     held_out = validation_rows(row_id_hash([train[name] for name in SPARSE_COLUMNS]), 0.1, config.training.seed)

@@ -53,6 +53,9 @@ def test_a_first_model_worse_than_the_constant_is_not_promoted() -> None:
         (float("nan"), GOOD, QualityGate(), "NE nan is not below the constant"),
         (0.90, GOOD, QualityGate(), "NE 0.9000 is not below the logistic regression's 0.8788"),
         (0.8788, GOOD, QualityGate(), "not below the logistic regression's"),
+        # the regression itself, scored by other kernels (a wide model kept at its start)
+        (0.8788 * (1 - 5e-10), GOOD, QualityGate(), "not below the logistic regression's"),
+        (0.8788 * (1 - 1e-5), GOOD, QualityGate(), None),
         (0.8701, GOOD, QualityGate(reference_margin=0.01), "by the 1.000 % reference margin (< 0.8700)"),
         (0.8699, GOOD, QualityGate(reference_margin=0.01), None),
         (0.85, QualityEvidence(1.0, 0.88, 1.13), QualityGate(), "calibration 1.130 is outside [0.900, 1.100]"),
