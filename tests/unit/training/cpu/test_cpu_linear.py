@@ -123,25 +123,45 @@ def test_the_compiled_dense_path_calls_the_oneDNN_layers_and_computes_the_same(t
         assert torch.allclose(compiled_grads[name], grad, atol=1e-5), name
 
 
+DDP_ONE_INPUT = """
+import json, sys, warnings
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from training.cpu.linear import OneDnnReLUPerceptron
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+try:
+    layer = OneDnnReLUPerceptron(1, 512, device=torch.device("cpu"))
+    ddp = DistributedDataParallel(layer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            ddp(torch.randn(64, 1)).sum().backward()
+    weight = layer._linear.weight
+    print(json.dumps({"grad_stride": list(weight.grad.stride()), "stride": list(weight.stride()),
+                      "stride_warnings": [str(w.message) for w in caught if "stride" in str(w.message).lower()]}))
+finally:
+    dist.destroy_process_group()
+"""
+
+
 def test_ddp_takes_a_one_input_layers_gradient_without_a_copy_or_a_warning(tmp_path) -> None:
     """A layer of one input (a warehouse with one count column) under DDP, as the dense MLPs
     train: its weight's gradient lands in DDP's bucket view as laid out, so DDP neither copies
-    it every step nor warns that the strides differ."""
-    import warnings
+    it every step nor warns that the strides differ.
 
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+    In a process of its own, with a time limit: a process group is process-wide state, and a
+    gloo wait blocks in C, where no test timeout can reach it."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        layer = OneDnnReLUPerceptron(1, 512, device=torch.device("cpu"))
-        ddp = DistributedDataParallel(layer)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for _ in range(2):
-                ddp(torch.randn(64, 1)).sum().backward()
-        weight = layer._linear.weight
-        assert weight.grad.stride() == weight.stride()
-        assert not [w for w in caught if "stride" in str(w.message).lower()], [str(w.message) for w in caught]
-    finally:
-        dist.destroy_process_group()
+    root = Path(__file__).resolve().parents[4]
+    done = subprocess.run([sys.executable, "-c", DDP_ONE_INPUT, str(tmp_path / "store")], cwd=root, capture_output=True,
+                          text=True, timeout=180, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["grad_stride"] == result["stride"]
+    assert not result["stride_warnings"], result["stride_warnings"]
