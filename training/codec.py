@@ -163,7 +163,9 @@ def _union(options: tuple[Any, ...], value: Any, key: str, strict: bool) -> Any:
 
 
 def _names(options: tuple[Any, ...]) -> str:
-    return " | ".join(getattr(o, "__name__", str(o)) for o in options)
+    """The types a value may take, for people: a `Literal`'s own values (`int | 'auto'`)."""
+    return " | ".join(" | ".join(repr(v) for v in typing.get_args(o)) if typing.get_origin(o) is Literal
+                      else getattr(o, "__name__", str(o)) for o in options)  # fmt: skip
 
 
 def _key(hint: Any, name: Any, key: str) -> Any:

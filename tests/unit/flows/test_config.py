@@ -172,3 +172,14 @@ def test_the_cli_trusts_the_paths_its_user_names(monkeypatch) -> None:
 def test_bad_managed_id_settings_are_one_line_naming_the_key(override: str, named: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(named)):
         load_config("configs/drifting-ids.toml", [override])
+
+
+@pytest.mark.parametrize(("override", "named"), [
+    ('training.epochs="sometimes"', "training.epochs: 'sometimes' is none of int | 'auto'"),
+    ("training.epochs=0", 'training.epochs: must be "auto" or a whole number of at least 1, got 0'),
+    ("training.patience=0", "max_epochs and patience: must be at least 1"),
+    ('training.validation_rows="newest"', "training.validation_rows: must be one of ['held_out', 'newest_day']"),
+])  # fmt: skip
+def test_a_bad_run_length_setting_is_one_line_naming_the_key(override: str, named: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        load_config("configs/demo.toml", [override])
