@@ -271,9 +271,8 @@ def validation_job(config: PipelineConfig, data: TuningData, params: Params, out
     training = dataclasses.replace(training, checkpoint_every=0, max_restarts=0,
                                    seed=training.seed if seed is None else seed)  # fmt: skip
     evaluation = config.evaluation
-    if training.chooses_epochs:
-        pass  # the trial chooses its length as the run does, on its own validation rows
-    elif early_stopping and config.tuning.max_epochs > 1:
+    # (a trial of a run that chooses its length chooses its own, on its validation rows)
+    if early_stopping and config.tuning.max_epochs > 1 and not training.chooses_epochs:
         # up to max_epochs, scored at every epoch end on all the validation rows (early stopping)
         training = dataclasses.replace(training, epochs=config.tuning.max_epochs)
         evaluation = dataclasses.replace(evaluation, heldout_every_epoch=True, heldout_batches=0)
