@@ -200,9 +200,9 @@ def check_ne_gpu_vs_cpu(out: Path, data: tuple) -> dict:
 
 
 def check_plan(out: Path) -> dict:
-    from flows.config import load_config
-    from flows.feature_files import table_sizes_for
-    from flows.planning import plan_report
+    from flows.run.config import load_config
+    from flows.run.feature_files import tables_to_plan
+    from flows.run.planning import plan_report
     from training.sharding.plan import this_job_cluster
 
     device = torch.device("cuda", 0) if GPUS else torch.device("cpu")
@@ -219,7 +219,7 @@ def check_plan(out: Path) -> dict:
         f"model.declared_tables.min_rows={rows}", "model.declared_tables.pooling_factor=1.0",
         f"training.nproc={max(1, GPUS)}", "training.batch_size=8192",
     ])  # fmt: skip
-    report = plan_report(config, cluster, table_sizes_for(config))
+    report = plan_report(config, cluster, tables_to_plan(config))
     (out / "plan.txt").write_text(report.text + "\n")
     return {"device_memory_gb": round(cluster.device_memory_gb, 1), "host_memory_gb": round(cluster.host_memory_gb, 1),
             "tables": report.tables, "embedding_gib": round(report.embedding_gib, 1),
@@ -251,7 +251,7 @@ def check_managed(out: Path, rows_per_day: int) -> dict:
     table size in each mode, on the GPU (a process per GPU); managed also with a second seed,
     and on the CPU (one process) with three: the GPU seeds' mean NE must lie within the CPU
     seeds' spread of theirs (at least 0.005)."""
-    from flows.config import load_config
+    from flows.run.config import load_config
     from training.model.managed_ids import ManagedIds, state_bytes
 
     config = load_config(ROOT / "configs" / "drifting-ids.toml")
@@ -321,7 +321,7 @@ def check_characterize(out: Path, first: int, last: int) -> dict:
     (fused) and in host memory behind a GPU cache (fused_uvm_caching), one process per GPU;
     a CPU host measures the fused tables and records the other series as refused."""
     from flows.characterize import characterize
-    from flows.config import read_toml
+    from flows.run.config import read_toml
     from flows.sweeps import parse_sweep, series_of
     from training.characterize.measure import Windows
 

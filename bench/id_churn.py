@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flows.config import load_config
+from flows.run.config import load_config
 from ingestion.preprocess import PreprocessState
 from training.model.managed_ids import state_bytes
 from training.serving.own_rows import own_row_share

@@ -26,7 +26,7 @@ import optuna
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flows.config import load_config
+from flows.run.config import load_config
 
 
 def _run(config: str, overrides: list[str], home: Path) -> dict:

@@ -20,11 +20,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from flows.config import ConfigError, PipelineConfig, trainer_cluster
+from flows.run.config import ConfigError, PipelineConfig, trainer_cluster
+from flows.run.feature_files import prepared_features
+from flows.run.reports import CharacterizeReport
+from flows.run.rows import training_rows
 from flows.sweeps import BATCH_KEY, Series, Sweep
 from ingestion.config import SyntheticConfig
 from ingestion.preprocess import apply_state, fit_state
@@ -40,10 +43,7 @@ from training.characterize.measure import (
 )
 from training.characterize.sweep import BatchRange, batch_sweep, hardware_batch
 from training.launch.device import runtime_device
-from training.tuning.key import TuningKey, tuning_key
-
-if TYPE_CHECKING:
-    from flows.reports import CharacterizeReport
+from training.tuning.key import TuningKey, cpu_model_name, tuning_key
 
 # Rows generated for a characterization at most; a larger batch's job reads them again (epochs).
 MAX_ROWS = 2_000_000
@@ -111,9 +111,6 @@ def own_rows(config: PipelineConfig) -> PointRows:
     """The config's own training features, as an earlier `dlrm run` or `dlrm preprocess`
     left them (its tables, dense features and multi-hot bags: the model it will train), and
     the rows its training trains (`training_rows`: less the calibrator's)."""
-    from flows.calibrate import training_rows
-    from flows.feature_files import prepared_features
-
     features = prepared_features(config)
     state = features.state
     return PointRows(training_rows(config, features).train_files, state.table_sizes, state.train_rows,
@@ -216,8 +213,6 @@ def characterize(all_series: list[Series], sweeps: list[Sweep], *,
                  on_line: Callable[[str], None] = print) -> CharacterizeReport:  # fmt: skip
     """Every series' batch sweep; the hardware batch; MLflow's run with the plots and table
     (`track`). `all_series`: `flows.sweeps.series_of` the sweeps."""
-    from flows.reports import CharacterizeReport
-
     started = time.perf_counter()
     base = all_series[0].config
     batches = batch_range(base, sweeps, first_batch, last_batch, min_gain, patience)
@@ -249,6 +244,4 @@ def _device_name(config: PipelineConfig) -> str:
     device = runtime_device(config.training.device, 0)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    from training.tuning.key import cpu_model_name
-
     return f"cpu ({cpu_model_name()})"

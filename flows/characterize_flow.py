@@ -8,8 +8,8 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from flows.config import flow_config_path, load_flow_config, read_toml
 from flows.features import run_logger
+from flows.run.config import flow_config_path, load_flow_config, read_toml
 from flows.stopped_runs import cancel_when_stopped
 from flows.sweeps import parse_sweep, series_of
 from training.codec import encode

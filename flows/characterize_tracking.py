@@ -12,14 +12,14 @@ import matplotlib.pyplot as plt
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from flows.config import PipelineConfig
+from flows.run.config import PipelineConfig
 from flows.tracking import use_experiment
 from training.characterize.plots import planner_vs_measured, step_breakdown, throughput_curve
 from training.tuning.key import TuningKey
 
 if TYPE_CHECKING:
     from flows.characterize import SeriesResult
-    from flows.reports import CharacterizeReport
+    from flows.run.reports import CharacterizeReport
 
 KIND_TAG = "dlrm.kind"
 KIND = "characterize"

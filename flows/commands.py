@@ -1,5 +1,5 @@
 """What each `dlrm` command does: read its config once, run, and emit its typed report
-(`flows/reports.py`) as JSON or for people. Heavy modules are imported by the command that
+(`flows/run/reports.py`) as JSON or for people. Heavy modules are imported by the command that
 needs them, so `dlrm --help` and a bad config answer at once."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flows.reports import for_people
+from flows.run.reports import for_people
 from training.codec import encode
 
 
@@ -42,20 +42,20 @@ def emit(report: Any, as_json: bool, config: Any = None) -> None:
 
 def load(args: argparse.Namespace, extra: list[str] | None = None):
     """The command's config: its file read once, with `--set` (and `extra`) overrides."""
-    from flows.config import load_config
+    from flows.run.config import load_config
 
     return load_config(args.config, [*args.overrides, *(extra or [])])
 
 
 def run(args: argparse.Namespace) -> int:
     config = load(args)  # fail fast, before Prefect starts (and before the heavy imports)
-    from flows.sources import raw_sources, resolve_as_of
+    from flows.run.sources import raw_sources, resolve_as_of
 
     if resolve_as_of(config, args.as_of) is None:
         raw_sources(config)  # a recurring run's days are known once its champion is
     from flows.local_server import prefect_api
     from flows.pipeline import run_pipeline
-    from flows.reports import run_report
+    from flows.run.reports import run_report
 
     _prefect_console_quiet()
     with prefect_api():
@@ -74,7 +74,7 @@ def port(args: argparse.Namespace) -> int:
 
 def backfill(args: argparse.Namespace) -> int:
     """`dlrm run --as-of N` for each day N in order; stops at the first night that fails."""
-    from flows.sources import complete_days
+    from flows.run.sources import complete_days
     from ingestion.days import DayError, parse_day
 
     config = load(args)
@@ -89,7 +89,7 @@ def backfill(args: argparse.Namespace) -> int:
         days = [day for day in complete_days(config) if first <= day <= last]
     from flows.local_server import prefect_api
     from flows.pipeline import run_pipeline
-    from flows.reports import BackfillReport, night_line, run_report
+    from flows.run.reports import BackfillReport, night_line, run_report
 
     nights = []
     _prefect_console_quiet()
@@ -104,7 +104,7 @@ def backfill(args: argparse.Namespace) -> int:
 
 
 def train(args: argparse.Namespace) -> int:
-    from flows.feature_files import prepared_features
+    from flows.run.feature_files import prepared_features
     from training.launch.host_role import HostRole
 
     hosts = []  # the hosts are the config's (orchestration.*); the command line may set them
@@ -132,14 +132,14 @@ def train(args: argparse.Namespace) -> int:
 
 
 def retune(args: argparse.Namespace) -> int:
-    from flows.sources import raw_sources
+    from flows.run.sources import raw_sources
     from training.tuning.config import budget_overrides
 
     config = load(args, budget_overrides(args.trials, args.timeout))
     raw_sources(config)  # fail fast, before Prefect starts
     from flows.local_server import prefect_api
-    from flows.reports import RetuneReport
     from flows.retune import retune_of
+    from flows.run.reports import RetuneReport
     from training.codec import decode
 
     _prefect_console_quiet()
@@ -197,7 +197,7 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def preprocess(args: argparse.Namespace) -> int:
-    from flows.reports import PreprocessReport
+    from flows.run.reports import PreprocessReport
     from ingestion.days import DayError, parse_day
     from ingestion.preprocess import apply_state, fit_state
 
@@ -218,25 +218,25 @@ def preprocess(args: argparse.Namespace) -> int:
 def plan(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from flows.config import load_cluster
-    from flows.feature_files import table_sizes_for
+    from flows.run.config import load_cluster
+    from flows.run.feature_files import tables_to_plan
 
     config = load(args)
     cluster = load_cluster(args.cluster) if args.cluster else None
-    sizes = table_sizes_for(config)  # checked before torch loads
-    from flows.planning import plan_report
+    tables = tables_to_plan(config)  # checked before torch loads
+    from flows.run.planning import plan_report
     from training.launch.device import runtime_device
     from training.sharding.plan import this_job_cluster
 
     if cluster is None:
         device = runtime_device(config.training.device, 0)  # as the workers will choose it
         cluster = replace(this_job_cluster(device, config.training.nproc, config.training.nproc), name="this machine")
-    emit(plan_report(config, cluster, sizes), args.json)
+    emit(plan_report(config, cluster, tables), args.json)
     return 0
 
 
 def characterize(args: argparse.Namespace) -> int:
-    from flows.config import read_toml
+    from flows.run.config import read_toml
     from flows.sweeps import parse_sweep, series_of
 
     path = Path(args.config)
@@ -256,7 +256,7 @@ def characterize(args: argparse.Namespace) -> int:
 
 
 def ingest(args: argparse.Namespace) -> int:
-    from flows.reports import IngestTotals
+    from flows.run.reports import IngestTotals
     from ingestion.schema import check_multi_hot
     from ingestion.warehouse import day_of, ingest_day
     from ingestion.warehouse import log as ingest_log
@@ -303,7 +303,7 @@ def evaluate(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
     from evaluation.metrics import summarize
-    from flows.reports import EvaluateReport
+    from flows.run.reports import EvaluateReport
     from training.job import JobFolder
 
     path = Path(args.predictions)

@@ -19,13 +19,13 @@ from evaluation.calibration import Calibrator
 from evaluation.metrics import BinaryState, binary_state, compute_ne
 from evaluation.promotion import PromotionDecision, QualityEvidence, QualityGate, quality_failure
 from evaluation.report import EvalReport, Scores, build_report
-from flows.config import PipelineConfig
-from flows.feature_files import Features
 from flows.features import STAGE
 from flows.registry import decision_tag, promote_if_better, promotion_lock
+from flows.run.config import PipelineConfig
+from flows.run.feature_files import Features
+from flows.run.job import TrainedModel, build_job
 from flows.stopped_runs import cancel_when_stopped
 from flows.tracking import logged_state
-from flows.train_stage import TrainedModel, build_job
 from ingestion.preprocess import PreprocessState, apply_state
 from ingestion.synthetic import read_day_stats
 from training.job import JobFolder

@@ -24,10 +24,10 @@ from prefect.settings import PREFECT_API_URL
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.tasks import exponential_backoff
 
-from flows.config import ConfigError, PipelineConfig
-from flows.feature_files import Features
-from flows.reports import IngestDay
-from flows.sources import raw_sources
+from flows.run.config import ConfigError, PipelineConfig
+from flows.run.feature_files import Features
+from flows.run.reports import IngestDay
+from flows.run.sources import raw_sources
 from flows.stopped_runs import cancel_when_stopped
 from ingestion.parquet_source import SchemaChangeError, ingest_parquet_day
 from ingestion.preprocess import (

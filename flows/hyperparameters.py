@@ -1,5 +1,5 @@
 """Before training: look up the coming run's tuning key and decide which hyperparameters it
-trains with (the resolved run applies them: flows/resolve.py).
+trains with (the resolved run applies them: flows/run/resolve.py).
 
 The decision and its reason go to the flow's log and to the run's MLflow tags. Under
 `retune_first` the retune runs here, before training (under `characterize_then_retune` after
@@ -17,11 +17,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 
-from flows.config import ConfigSource, PipelineConfig
-from flows.feature_files import Features
 from flows.features import run_logger
-from flows.resolve import ResolvedRun
 from flows.retune import run_retune
+from flows.run.config import ConfigSource, PipelineConfig
+from flows.run.feature_files import Features
+from flows.run.resolve import ResolvedRun
 from flows.trainer_slots import waits_for
 from training.tuning.space import params_of
 from training.tuning.study import open_storage, tuned_keys

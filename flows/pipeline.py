@@ -24,23 +24,13 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from evaluation.calibration import Calibrator
 from evaluation.promotion import PromotionDecision
 from evaluation.report import EvalReport, Scores, report_markdown
-from flows.calibrate import calibrate_task, training_rows
-from flows.config import (
-    ConfigSource,
-    PipelineConfig,
-    config_as_dict,
-    flatten,
-    load_config,
-    load_flow_config,
-)
+from flows.calibrate import calibrate_task
 from flows.deferred import track_or_defer, wait_for_tracking
 from flows.evaluate import DayScores, evaluate_model, export_task, promote_task
-from flows.feature_files import Features
 from flows.features import prepare_features
 from flows.hyperparameters import choose_hyperparameters
 from flows.port import port_summary, with_batch
 from flows.recurring import (
-    Night,
     StaleChampionError,
     champion_staleness,
     keep_checkpoint,
@@ -50,9 +40,21 @@ from flows.recurring import (
     skipped_summary,
 )
 from flows.registry import current_champion
-from flows.reports import RunSummary, SkippedNight
-from flows.resolve import ResolvedRun, resolve_run
-from flows.sources import resolve_as_of
+from flows.run.config import (
+    ConfigSource,
+    PipelineConfig,
+    config_as_dict,
+    flatten,
+    load_config,
+    load_flow_config,
+)
+from flows.run.feature_files import Features
+from flows.run.job import TrainedModel
+from flows.run.nights import Night
+from flows.run.reports import RunSummary, SkippedNight
+from flows.run.resolve import ResolvedRun, resolve_run
+from flows.run.rows import training_rows
+from flows.run.sources import resolve_as_of
 from flows.stopped_runs import cancel_when_stopped
 from flows.tracking import (
     RunRecord,
@@ -62,7 +64,7 @@ from flows.tracking import (
     run_url,
     ui_address,
 )
-from flows.train_stage import TrainedModel, train_model
+from flows.train_stage import train_model
 from training.codec import encode
 from training.serving.export import ServingModel
 
@@ -72,7 +74,7 @@ def pipeline(config_path: str = "configs/demo.toml", overrides: list[str] | None
              as_of: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The whole slice on one config; returns the summary (also published as artifacts).
     `as_of`: a day, or "newest" (the newest complete one): continue the champion on the
-    days before it that it has not seen and judge on that day (flows/recurring.py)."""
+    days before it that it has not seen and judge on that day (flows/run/nights.py)."""
     source = ConfigSource(config_path, tuple(overrides or ()))
     return encode(run_stages(load_flow_config(config_path, source.overrides), source, as_of))
 

@@ -15,11 +15,11 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from flows.config import PipelineConfig
-from flows.feature_files import Features
 from flows.features import run_logger
-from flows.resolve import ResolvedRun
 from flows.retune import run_retune
+from flows.run.config import PipelineConfig
+from flows.run.feature_files import Features
+from flows.run.resolve import ResolvedRun
 from flows.sweeps import Series
 from training.loop.progress import read_records
 from training.tuning.port import PortFacts, seconds_to_reach

@@ -19,7 +19,6 @@ folder's retention; only the champion's is kept once a run has been judged.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -31,12 +30,12 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from flows.config import ConfigError, PipelineConfig
 from flows.registry import current_champion
-from flows.reports import SkippedNight
-from flows.sources import complete_days
+from flows.run.config import ConfigError, PipelineConfig
+from flows.run.nights import Night, WarmStart, check_catch_up, tagged_day, tagged_days
+from flows.run.reports import SkippedNight
+from flows.run.sources import complete_days
 from flows.tracking import logged_state
-from ingestion.days import parse_day
 from ingestion.preprocess import PreprocessState
 from training.codec import decode
 from training.config import ModelConfig
@@ -47,45 +46,6 @@ TAG_PARENT = "lineage.parent_version"
 TAG_CHECKPOINT = "lineage.checkpoint"
 TAG_STATE = "preprocessing.state_id"
 LINEAGE_TAGS = (TAG_AS_OF, TAG_DAYS, TAG_PARENT, TAG_CHECKPOINT, TAG_STATE)
-
-
-@dataclass(frozen=True)
-class WarmStart:
-    """The champion a run continues."""
-
-    version: str
-    run_id: str
-    checkpoint: str
-    lineage_days: tuple[int, ...]
-    model: ModelConfig  # its shape: the run keeps it whatever the config or the tuner says
-    state: PreprocessState
-
-
-@dataclass(frozen=True)
-class Night:
-    """What a run as of day `as_of` does; `as_of` None: a plain run of the configured days."""
-
-    as_of: int | None
-    train_days: tuple[int, ...]
-    warm_start: WarmStart | None = None
-    skipped: str = ""  # why nothing trains; "" when it trains
-    earlier_version: str | None = None  # a skipped night: the version that already covers it
-    note: str = ""
-
-    @classmethod
-    def plain(cls, config: PipelineConfig) -> Night:
-        """A run of the configured days, continuing nothing."""
-        return cls(None, config.data.train_days)
-
-    @property
-    def warm_checkpoint(self) -> str:
-        """The checkpoint the run continues ("": none)."""
-        return self.warm_start.checkpoint if self.warm_start else ""
-
-    @property
-    def lineage_days(self) -> tuple[int, ...]:
-        before = self.warm_start.lineage_days if self.warm_start else ()
-        return tuple(sorted({*before, *self.train_days}))
 
 
 def plan_night(config: PipelineConfig, as_of: int, client: MlflowClient) -> Night:
@@ -134,25 +94,6 @@ def continued_version(config: PipelineConfig, client: MlflowClient) -> ModelVers
     return max(trained, key=lambda v: int(v.version), default=None) or champion
 
 
-class CatchUpError(RuntimeError):
-    """A night would retrain more unseen days than `orchestration.max_catch_up_days`."""
-
-
-def check_catch_up(config: PipelineConfig, champion: str, lineage: tuple[int, ...], unseen: tuple[int, ...],
-                   as_of: int) -> None:  # fmt: skip
-    """Stop a night whose champion has fallen more than the bound behind, in one line."""
-    bound = config.orchestration.max_catch_up_days
-    if not bound or len(unseen) <= bound:
-        return
-    day, days_of = config.data.shown, config.data.shown_days
-    raise CatchUpError(
-        f"as of day {day(as_of)} champion version {champion} (lineage up to day {day(max(lineage))}) has "
-        f"{len(unseen)} unseen days {days_of(unseen)}, more than orchestration.max_catch_up_days = {bound}: "
-        "the nights since were not promoted. Read their promotion_reason in MLflow, then promote a good version "
-        "(alias 'champion') or run this night once with --set orchestration.max_catch_up_days=0"
-    )
-
-
 def _days_before(config: PipelineConfig, as_of: int) -> list[int]:
     first = min(config.data.train_days)
     if config.data.source == "synthetic":
@@ -180,40 +121,6 @@ def _warm_start(config: PipelineConfig, champion: ModelVersion, lineage: tuple[i
                      logged_state(config.tracking_uri, champion.run_id))  # fmt: skip
 
 
-def night_config(config: PipelineConfig, night: Night) -> tuple[PipelineConfig, str]:
-    """The config of a night: its training days, day N as the evaluation day, no second
-    warm-up for a warm start (unless `training.warmup_on_warm_start`); and what changed, for
-    the log. A plain run (no `as_of`) keeps the configured days."""
-    if night.as_of is None:
-        return config, ""
-    validation = tuple(d for d in config.tuning.validation_days if d in night.train_days)
-    if set(validation) >= set(night.train_days):
-        validation = ()  # one training day: the trials validate on a slice of its rows
-    training, day = config.training, config.data.shown
-    changes = [f"training days {config.data.shown_days(night.train_days)}, evaluation day {day(night.as_of)}"]
-    if night.warm_start and not training.warmup_on_warm_start and (training.warmup_steps or training.warmup_fraction):
-        training = dataclasses.replace(training, warmup_steps=0, warmup_fraction=0.0)
-        changes.append("no warm-up: it continues the champion's optimizer state (training.warmup_on_warm_start)")
-    return dataclasses.replace(
-        config,
-        data=dataclasses.replace(config.data, train_days=night.train_days, eval_days=(night.as_of,)),
-        tuning=dataclasses.replace(config.tuning, validation_days=validation),
-        training=training,
-    ), "; ".join(changes)
-
-
-def with_champion_shape(config: PipelineConfig, warm: WarmStart) -> tuple[PipelineConfig, str]:
-    """The config with the champion's model shape; and what that changed, for the log."""
-    if config.model == warm.model:
-        return config, ""
-    changed = [f"model.{f.name} {getattr(config.model, f.name)!r} → {getattr(warm.model, f.name)!r}"
-               for f in dataclasses.fields(ModelConfig)
-               if getattr(config.model, f.name) != getattr(warm.model, f.name)]  # fmt: skip
-    return dataclasses.replace(config, model=warm.model), (
-        f"a warm start keeps the champion's model shape, whatever the config or the tuner say: {'; '.join(changed)} "
-        "(start a new lineage with `dlrm run` to train another shape)")  # fmt: skip
-
-
 def lineage_tags(config: PipelineConfig, night: Night, state: PreprocessState, kept_checkpoint: str) -> dict[str, str]:
     """The version's lineage as MLflow tags, its days written as the config writes them."""
     return {
@@ -223,16 +130,6 @@ def lineage_tags(config: PipelineConfig, night: Night, state: PreprocessState, k
         TAG_CHECKPOINT: kept_checkpoint,
         TAG_STATE: state.state_id,
     }
-
-
-def tagged_day(value: str | None) -> int | None:
-    """A day of a lineage tag (an ISO date or an integer; versions tagged before dates were
-    shown hold integers, which read the same)."""
-    return parse_day(value) if value else None
-
-
-def tagged_days(value: str) -> tuple[int, ...]:
-    return tuple(parse_day(day) for day in value.split(",") if day)
 
 
 def keep_checkpoint(config: PipelineConfig, checkpoint: str) -> str:

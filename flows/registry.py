@@ -22,7 +22,7 @@ from evaluation.promotion import (
     decide_promotion,
     quality_failure,
 )
-from flows.config import ConfigError
+from flows.run.config import ConfigError
 from training.locking import exclusive, has_shared_lock
 
 CHAMPION_ALIAS = "champion"

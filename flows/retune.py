@@ -24,11 +24,11 @@ from prefect.exceptions import MissingContextError
 
 from evaluation.metrics import binary_state, compute_ne
 from evaluation.report import Scores
-from flows.config import PipelineConfig, load_flow_config
-from flows.feature_files import Features
 from flows.features import prepare_features, run_logger
-from flows.reports import RetuneReport
-from flows.resolve import ResolvedRun, resolve_run
+from flows.run.config import PipelineConfig, load_flow_config
+from flows.run.feature_files import Features
+from flows.run.reports import RetuneReport
+from flows.run.resolve import ResolvedRun, resolve_run
 from flows.stopped_runs import cancel_when_stopped
 from flows.tracking import ensure_experiment, log_study_plots
 from flows.trainer_slots import trainer_slot

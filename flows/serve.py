@@ -1,7 +1,7 @@
 """`dlrm serve`: the deployments a scheduled, dashboard-driven installation runs.
 
 - `pipeline/nightly`: on `orchestration.nightly_cron`, a recurring run as of the newest
-  complete day (flows/recurring.py): the champion continues on the days it has not seen;
+  complete day (flows/run/nights.py): the champion continues on the days it has not seen;
 - `retrain/retrain`: the pipeline on demand, with typed parameters (batch size, days), from
   the Prefect UI's Run button or the API;
 - `retune/retune`: a study for the config's tuning key (also what `scale_and_schedule`
@@ -32,10 +32,10 @@ from prefect.schedules import Cron
 from prefect.states import Cancelled
 
 from flows.characterize_flow import characterize_flow
-from flows.config import PipelineConfig, load_config
 from flows.pipeline import pipeline, retrain
 from flows.retune import retune
-from flows.sources import NEWEST
+from flows.run.config import PipelineConfig, load_config
+from flows.run.sources import NEWEST
 from flows.train_nodes import node_deployment, train_node
 from training.launch.processes import stop_requested
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows.config import ConfigError, PipelineConfig, build_config
+from flows.run.config import ConfigError, PipelineConfig, build_config
 
 BATCH_KEY = "training.batch_size"
 

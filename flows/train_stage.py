@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -23,62 +22,21 @@ from prefect.artifacts import (
 
 from evaluation.calibration import Calibrator
 from evaluation.metrics import binary_state, compute_calibration, compute_ne
-from flows.calibrate import TrainingRows, fit_served_calibrator, training_rows
-from flows.config import PipelineConfig
-from flows.feature_files import Features
+from flows.calibrate import fit_served_calibrator
 from flows.features import STAGE
-from flows.reports import NodeReport, TrainReport
-from flows.resolve import ResolvedRun, resolve_run
+from flows.run.config import PipelineConfig
+from flows.run.feature_files import Features
+from flows.run.job import TrainedModel, build_job
+from flows.run.reports import NodeReport, TrainReport
+from flows.run.resolve import ResolvedRun, resolve_run
+from flows.run.rows import TrainingRows, training_rows
 from flows.stopped_runs import cancel_when_stopped
 from flows.train_nodes import train_on_hosts
 from flows.trainer_slots import trainer_slot
-from training.job import JobFolder, TrainJob, TrainSummary
+from training.job import JobFolder, TrainSummary
 from training.launch.host_role import HostRole
 from training.launch.launcher import launch
-from training.launch.resume import job_fingerprint
 from training.loop.progress import MetricsRecord
-
-
-@dataclass(frozen=True)
-class TrainedModel:
-    """A finished training job: its summary, and the folder of its outputs (checkpoints,
-    predictions of the eval days, metrics, plan)."""
-
-    summary: TrainSummary
-    folder: JobFolder
-
-
-def build_job(config: PipelineConfig, features: Features, warm_start: str = "", run_id: str | None = None,
-              rows: TrainingRows | None = None) -> TrainJob:  # fmt: skip
-    """The job of the config's training stage. Its checkpoints go to `run_id`'s folder; by
-    default, the job's fingerprint, so the same command resumes an interrupted run.
-    `warm_start`: start from that checkpoint's weights and optimizer state. `rows`: the
-    training days split for calibration; by default the split of a run that continues nothing
-    (`training_rows`: the one rule every way into training follows)."""
-    state, data = features.state, config.data
-    rows = rows or training_rows(config, features)
-    job = TrainJob(
-        model=config.model,
-        sharding=config.sharding,
-        training=config.training,
-        evaluation=config.evaluation,
-        table_sizes=state.table_sizes,
-        train_files=rows.train_files,
-        calibration_files=rows.calibration_files,
-        validation_files=rows.calibration_files if config.training.chooses_epochs else (),
-        refit_files=rows.refit_files,
-        eval_files={data.day_label(day): tuple(features.files[day]) for day in data.eval_days},
-        out_dir=str(config.path("train")),
-        run_id=run_id or "",
-        hosts=config.orchestration.trainer_hosts,
-        pooling_factors=dict(state.multi_hot),
-        dense_features=len(state.dense),
-        initial_click_rate=state.train_click_rate if config.training.start_at_click_rate else 0.0,
-        init_checkpoint=warm_start,
-        init_optimizer=bool(warm_start),
-        managed_ids=config.preprocess.managed if state.mode == "managed" else None,
-    )
-    return job if run_id else dataclasses.replace(job, run_id=job_fingerprint(job))
 
 
 @flow(name="train", on_crashed=[cancel_when_stopped])

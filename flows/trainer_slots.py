@@ -18,7 +18,7 @@ import httpx
 from prefect.client.orchestration import get_client
 from prefect.concurrency.sync import concurrency
 
-from flows.config import PipelineConfig
+from flows.run.config import PipelineConfig
 
 LIMIT_NAME = "dlrm-training"
 

@@ -21,10 +21,10 @@ from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 
 from evaluation.metrics import MetricError, binary_state, compute_ne
-from flows.calibrate import holdout_of
-from flows.config import ConfigError, PipelineConfig
-from flows.feature_files import Features
-from flows.train_stage import build_job
+from flows.run.config import ConfigError, PipelineConfig
+from flows.run.feature_files import Features
+from flows.run.job import build_job
+from flows.run.rows import holdout_of
 from flows.trainer_slots import trainer_slot
 from training.job import JobFolder, TrainJob
 from training.launch.launcher import launch
@@ -80,7 +80,7 @@ def tuning_folds(config: PipelineConfig, features: Features) -> list[TuningData]
     slices of `tuning.validation_percent` % of the training rows, chosen by a hash of each
     row (ingestion/holdout.py; each fold's runs train on the rest). The final run trains on
     the first fold's rest when its calibration share is the same (its calibrator is fitted on
-    those rows), else on its own split (flows/calibrate.py)."""
+    those rows), else on its own split (flows/run/rows.py)."""
     days, data = validation_days(config), config.data
     if days:
         train = features.train_files(tuple(d for d in data.train_days if d not in days))

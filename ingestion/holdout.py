@@ -3,7 +3,7 @@
 Tuning and calibration must never look at the evaluation days. So the training days' feature
 rows are split, deterministically by a hash of each row's own values, into a fit part (trials
 and the run train on it) and a validation part (trials are scored on it, the run's calibrator
-is fitted on it: flows/calibrate.py). The same rows land on the same side in every run, on
+is fitted on it: flows/run/rows.py). The same rows land on the same side in every run, on
 every machine, whatever the file layout.
 """
 

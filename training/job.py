@@ -80,7 +80,7 @@ class TrainJob:
     # trial's validation rows in a study. None: the run trains one epoch and says why.
     validation_files: tuple[str, ...] = ()
     # Every training day's files, when the length is chosen on a day the run does not train
-    # on (the newest of a dated warehouse, flows/calibrate.py): once it is chosen, a fresh
+    # on (the newest of a dated warehouse, flows/run/rows.py): once it is chosen, a fresh
     # model trains on all of these for that many epochs (`refit_job`). Empty: no refit.
     refit_files: tuple[str, ...] = ()
     # Profile this many last steps (training/loop/profile.py) and write `profile.json`: where

@@ -12,9 +12,9 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.calibrate import training_rows
-from flows.config import load_config
-from flows.feature_files import prepared_features
+from flows.run.config import load_config
+from flows.run.feature_files import prepared_features
+from flows.run.rows import training_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 POINT_KEYS = {"batch_size", "samples_per_s", "peak_memory_mb", "measured_step_ms", "estimated_step_ms"}

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.config import load_config
+from flows.run.config import load_config
 from training.job import CALIBRATION_PART, JobFolder
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import ConfigError
+from flows.run.config import ConfigError
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

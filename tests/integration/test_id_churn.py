@@ -18,7 +18,7 @@ from beside import ended_on_failure, start
 from foreign_python import champion_scores_elsewhere, raw_lines, run_predictions
 from mlflow.tracking import MlflowClient
 
-from flows.config import load_config
+from flows.run.config import load_config
 from ingestion.preprocess import PreprocessState
 from training.job import JobFolder, TrainJob
 from training.serving.own_rows import own_row_share

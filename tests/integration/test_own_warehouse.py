@@ -180,8 +180,8 @@ def test_a_retune_on_a_drifting_weekly_warehouse_is_never_worse_than_the_configu
     import optuna
     from mlflow.tracking import MlflowClient
 
-    from flows.config import load_config
     from flows.pipeline import run_pipeline
+    from flows.run.config import load_config
 
     write_sample_warehouse(tmp_path / "source", WEEKS, 5_000, seed=11, signal_drift=0.25)
     weeks = ", ".join(f'"{week}"' for week in WEEKS[:5])

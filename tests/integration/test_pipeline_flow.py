@@ -22,7 +22,7 @@ from foreign_python import (
 )
 from mlflow.tracking import MlflowClient
 
-from flows.config import load_config
+from flows.run.config import load_config
 from ingestion.warehouse import read_manifest
 from training.job import JobFolder
 from training.torch_range import matched_set
@@ -38,26 +38,26 @@ def pipeline_run(prefect_server, tmp_path_factory: pytest.TempPathFactory):
     import contextlib
     import io
 
-    import flows.config
+    import flows.run.config
     from flows.cli import main
 
     run_dir = tmp_path_factory.mktemp("tiny-run")
     overrides = [f'run_dir="{run_dir}"']
-    reads, read_toml = [], flows.config.read_toml
+    reads, read_toml = [], flows.run.config.read_toml
 
     def counted(path: Path):
         reads.append(path)
         return read_toml(path)
 
     output = io.StringIO()
-    flows.config.read_toml = counted
+    flows.run.config.read_toml = counted
     try:
         CALLED["at_ms"] = time.time() * 1000
         with contextlib.redirect_stdout(output):
             assert main(["run", "--config", str(ROOT / "configs" / "tiny.toml"), "--set", overrides[0], "--json"]) == 0
         CALLED["returned_ms"] = time.time() * 1000
     finally:
-        flows.config.read_toml = read_toml
+        flows.run.config.read_toml = read_toml
     CALLED["config_reads"] = len(reads)
     return load_config(ROOT / "configs" / "tiny.toml", overrides), json.loads(output.getvalue().strip().splitlines()[-1])
 
@@ -281,8 +281,9 @@ def test_a_killed_worker_fails_the_train_task_which_prefect_retries_from_the_che
     from prefect import flow
     from test_checkpoint_recovery import _kill_one_worker_after
 
-    from flows.feature_files import Features
-    from flows.train_stage import TrainedModel, build_job, train_task
+    from flows.run.feature_files import Features
+    from flows.run.job import TrainedModel, build_job
+    from flows.train_stage import train_task
 
     state, files = tiny_features
     features = Features(state, files, [])
@@ -301,7 +302,7 @@ def test_a_killed_worker_fails_the_train_task_which_prefect_retries_from_the_che
     trained, flow_run_id = train_once()
     summary = trained.summary
     assert summary.resumed_from_step >= 20, "the retry resumed from a checkpoint"
-    # the job's rows: the training days less the calibrator's held-out rows (flows/calibrate.py)
+    # the job's rows: the training days less the calibrator's held-out rows (flows/run/rows.py)
     trained_files = build_job(config, features).train_files
     given = sum(pq.ParquetFile(f).metadata.num_rows for f in trained_files)
     assert 0.85 * 12_000 < given < 0.95 * 12_000

@@ -12,8 +12,8 @@ from mlflow.tracking import MlflowClient
 from prefect import flow
 from prefect.client.orchestration import get_client
 
-from flows.config import load_config
 from flows.features import prepare_features
+from flows.run.config import load_config
 from flows.trials import validation_ne
 from training.job import JobFolder
 from training.tuning.key import tuning_key
@@ -103,9 +103,9 @@ def test_the_study_is_tracked_as_a_parent_run_with_nested_trials(tuned_run) -> N
 
 @flow
 def _decide(config_path: str, overrides: list[str]):
-    from flows.config import ConfigSource
     from flows.hyperparameters import choose_hyperparameters
-    from flows.resolve import resolve_run
+    from flows.run.config import ConfigSource
+    from flows.run.resolve import resolve_run
 
     config = load_config(config_path, overrides)
     features = prepare_features(config)

@@ -254,7 +254,7 @@ def test_ctrl_c_stops_a_retune_and_marks_its_mlflow_runs_killed(tmp_path: Path) 
     with them), and a retune waits for a free slot."""
     from mlflow.tracking import MlflowClient
 
-    from flows.config import load_config
+    from flows.run.config import load_config
 
     run_dir, home, log = tmp_path / "run", tmp_path / "prefect", tmp_path / "stderr.log"
     overrides = ["--set", f'run_dir="{run_dir}"', "--set", "training.epochs=30"]

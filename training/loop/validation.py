@@ -5,7 +5,7 @@
     the kept copy
 
 The validation rows are the training days' held-out rows (the calibrator's: a hash of each
-row puts them aside, flows/calibrate.py), so the rows that choose the run's length are the
+row puts them aside, flows/run/rows.py), so the rows that choose the run's length are the
 rows its calibrator is then fitted on, with predictions of a model that never trained on
 them. The evaluation days never choose anything.
 

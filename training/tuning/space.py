@@ -110,7 +110,7 @@ def search_batches(batch_size: int, world_size: int) -> tuple[int, ...]:
 
 
 def resolved_batches(space: TuningConfig) -> tuple[int, ...]:
-    """The batch sizes a study searches; "auto" is resolved with the run (flows/resolve.py)."""
+    """The batch sizes a study searches; "auto" is resolved with the run (flows/run/resolve.py)."""
     if space.batch_sizes == "auto":
         raise ValueError("tuning.batch_sizes = \"auto\" is resolved with the run's batch before a study starts")
     return space.batch_sizes

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from flows.calibrate import training_rows
-from flows.config import load_config
-from flows.feature_files import Features
+from flows.run.config import load_config
+from flows.run.feature_files import Features
+from flows.run.rows import training_rows
 from ingestion.holdout import split_holdout
 
 TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny.toml"

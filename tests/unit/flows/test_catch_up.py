@@ -8,9 +8,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from flows import recurring
-from flows.config import load_config
-from flows.recurring import TAG_DAYS, CatchUpError, plan_night
+from flows.recurring import TAG_DAYS, plan_night
 from flows.registry import CHAMPION_ALIAS
+from flows.run.config import load_config
+from flows.run.nights import CatchUpError
 
 ROOT = Path(__file__).resolve().parents[3]
 

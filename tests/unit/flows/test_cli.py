@@ -110,7 +110,7 @@ def test_the_embedded_default_config_is_found_from_any_folder(tmp_path: Path) ->
 
 
 def test_a_config_saved_with_a_bom_reads_as_utf8(tmp_path: Path) -> None:
-    from flows.config import ConfigError, load_config
+    from flows.run.config import ConfigError, load_config
 
     config = tmp_path / "bom.toml"
     config.write_bytes("\ufeffname = \"bom\"\n[training]\nbatch_size = 512\n".encode())

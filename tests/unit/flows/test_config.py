@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import ConfigError, PipelineConfig, config_as_dict, flatten, load_config
+from flows.run.config import ConfigError, PipelineConfig, config_as_dict, flatten, load_config
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -106,7 +106,7 @@ def test_resolved_config_flattens_for_mlflow_params() -> None:
 
 
 def test_flow_parameters_cannot_name_configs_outside_the_allowed_folders(tmp_path, monkeypatch) -> None:
-    from flows.config import load_flow_config
+    from flows.run.config import load_flow_config
 
     outside = tmp_path / "elsewhere.toml"
     outside.write_text((ROOT / "configs" / "tiny.toml").read_text())
@@ -138,7 +138,7 @@ def test_the_day_task_runner_is_threads_or_a_named_dask_cluster() -> None:
 
 
 def test_flow_overrides_cannot_move_data_paths_out_of_the_run_folder(tmp_path, monkeypatch) -> None:
-    from flows.config import load_flow_config
+    from flows.run.config import load_flow_config
 
     tiny = ROOT / "configs" / "tiny.toml"
     monkeypatch.delenv("DLRM_DATA_DIRS", raising=False)

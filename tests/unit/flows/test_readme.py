@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from flows.config import PipelineConfig, config_as_dict, flatten
+from flows.run.config import PipelineConfig, config_as_dict, flatten
 
 ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"

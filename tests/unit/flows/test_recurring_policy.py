@@ -8,7 +8,6 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from flows import recurring
-from flows.config import load_config
 from flows.pipeline import _judge_staleness
 from flows.recurring import (
     TAG_AS_OF,
@@ -20,7 +19,8 @@ from flows.recurring import (
     skipped_summary,
 )
 from flows.registry import CHAMPION_ALIAS
-from flows.reports import for_people, run_report
+from flows.run.config import load_config
+from flows.run.reports import for_people, run_report
 from training.codec import encode
 
 ROOT = Path(__file__).resolve().parents[3]

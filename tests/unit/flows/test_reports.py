@@ -8,7 +8,7 @@ import pytest
 
 from flows import commands, reports
 from flows.cli import _is_user_facing
-from flows.reports import RunSummary, SkippedNight, run_report
+from flows.run.reports import RunSummary, SkippedNight, run_report
 from training.codec import Checked, SchemaError, encode
 
 

@@ -8,15 +8,15 @@ import numpy as np
 
 from evaluation.calibration import Calibrator
 from evaluation.report import EvalReport
-from flows.calibrate import TrainingRows
-from flows.config import load_config
-from flows.feature_files import Features
 from flows.pipeline import run_summary
-from flows.recurring import Night, WarmStart
-from flows.reports import IngestDay
-from flows.resolve import resolve_run
+from flows.run.config import load_config
+from flows.run.feature_files import Features
+from flows.run.job import TrainedModel, build_job
+from flows.run.nights import Night, WarmStart
+from flows.run.reports import IngestDay
+from flows.run.resolve import resolve_run
+from flows.run.rows import TrainingRows
 from flows.tracking import TrackedRun
-from flows.train_stage import TrainedModel, build_job
 from ingestion.preprocess import PreprocessState
 from training.job import JobFolder, TrainSummary
 from training.tuning.key import tuning_key
@@ -70,6 +70,18 @@ def test_the_champion_shape_wins_over_the_tuner_and_a_warm_start_skips_the_warm_
     assert run.config.training.warmup_fraction == 0.0 and "no warm-up" in run.changes[0].note
     assert [change.step for change in run.changes][:3] == ["night", "tuning", "champion shape"]
     assert resolve_run(config, night, STATE, tuned) == run, "the same inputs resolve to the same run"
+
+
+def test_a_warm_start_keeps_the_champions_preprocessing_mode_and_says_so(tmp_path: Path) -> None:
+    config = load_config(TINY, [f'run_dir="{tmp_path}"', 'preprocess.categorical_mode="vocab"'])
+    managed = dataclasses.replace(STATE, mode="managed")
+    night = Night(3, (2,), WarmStart("4", "run", "/ckpt", (0, 1), config.model, managed))
+    run = resolve_run(config, night, managed)
+    assert run.config.preprocess.categorical_mode == "managed", "the champion's fitted state decides the mode"
+    change = next(c for c in run.changes if c.step == "champion preprocessing")
+    assert "preprocess.categorical_mode 'vocab' → 'managed'" in change.note
+    same = resolve_run(dataclasses.replace(config, preprocess=run.config.preprocess), night, managed)
+    assert "champion preprocessing" not in [c.step for c in same.changes], "nothing to say when the modes agree"
 
 
 def test_before_the_data_is_known_only_the_night_applies(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ import logging
 import optuna
 import pytest
 
-from flows.feature_files import Features
+from flows.run.feature_files import Features
 from flows.trials import EpochEnds, StopEarly, TrainingTrial
 from training.loop.progress import HeldoutRecord, TrainRecord
 
@@ -90,7 +90,7 @@ def test_a_watched_epoch_end_that_rose_stops_the_run() -> None:
 
 
 def test_early_stopping_trials_run_the_most_epochs_scored_on_every_validation_row(tiny_features, tmp_path) -> None:
-    from flows.config import load_config
+    from flows.run.config import load_config
     from flows.trials import tuning_data, validation_job
 
     state, files = tiny_features
@@ -104,7 +104,7 @@ def test_early_stopping_trials_run_the_most_epochs_scored_on_every_validation_ro
 
 
 def test_trials_validate_on_a_slice_of_the_training_rows_never_the_evaluation_days(tiny_features, tmp_path) -> None:
-    from flows.config import load_config
+    from flows.run.config import load_config
     from flows.trials import tuning_data
 
     state, files = tiny_features
@@ -121,7 +121,7 @@ def test_trials_validate_on_a_slice_of_the_training_rows_never_the_evaluation_da
 
 
 def test_validating_on_an_evaluation_day_is_refused() -> None:
-    from flows.config import ConfigError, load_config
+    from flows.run.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="tuning.validation_days: .*never on the evaluation days"):
         load_config("configs/tiny.toml", ["tuning.validation_days=[2]"])

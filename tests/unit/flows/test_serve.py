@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.config import ConfigError, load_config
 from flows.hyperparameters import RETUNE_DEPLOYMENT
+from flows.run.config import ConfigError, load_config
 from flows.serve import build_deployments
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import ConfigError, load_config
-from flows.sources import raw_sources
+from flows.run.config import ConfigError, load_config
+from flows.run.sources import raw_sources
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -57,7 +57,7 @@ def _marked_config(tmp_path: Path, files: list[str], marker: str = "", delay: in
 
 
 def test_a_pattern_sees_the_days_that_land_later(tmp_path: Path) -> None:
-    from flows.sources import complete_days
+    from flows.run.sources import complete_days
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -74,7 +74,7 @@ def test_a_pattern_sees_the_days_that_land_later(tmp_path: Path) -> None:
 
 def test_only_marked_days_are_complete(tmp_path: Path) -> None:
     """Per-file markers ("{file}.done") and a `_SUCCESS` per day folder."""
-    from flows.sources import complete_days, resolve_as_of
+    from flows.run.sources import complete_days, resolve_as_of
 
     flat = tmp_path / "flat"
     flat.mkdir()

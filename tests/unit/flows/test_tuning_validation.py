@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import ConfigError, load_config
+from flows.run.config import ConfigError, load_config
 from flows.trials import validation_days
 from ingestion.days import parse_day
 

@@ -96,7 +96,7 @@ def test_service_scripts_are_executable_and_refuse_to_start_unconfigured() -> No
 
 @pytest.mark.parametrize("name", ["production.toml"])
 def test_the_production_config_takes_its_urls_from_the_environment(name: str, monkeypatch) -> None:
-    from flows.config import ConfigError, load_config
+    from flows.run.config import ConfigError, load_config
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with pytest.raises(ConfigError, match=r"tracking.tracking_uri: refers to \$\{MLFLOW_TRACKING_URI\}"):

@@ -207,7 +207,7 @@ def test_a_dataset_behind_a_url_is_read_through_fsspec(tmp_path: Path) -> None:
             pq.write_table(day_table(40 + seed), handle)
         memory.touch(f"/clicks/ds={day}/_SUCCESS")
     config = source_config("memory://clicks")
-    from flows.sources import complete_days, partition_files
+    from flows.run.sources import complete_days, partition_files
 
     pipeline = _pipeline(tmp_path, config)
     files = partition_files(pipeline)
@@ -232,8 +232,8 @@ def test_an_unreadable_file_stops_the_day_naming_it(tmp_path: Path) -> None:
 
 
 def test_a_configured_day_without_its_partition_is_one_line_naming_it(tmp_path: Path) -> None:
-    from flows.config import ConfigError
-    from flows.sources import partition_files, raw_sources
+    from flows.run.config import ConfigError
+    from flows.run.sources import partition_files, raw_sources
 
     for seed, day in enumerate(DAYS[:2]):
         write_day(tmp_path / "src", day, [day_table(60 + seed)])
@@ -246,6 +246,6 @@ def test_a_configured_day_without_its_partition_is_one_line_naming_it(tmp_path: 
 
 def _pipeline(run_dir: Path, data: DataConfig):
     from evaluation.config import EvaluationConfig
-    from flows.config import PipelineConfig
+    from flows.run.config import PipelineConfig
 
     return PipelineConfig(run_dir=str(run_dir), data=data, evaluation=EvaluationConfig(slice_feature=data.sparse[0]))

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from flows.config import ConfigError, load_config
+from flows.run.config import ConfigError, load_config
 from training.config import TrainingConfig
 from training.loop.steps import pipeline_kind
 

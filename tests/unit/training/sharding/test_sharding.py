@@ -209,8 +209,9 @@ def test_quantized_communication_is_refused_on_cpu_and_configured_for_gpus() -> 
 def test_the_planner_counts_row_wise_adagrad_state_as_one_float_per_row_in_training_and_dlrm_plan() -> None:
     """Training attaches the embedding optimizer before planning, and `dlrm plan` does the
     same: the estimate is the tables plus one float per row, not a second copy of them."""
-    from flows.config import ClusterConfig, PipelineConfig
-    from flows.planning import plan_report
+    from flows.run.config import ClusterConfig, PipelineConfig
+    from flows.run.feature_files import TablesToPlan
+    from flows.run.planning import plan_report
     from training.config import ModelConfig, TrainingConfig
     from training.loop.optimizers import attach_embedding_optimizer
 
@@ -228,15 +229,17 @@ def test_the_planner_counts_row_wise_adagrad_state_as_one_float_per_row_in_train
 
     config = PipelineConfig(model=model_config, sharding=ShardingConfig("table_wise", "fused"),
                             training=TrainingConfig(nproc=1, batch_size=512))
-    report = plan_report(config, ClusterConfig(hosts=1, devices_per_host=1, compute_device="cpu"), sizes)
+    cpu = ClusterConfig(hosts=1, devices_per_host=1, compute_device="cpu")
+    report = plan_report(config, cpu, TablesToPlan(sizes, "hash"))
     assert sum(rank["ddr_bytes"] for rank in report.per_rank) == training_bytes, "dlrm plan plans what trains"
 
 
 def test_managed_ids_memory_is_kept_from_the_tables_on_the_device_that_holds_the_remapper(monkeypatch) -> None:
     """The remapper lives beside each process's tables: GPU memory on a GPU cluster, host
     memory on a CPU one; `dlrm plan` of a managed config plans with that much less."""
-    import flows.planning
-    from flows.config import load_config
+    import flows.run.planning
+    from flows.run.config import load_config
+    from flows.run.feature_files import TablesToPlan
     from training.config import ClusterConfig
     from training.model.managed_ids import state_bytes
     from training.sharding.plan import cluster_topology
@@ -248,9 +251,24 @@ def test_managed_ids_memory_is_kept_from_the_tables_on_the_device_that_holds_the
     sizes = {"C1": 1_000, "C2": 500_000}
     assert state_bytes(sizes, "lru") == 501_000 * 24 + 2 * 8_208
     reserved = []
-    monkeypatch.setattr(flows.planning, "cluster_topology",
+    monkeypatch.setattr(flows.run.planning, "cluster_topology",
                         lambda cluster, kept=0: reserved.append(kept) or cluster_topology(cluster, kept))  # fmt: skip
-    for mode in ("managed", "hash"):
-        config = load_config("configs/tiny.toml", [f'preprocess.categorical_mode="{mode}"'])
-        assert flows.planning.plan_report(config, gpus, sizes).tables == 2
+    config = load_config("configs/tiny.toml", ['preprocess.categorical_mode="hash"'])
+    for mode in ("managed", "hash"):  # the fitted state's mode, whatever the config says: as training reads it
+        assert flows.run.planning.plan_report(config, gpus, TablesToPlan(sizes, mode)).tables == 2
     assert reserved == [state_bytes(sizes, "lru"), 0]
+
+
+def test_the_planner_reads_the_fitted_states_mode_not_the_configs(tmp_path) -> None:
+    """A run folder whose fitted state is managed (a lineage that kept its champion's mode) is
+    planned as managed, whatever the config says now: training reads the state too."""
+    from flows.run.config import load_config
+    from flows.run.feature_files import tables_to_plan
+    from ingestion.preprocess import PreprocessState
+
+    config = load_config("configs/tiny.toml", [f'run_dir="{tmp_path}"', 'preprocess.categorical_mode="hash"'])
+    folder = config.path(config.preprocess.features_dir) / "s"
+    folder.mkdir(parents=True)
+    PreprocessState("s", {"C1": 10, "C2": 5}, (0,), 100, 0.25, mode="managed").save(folder / "state.json")
+    tables = tables_to_plan(config)
+    assert tables.categorical_mode == "managed" and tables.sizes == {"C1": 11, "C2": 6}

@@ -107,7 +107,7 @@ def test_a_declared_cluster_gives_the_key_its_hardware_takes_mocked_cuda(monkeyp
 
 
 def test_trainer_cluster_must_agree_with_the_hosts(tmp_path) -> None:
-    from flows.config import ConfigError, load_config, trainer_cluster
+    from flows.run.config import ConfigError, load_config, trainer_cluster
 
     root = Path(__file__).resolve().parents[4]
     demo = root / "configs" / "demo.toml"

@@ -60,7 +60,7 @@ def test_scale_and_schedule_with_nothing_tuned_trains_configured_and_schedules()
 
 def test_decision_tags_carry_the_decision_and_where_its_parameters_come_from() -> None:
     tags = decide("scale_and_schedule", KEY, [SMALL_BATCH], CONFIGURED, "sqrt").as_tags()
-    assert "tuning.key" not in tags, "the run's key is the resolved run's (flows/resolve.py)"
+    assert "tuning.key" not in tags, "the run's key is the resolved run's (flows/run/resolve.py)"
     assert tags["tuning.decision"] == "scale_and_schedule" and "nearest tuned key" in tags["tuning.reason"]
     assert tags["tuning.params_from"] == f"{SMALL_BATCH.study_name}#3"
 

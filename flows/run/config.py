@@ -207,7 +207,7 @@ class ConfigSource:
     overrides: tuple[str, ...] = ()
 
 
-PROJECT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+PROJECT_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # More folders whose configs flows may read (os.pathsep-separated); `dlrm` adds the folder
 # of the config it was given.
 CONFIG_DIRS_ENV = "DLRM_CONFIG_DIRS"

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from flows.config import ConfigError, PipelineConfig
+from flows.run.config import ConfigError, PipelineConfig
 from ingestion.days import DayError, parse_day
 from ingestion.warehouse import day_of
 

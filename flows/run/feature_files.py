@@ -1,14 +1,14 @@
 """The feature files of a run's days and their preprocessing state: what the data stages
 hand training (`Features`), and what an earlier run left in a run folder
-(`prepared_features`, for `dlrm train`), and the table sizes a plan needs. Light to import: a command checks its input here
+(`prepared_features`, for `dlrm train`), and the tables a plan needs. Light to import: a command checks its input here
 before it loads Prefect or torch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flows.config import ConfigError, PipelineConfig
-from flows.reports import IngestDay
+from flows.run.config import ConfigError, PipelineConfig
+from flows.run.reports import IngestDay
 from ingestion.preprocess import PreprocessState, features_dir, state_id_for
 
 
@@ -45,14 +45,24 @@ def prepared_features(config: PipelineConfig) -> Features:
     return Features(state, files, [])
 
 
-def table_sizes_for(config: PipelineConfig) -> dict[str, int]:
+@dataclass(frozen=True)
+class TablesToPlan:
+    """The tables `dlrm plan` plans: their rows, and how ids become rows in them (the fitted
+    state's `categorical_mode`, which training reads too; the config's for declared tables)."""
+
+    sizes: dict[str, int]
+    categorical_mode: str
+
+
+def tables_to_plan(config: PipelineConfig) -> TablesToPlan:
     """Declared tables if the config declares them, else the run's fitted preprocessing state."""
     declared = config.model.declared_tables.table_sizes()
     if declared:
-        return declared
+        return TablesToPlan(declared, config.preprocess.categorical_mode)
     states = sorted(config.path(config.preprocess.features_dir).glob("*/state.json"), key=lambda p: p.stat().st_mtime)
     if not states:
         raise ConfigError(
             "model.declared_tables: no tables to plan; declare them in the config or run the pipeline first"
         )
-    return PreprocessState.load(states[-1]).table_sizes
+    state = PreprocessState.load(states[-1])
+    return TablesToPlan(state.table_sizes, state.mode)

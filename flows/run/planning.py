@@ -8,8 +8,9 @@ from dataclasses import asdict
 
 import torch
 
-from flows.config import ClusterConfig, ConfigError, PipelineConfig
-from flows.reports import PlanReport
+from flows.run.config import ClusterConfig, ConfigError, PipelineConfig
+from flows.run.feature_files import TablesToPlan
+from flows.run.reports import PlanReport
 from training.loop.optimizers import attach_embedding_optimizer
 from training.model.build import build_train_model, row_width, table_name
 from training.model.managed_ids import state_bytes
@@ -24,17 +25,17 @@ from training.sharding.plan import (
 HOST_MEMORY_KERNELS = {"fused_uvm", "fused_uvm_caching"}
 
 
-def plan_report(config: PipelineConfig, cluster: ClusterConfig, sizes: dict[str, int]) -> PlanReport:
-    """Plan the config's model, over tables of `sizes` rows (`table_sizes_for`), for
-    `cluster` on the meta device (nothing is allocated)."""
-    started = time.perf_counter()
+def plan_report(config: PipelineConfig, cluster: ClusterConfig, tables: TablesToPlan) -> PlanReport:
+    """Plan the config's model, over `tables` (`tables_to_plan`), for `cluster` on the meta
+    device (nothing is allocated)."""
+    started, sizes = time.perf_counter(), tables.sizes
     model = build_train_model(config.model, sizes, torch.device("meta"))
     attach_embedding_optimizer(model, config.training)  # as training does: its state takes memory
     try:
         per_rank_batch = cluster.workers.per_rank_batch(config.training.batch_size)
     except ValueError as error:
         raise ConfigError(f"{error} on {cluster.name}") from None
-    managed = config.preprocess.managed if config.preprocess.categorical_mode == "managed" else None
+    managed = config.preprocess.managed if tables.categorical_mode == "managed" else None
     reserved = state_bytes(sizes, managed.policy) if managed else 0  # the remapper, on every process
     plan, estimates = plan_sharding(
         model, config.sharding, cluster_topology(cluster, reserved), per_rank_batch,

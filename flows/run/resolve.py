@@ -4,9 +4,10 @@ The configured run changes here and nowhere else, in this order, each change sai
 reason:
 
 1. the night (`dlrm run --as-of N`): its training days, day N as the evaluation day, and no
-   second warm-up for a warm start (flows/recurring.py);
+   second warm-up for a warm start (flows/run/nights.py);
 2. the hyperparameters the tuning decision chose (flows/hyperparameters.py);
-3. the champion's model shape, which a warm start keeps whatever the config or the tuner say;
+3. the champion's model shape and preprocessing mode (`preprocess.categorical_mode`), which a
+   warm start keeps whatever the config or the tuner say;
 4. the run length, fitted last so that it sees any tuned batch: the global batch is halved
    until the run has `training.min_steps` steps (training/loop/run_length.py);
 5. with that length known, a study's batch sizes (`tuning.batch_sizes = "auto"`): the
@@ -24,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from flows.config import PipelineConfig, trainer_cluster
-from flows.recurring import Night, night_config, with_champion_shape
+from flows.run.config import PipelineConfig, trainer_cluster
+from flows.run.nights import Night, night_config, with_champion_preprocessing, with_champion_shape
 from ingestion.preprocess import PreprocessState
 from training.config import Workers
 from training.loop.run_length import fit_run_length
@@ -38,7 +39,7 @@ from training.tuning.trigger import TuningDecision
 class Change:
     """One rewrite of the configured run: which step made it, and what it changed and why."""
 
-    step: str  # "night", "tuning", "champion shape", "run length", "tuning key"
+    step: str  # "night", "tuning", "champion shape", "champion preprocessing", "run length", "tuning key"
     note: str
 
 
@@ -77,6 +78,7 @@ def resolve_run(config: PipelineConfig, night: Night | None = None, state: Prepr
         config = apply("tuning", _with_tuned(config, tuning))
     if night.warm_start is not None:
         config = apply("champion shape", with_champion_shape(config, night.warm_start))
+        config = apply("champion preprocessing", with_champion_preprocessing(config, night.warm_start))
     steps = None
     if state is not None:
         fitted = fit_run_length(config.training, state.train_rows, config.workers)

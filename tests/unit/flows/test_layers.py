@@ -1,0 +1,118 @@
+"""The shape of `flows/`: which package may import what, and no import runs in a circle.
+
+Read from the source (every import statement, at module top or inside a function; those
+under `if TYPE_CHECKING:` are for the type checker and do not run), so the rules hold for
+code paths that no other test reaches.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+FLOWS = ROOT / "flows"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_only(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    """Every module an import statement names, TYPE_CHECKING blocks left out."""
+    found: set[str] = set()
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _type_checking_only(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    """flows module → the modules it imports."""
+    return {_module_name(path): _imports(ast.parse(path.read_text(), str(path))) for path in sorted(FLOWS.rglob("*.py"))}
+
+
+def _flows_module(name: str, modules: set[str]) -> str | None:
+    """The flows module an imported name is (`from flows.run import config` names the package)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def test_the_run_imports_neither_prefect_nor_mlflow_nor_anything_above_it():
+    graph = _graph()
+    run = {name: imports for name, imports in graph.items() if name == "flows.run" or name.startswith("flows.run.")}
+    assert {"flows.run.config", "flows.run.resolve", "flows.run.job", "flows.run.nights", "flows.run.rows"} <= set(run), (
+        "the run's modules are where the layout says"
+    )
+    broken = {
+        name: sorted(
+            imported
+            for imported in imports
+            if imported.split(".")[0] in ("prefect", "mlflow")
+            or (imported.startswith("flows.") and not imported.startswith("flows.run"))
+        )
+        for name, imports in run.items()
+    }
+    assert not {name: found for name, found in broken.items() if found}, (
+        "flows/run is the pure layer: no Prefect, no MLflow, no import of the stages, tracking or commands above it"
+    )
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Each import circle found by a depth-first walk, as the modules round it."""
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        path.append(name)
+        for target in sorted(edges.get(name, ())):
+            if state.get(target) == 1:
+                circles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[name] = 2
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name)
+    return circles
+
+
+def test_no_flows_module_imports_itself_round_a_circle():
+    graph = _graph()
+    modules = set(graph)
+    edges = {name: {m for i in imports if (m := _flows_module(i, modules)) and m != name} for name, imports in graph.items()}
+    circles = _circles(edges)
+    assert not circles, "import circles in flows/: " + "; ".join(" → ".join(c) for c in circles)
+
+
+def test_the_checks_see_a_circle_and_a_forbidden_import():
+    """The two rules above can fail: a module that imports Prefect is seen, and so is a loop."""
+    source = "import prefect\nfrom flows.run import config\nif TYPE_CHECKING:\n    import mlflow\ndef f():\n    import flows.cli"
+    found = _imports(ast.parse(source))
+    assert found == {"prefect", "flows.run", "flows.cli"}
+    assert _flows_module("flows.run.config.PipelineConfig", {"flows.run.config", "flows.run"}) == "flows.run.config"
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _circles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
