@@ -14,7 +14,7 @@ TORCH := $(word 1,$(MATCHED))
 STAMP  := $(VENV)/.installed-$(FBGEMM)-torch-$(TORCH)
 INSTALL_LOG := $(VENV)/install.log
 
-.PHONY: install demo test test-compat bench bundle lint clean
+.PHONY: install demo test test-compat bench bundle lint docs clean
 
 install: $(STAMP)
 
@@ -79,6 +79,10 @@ bench: install
 	$(BIN)/python bench/generate.py
 
 # The style the code keeps (pyproject.toml [tool.ruff]); `make test` and so CI run it first.
+# docs/configuration.md from the config classes' field docs (a test fails when it is stale)
+docs: install
+	$(BIN)/python -m flows.run.config_reference
+
 lint: install
 	$(BIN)/python -m ruff check .
 

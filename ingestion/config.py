@@ -22,16 +22,23 @@ class SyntheticConfig:
     """The generator of Criteo-format days (demo, tests, benchmarks)."""
 
     rows_per_day: int = 200_000
+    """examples per generated day (`demo.toml` sets 300,000)"""
     seed: int = 7
+    """the generator's seed: the same seed gives the same days"""
     # Kaggle Criteo cardinalities times this factor (at least 3 values per feature).
     cardinality_scale: float = 0.05
+    """Kaggle Criteo's per-feature cardinalities times this (at least 3 values a feature); in (0, 1]"""
     click_rate: float = 0.25
+    """the share of positive labels; in [0.01, 0.99]"""
     # Mean ids per example of a multi-hot feature (`data.multi_hot`), when present.
     multi_hot_mean_ids: float = 8.0
+    """mean ids in a bag of a `multi_hot` feature: bags hold 1 + Poisson(mean − 1) ids"""
     # Every effect of the ground truth (per value, pairwise, dense) times this factor. 1: the
     # demo's strong signal (Bayes-optimal NE near 0.65); 0.55: weak, like real logs (Bayes NE
     # 0.86–0.87; 0.45 gives 0.90). The bias is re-solved, so the click rate stays `click_rate`.
     signal_scale: float = 1.0
+    """every effect of the ground-truth model times this. 1: the demo's strong signal (Bayes-optimal NE near 0.65); 0.55: weak,
+    like real logs (Bayes-optimal NE about 0.86; 0.45 gives about 0.90). The click rate stays `click_rate`"""
     # Drift from day to day (0: every day has one ground truth). `signal_drift`: radians a
     # day by which every effect turns toward an independent one, so effects k days apart
     # correlate by cos(k × signal_drift) (0.15: a week apart 0.49; pairwise terms, products of
@@ -41,7 +48,12 @@ class SyntheticConfig:
     # ids is new and as many stop, at every popularity; features of fewer than 1,000 values,
     # a device or a country, keep theirs); 0: ids live for ever.
     signal_drift: float = 0.0
+    """radians a day by which every effect turns toward an independent one: effects k days apart correlate by cos(k × drift),
+    pairwise terms by its square (0.15: a week apart, 0.49). What a model learnt goes stale"""
     id_lifetime_days: int = 0
+    """each value is logged under an id that lives this many days, then gives way to a new id with effects of its own; every day
+    1/lifetime of each feature's ids is new and as many stop, at every popularity; features of fewer than 1,000 values (a
+    device, a country) keep theirs (`configs/drifting-ids.toml`). 0: ids live for ever"""
 
     def __post_init__(self) -> None:
         if self.rows_per_day <= 0:
@@ -68,35 +80,63 @@ class DataConfig:
     # the user's own hive-partitioned Parquet dataset (`path`, `partition`, `label`,
     # `dense`, `sparse`).
     source: Literal["synthetic", "files", "parquet"] = "synthetic"
+    """`synthetic`: generate Criteo-format days; `files`: ingest the Criteo files in `files`; `parquet`: your own
+    hive-partitioned Parquet dataset (`path`, `partition`, `label`, `dense`, `sparse`; README: Your own warehouse)"""
     # Real Criteo files (plain or gzip, local paths or fsspec URLs). A file's day comes from
     # a `day_N` in its name, otherwise from its position in this list.
     files: tuple[str, ...] = ()
+    """Criteo files, plain or gzip, local paths or fsspec URLs, or local glob patterns (`/data/criteo/day_*.gz`, expanded at each
+    run, so new days are seen). A file's day comes from `day_N` in its name or its folder's, otherwise from its position in
+    the list. Needed when `source = "files"`"""
     raw_dir: str = "raw"
+    """where generated days are written"""
     warehouse_dir: str = "warehouse"
+    """the Parquet warehouse (`day=N/` partitions, `_quarantine/`, `_manifest.json`)"""
     # Days: integers, or ISO dates ("2026-11-24") naming a dated warehouse's partitions; held
     # as integers (dates: days since 1970-01-01, `normalised`), shown as written (`shown`).
     train_days: tuple[int, ...] = (0, 1)
+    """the days the model trains on (and preprocessing is fitted on): integers, or ISO dates (`"2026-11-24"`) naming a dated
+    `parquet` source's partitions"""
     eval_days: tuple[int, ...] = (2,)
+    """the held-out days it is judged on; must not overlap `train_days`"""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     # Categorical features with a variable number of ids per example: their raw field holds
     # comma-separated ids and their warehouse column is a list (e.g. ["C3", "C12"]).
     multi_hot: tuple[str, ...] = ()
+    """categorical features that hold a bag of ids per example, e.g. `["C3", "C12"]`: their raw field holds comma-separated 8-hex
+    ids and their warehouse column is a list. Criteo sources only: a `parquet` source finds its lists by their type"""
     # When a day of `files` is complete, for `dlrm run --as-of newest` (the nightly run):
     # a marker file beside the day's files (`{file}` stands for each file's name, e.g.
     # "{file}.done"; "_SUCCESS" for a folder per day) and/or the newest N days still held
     # back as being written. Both empty/0: every day with a file is complete.
     complete_marker: str = ""
+    """when a day of `files` (or a partition of `path`) counts as complete for `dlrm run --as-of newest` (the nightly run): a
+    file of this name beside each of the day's files; `{file}` stands for the file's name (`"{file}.done"`), or use
+    `"_SUCCESS"` with a folder per day. Empty: every day with a file is complete"""
     complete_delay_days: int = 0
+    """the newest N days present are taken as still being written and are not yet the newest"""
     # source = "parquet": a folder or fsspec URL holding `{partition}=VALUE/*.parquet`; the
     # 0/1 label column (bool or integer); numeric columns; id columns (integer or string
     # ids, or lists of them: multi-hot). Each column's name is its feature's name.
     path: str = ""
+    """`source = "parquet"`: the dataset's folder (relative: from `run_dir`) or fsspec URL (`s3://bucket/clicks`), holding one
+    `{partition}=VALUE/` folder of Parquet files a day. Only the partitions a run needs are listed and read, each file
+    streamed in record batches of the configured columns"""
     partition: str = "ds"
+    """the partition column: its values are the days, integers (`ds=3`) or ISO dates (`ds=2026-11-24`)"""
     label: str = "label"
+    """the 0/1 label column, bool or integer. A row with a null or other label is quarantined"""
     dense: tuple[str, ...] = ()
+    """numeric columns (at least one): missing → 0, then `ln(1 + max(x, 0))`; a NaN or ±inf is quarantined"""
     sparse: tuple[str, ...] = ()
+    """id columns: integer ids, text ids (stored as the FNV-1a hash of their UTF-8 bytes), or lists of either (multi-hot, null
+    ids dropped). Each gets an embedding table named after the column. A float column of whole numbers counts as integer ids;
+    a fractional one is quarantined. A column missing or of another kind than on earlier days stops that day, naming the
+    column and both types"""
     # How days are written: "auto" (in the TOML) takes dates when the configured days are ISO dates.
     day_format: Literal["integer", "date"] = "integer"
+    """how days are written: `"auto"` takes ISO dates when `train_days` are dates; `"integer"` or `"date"` to say so. Dates count
+    internally as days since 1970-01-01, so "the days before N" is the same for both"""
 
     @classmethod
     def normalised(cls, raw: dict[str, Any]) -> dict[str, Any]:
@@ -196,8 +236,13 @@ class ManagedIdsConfig:
     """
 
     policy: Literal["lfu", "lru", "distance_lfu"] = "lru"
+    """which resident ids new ones replace: `lru` the longest unseen, `lfu` the least used since admitted (a tie keeps the
+    resident), `distance_lfu` uses divided by the rounds since seen"""
     eviction_interval: int = 100
+    """training steps between admission rounds (also one before each checkpoint and at a run's end): the ids seen since the last
+    round are counted and the candidates admitted"""
     admit_min_count: int = 1
+    """the fewest sightings in a round that make an id a candidate; rarer ids share the last row"""
 
     def __post_init__(self) -> None:
         if self.eviction_interval < 1:
@@ -213,22 +258,36 @@ class PreprocessConfig:
 
     # No embedding table has more rows than this (row 0 of each is kept for missing values).
     hash_size: int = 100_000
+    """the most rows any embedding table has (row 0 of each is the missing value)"""
     # "hash": 1 + value mod buckets. "vocab": values seen at least `min_count` times on the
     # training days get their own row (the most frequent first, at most hash_size - 2 of
     # them); every other value shares the out-of-vocabulary row 1.
     # "managed": each id keeps its raw value and a managed-collision module in front of the
     # table admits new ids and evicts stale ones (`managed`): for ids that come and go.
     categorical_mode: Literal["hash", "vocab", "managed"] = "hash"
+    """`hash`: 1 + value mod buckets. `vocab`: values seen at least `min_count` times on the training days get their own row,
+    most frequent first (at most `hash_size` − 2 of them); every other value shares the out-of-vocabulary row 1. Vocabularies
+    are Parquet files beside the state. `managed`: the features keep each raw id (missing: the id −2^63) and a TorchRec
+    managed-collision module in front of each table admits new ids and evicts stale ones as training goes
+    (`[preprocess.managed]`); tables sized as in hash mode, the last row shared by every id without one (docs/managed-ids.md)"""
     min_count: int = 1
+    """the fewest sightings that earn a value its own row in `vocab` mode"""
     # Vocabulary mode: free table rows beyond the fitted vocabulary, as a fraction of it (up
     # to hash_size rows in all). A recurring run (`--as-of`) gives new frequent ids these
     # rows and keeps every existing id's row; with none left, new ids share row 1.
     vocab_headroom: float = 0.5
+    """`vocab` mode: free table rows beyond the fitted vocabulary, as a fraction of it (at most `hash_size` rows in all). A
+    recurring run (`--as-of`) puts the new days' frequent ids there, keeping every known id's row; once a table is full, new
+    ids share the out-of-vocabulary row until a new lineage refits (docs/recurring.md)"""
     managed: ManagedIdsConfig = field(default_factory=ManagedIdsConfig)
     features_dir: str = "features"
+    """where feature Parquet and the versioned preprocessing state go"""
     duckdb_memory_limit: str = "2GB"
+    """DuckDB's memory limit"""
     duckdb_threads: int = 2
+    """DuckDB's threads"""
     row_group_size: int = 131_072
+    """rows per Parquet row group of the features (at least 1,024); the reader hands row groups to ranks"""
 
     def __post_init__(self) -> None:
         if self.hash_size < 2:

@@ -16,17 +16,34 @@ class ModelConfig:
     """DLRM shape: `bottom_mlp` ends at `embedding_dim`, `top_mlp` ends at one logit."""
 
     arch: Literal["dlrm", "dlrm_dcn"] = "dlrm"
+    """`dlrm`: dot interaction; `dlrm_dcn`: DCN-v2 cross layers"""
     embedding_dim: int = 16
+    """width of every embedding"""
     bottom_mlp: tuple[int, ...] = (512, 256, 16)
+    """the dense features' MLP; must end with `embedding_dim`"""
     top_mlp: tuple[int, ...] = (512, 256, 1)
+    """the MLP over the interaction; must end with 1 (the logit)"""
     dcn_num_layers: int = 3
+    """DCN-v2 cross layers (`dlrm_dcn` only)"""
     dcn_low_rank_dim: int = 64
+    """the low-rank width of each cross layer (`dlrm_dcn` only)"""
     # Wide & Deep: each id also adds its own learned weight to the logit (training/model/stock_dlrm.py: WideDLRM)
     wide: bool = False
+    """Wide & Deep: each id also adds its own learned weight to the logit, and the dense features a linear term, beside the
+    DLRM's output (`dlrm` only). Each embedding row carries 4 more columns whose sum is the id's weight (fbgemm's kernels take
+    rows of 4·k floats), so sharding, checkpoints, warm starts and serving work unchanged. In a plain DLRM an id's own effect
+    reaches the logit only through its dot product with the bottom MLP's output, which a few thousand rows rarely teach: on
+    `configs/small-real.toml` (8,000 rows) the tuned NE goes from 0.9462 to 0.9369 (own weights from 0), next to the logistic
+    regression's 0.9342"""
     # Where a wide model's own weights start (training/sharding/start.py): "zero" (the model starts
     # as its DLRM), or "logistic_regression" (as the fitted reference, the deep part then
     # learns what it leaves: small data)
     wide_start: Literal["zero", "logistic_regression"] = "zero"
+    """where a wide model's own weights start on a fresh run (a resumed or warm-started run loads its own): `"zero"`, so the
+    model starts as its DLRM; `"logistic_regression"`, as the fitted reference (the same fit as the run's logistic-regression
+    reference: rows, seed, `evaluation.reference_max_rows`), with the top MLP's last layer at 0, so the deep part learns what
+    the regression leaves. Rank 0 fits it and sends it to every rank. Small data: L-BFGS with a validated L2 finds the ids'
+    own weights better than a few epochs of SGD; keep `training.embedding_lr` small (≤ 0.001) or they drift from that optimum"""
     # Tables declared by shape, for planning a model without its data (empty: from the data).
     declared_tables: DeclaredTables = field(default_factory=lambda: DeclaredTables())
 
@@ -69,7 +86,9 @@ class TableSharding:
     """A per-table override of the sharding rule ("auto" here keeps the global value)."""
 
     sharding_type: ShardingType = "auto"
+    """as above, for this table"""
     compute_kernel: ComputeKernel = "auto"
+    """as above, for this table"""
 
     def __post_init__(self) -> None:
         _check_pair(self.sharding_type, self.compute_kernel)
@@ -85,18 +104,27 @@ class ShardingConfig:
     """
 
     sharding_type: ShardingType = "table_wise"
+    """for every table: `auto`, `table_wise`, `row_wise`, `column_wise`, `table_row_wise`, `data_parallel`. `auto` lets the
+    planner choose among what the device supports. On CPU, TorchRec supports `table_wise`, `column_wise` and `data_parallel`"""
     compute_kernel: ComputeKernel = "fused"
+    """where tables live: `fused` (device memory), `fused_uvm` (host memory), `fused_uvm_caching` (host memory with a GPU cache),
+    `dense` (the kernel of `data_parallel` tables, and only of them), or `auto`"""
     tables: dict[str, TableSharding] = field(default_factory=dict)
     # The planner's greedy searches stop after this many plans in a row that are no faster
     # than their best (0: search every proposal, TorchRec's default). For the scaled M3 on
     # 2 × 8 GPUs the full search rated 3,050 proposals in 28–41 s on 2 CPU cores; stopping
     # after 50 found a plan of the same estimated cost in 10.6 s (after 10, in 8.8 s).
     search_patience: int = 50
+    """the planner's greedy searches stop after this many plans in a row that are no faster than their best; `0` searches every
+    proposal (TorchRec's default)"""
     # Precision of the embeddings' all-to-alls (TorchRec's quantized communication codecs):
     # forward (pooled embeddings) and backward (their gradients). fp16/bf16 halve the bytes
     # between GPUs; TorchRec applies the codecs on CUDA only.
     comm_forward_precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+    """precision of the pooled embeddings' all-to-all: `fp16` or `bf16` halve its bytes (TorchRec's quantized communication
+    codecs); CUDA only, refused on CPU, where TorchRec would ignore it"""
     comm_backward_precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+    """the same for their gradients on the way back"""
 
     def __post_init__(self) -> None:
         _check_pair(self.sharding_type, self.compute_kernel)
@@ -119,9 +147,13 @@ class DeclaredTables:
     """
 
     count: int = 0
+    """how many tables"""
     max_rows: int = 20_000_000
+    """rows of the largest"""
     min_rows: int = 1_000
+    """rows of the smallest"""
     pooling_factor: float = 1.0
+    """ids per bag on average, for the planner's cost estimates"""
 
     def __post_init__(self) -> None:
         if self.count < 0 or self.min_rows < 1 or self.max_rows < self.min_rows:
@@ -141,14 +173,22 @@ class ClusterConfig:
     """A cluster to plan for, which need not be this machine (`dlrm plan --cluster`)."""
 
     name: str = "cluster"
+    """printed with the plan"""
     hosts: int = 1
+    """hosts in the cluster"""
     devices_per_host: int = 8
+    """GPUs (or CPU ranks) per host"""
     compute_device: Literal["cuda", "cpu"] = "cuda"
+    """`cuda` or `cpu`"""
     device_memory_gb: float = 80.0
+    """memory per device"""
     host_memory_gb: float = 1024.0
+    """memory per host"""
     # The device's name as CUDA reports it (e.g. "NVIDIA H100 80GB HBM3"), so a tuning key
     # taken from this declaration equals one taken on the hardware; "" uses `name`.
     device_model: str = ""
+    """the device's name as CUDA reports it (e.g. `"NVIDIA H100 80GB HBM3"`), so that a tuning key taken from this file
+    equals one taken on the hardware; empty: `name`"""
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.devices_per_host < 1:
@@ -178,9 +218,17 @@ class CpuConfig:
     """
 
     embedding_update: Literal["auto", "native", "vectorized", "fbgemm"] = "auto"
+    """the embeddings' fused row-wise Adagrad inside fbgemm's backward. `native`: one C loop over the ids (needs a C compiler);
+    `vectorized`: the same in torch ops; `fbgemm`: fbgemm's own. `auto`: `native` where it compiles and fbgemm's op still
+    takes the arguments it was written for, else `fbgemm`"""
     interaction: Literal["auto", "native", "aten"] = "auto"
+    """the fp32 dot interaction. `native`: one C pass per sample; `aten`: torch's batched products. `auto`: `native` where it
+    compiles, else `aten`. bf16 always uses `aten`"""
     matmul: Literal["onednn", "aten"] = "onednn"
+    """the MLPs' fp32 ReLU layers. `onednn`: one oneDNN product with the bias and ReLU fused; `aten`: PyTorch's own (MKL)"""
     malloc: Literal["retain", "system"] = "retain"
+    """`retain`: freed blocks up to 32 MB stay in the process (glibc's `mallopt`), so a step does not page-fault its activations
+    in again; `system`: glibc's defaults. Nothing changes where the C library is not glibc"""
 
 
 @dataclass(frozen=True)
@@ -188,7 +236,11 @@ class TrainingConfig:
     """The torchrun job. `batch_size` is global: each rank of every host takes an equal share."""
 
     nproc: int = 2
+    """training processes per host (on GPU hosts: the GPUs per host)"""
     batch_size: int = 2048
+    """the global batch: a multiple of the world size (`nproc` × `orchestration.trainer_hosts`), each process takes an equal
+    share. The run may train at a smaller one (`min_steps`); the summary, the tuning key and MLflow name the batch it trained
+    at"""
     # "auto": the run chooses its own length (training/loop/validation.py). After each epoch
     # it scores the held-out training rows (the calibrator's, evaluation.calibration_percent
     # % of each training day by a hash of the row: rows no model of the run trains on) and
@@ -197,36 +249,63 @@ class TrainingConfig:
     # champion first: when no epoch of the new rows beats it, the night keeps its weights.
     # An integer trains exactly that many epochs.
     epochs: int | Literal["auto"] = "auto"
+    """passes over the training days. `"auto"`: the run chooses its length by validation (docs/run-length.md): after each epoch
+    it scores the held-out training rows (the calibrator's: `evaluation.calibration_percent` % of each training day, by a hash
+    of the row), stops after `patience` epochs without a lower NE there or at `max_epochs`, and keeps the best epoch's model;
+    a run that starts from a model (a night continuing the champion, or `model.wide_start = "logistic_regression"`) scores it
+    first and keeps it when no epoch beats it. The summary says how many epochs it trained and kept, and why (`run_length`);
+    MLflow has the NE by epoch (`validation_ne`). A whole number trains exactly that many epochs"""
     max_epochs: int = 8
+    """the most epochs a run with `epochs = "auto"` trains"""
     patience: int = 2
+    """epochs in a row without a lower validation NE after which a run with `epochs = "auto"` stops"""
     # The rows that choose the length of a fresh run: "held_out", the calibrator's hash
     # slice of every training day; "newest_day", the newest training day whole, when there
     # are at least four (the run trains on the earlier ones): closer to how the next day
     # scores the model, and on MovieLens-100K worse by 0.5 % NE (docs/run-length.md).
     validation_rows: Literal["held_out", "newest_day"] = "held_out"
+    """the rows that choose a fresh run's length: `"held_out"`, the calibrator's hash slice of every training day;
+    `"newest_day"`, the newest training day whole when there are at least four (the run trains on the earlier ones), closer to
+    how the next day scores the model but measured worse on MovieLens-100K ([run-length.md](run-length.md))"""
     # A run with fewer optimizer steps than this halves its global batch until it has them
     # (training/loop/run_length.py, logged); 0 keeps the batch as configured. With epochs =
     # "auto" it is the steps of one epoch: each validation follows that many steps.
     min_steps: int = 50
+    """a run with fewer optimizer steps than this halves its global batch until it has them (never below 32 rows per process) and
+    logs the change; `0` keeps the batch as configured. A run that still has fewer steps is warned about. With `epochs =
+    "auto"`, the steps of one epoch: each validation follows that many"""
     embedding_lr: float = 0.05
+    """the embeddings' learning rate (fused row-wise Adagrad)"""
     dense_lr: float = 0.001
+    """the MLPs' learning rate"""
     dense_optimizer: Literal["adagrad", "adam"] = "adam"
+    """the MLPs' optimizer: `adam` or `adagrad`"""
     # Row-wise Adagrad's epsilon (embeddings) and the dense optimizer's weight decay.
     embedding_eps: float = 1e-8
+    """row-wise Adagrad's epsilon"""
     dense_weight_decay: float = 0.0
+    """the MLP optimizer's weight decay"""
     # L2 on the embedding rows a step touches (fbgemm's L2 weight-decay mode): the
     # regulariser for ids seen a few times, which otherwise memorise their labels.
     embedding_weight_decay: float = 0.0
+    """L2 on the embedding rows each step touches (fbgemm's L2 mode): the regulariser for ids seen a few times; on CPU hosts this
+    project's kernels apply it (fbgemm's CPU kernel ignores it), so `training.cpu.embedding_update` must not be `fbgemm`"""
     warmup_steps: int = 0
+    """steps of linear warm-up for both learning rates"""
     # Warm-up as a fraction of the run's steps (the longer of the two counts; never longer
     # than the run), so one setting fits a run of any length and batch size.
     warmup_fraction: float = 0.0
+    """warm-up as a fraction of the run's steps; the longer of the two applies, never longer than the run"""
     # A run that continues a champion (`dlrm run --as-of`) starts from its optimizer state,
     # so it skips the warm-up unless this is set.
     warmup_on_warm_start: bool = False
+    """a recurring run continuing the champion starts from its optimizer state, so it skips the warm-up; `true` warms up again"""
     # A fresh model's logit bias starts at the training days' click rate (its log odds): the
     # model starts as the constant predictor, not at p = 0.5.
     start_at_click_rate: bool = True
+    """a fresh model's logit bias starts at the log odds of the training days' click rate, so it starts as the constant predictor
+    rather than at p = 0.5; short runs on small data otherwise spend their steps on the bias and end miscalibrated (on
+    `configs/small-real.toml` calibration 0.848 → 0.918). A resumed or continued run loads its own"""
     # After warm-up, each rate decays to `min_lr_fraction` of itself by the run's last step (a
     # warm-started night restarts the schedule). At a constant rate the model that ends a run
     # is the last step of a noisy walk, its logit bias following the last batches' click
@@ -234,33 +313,54 @@ class TrainingConfig:
     # it. Not the default: a run of one pass at a large rate (the demo) loses 2 % NE to it.
     # docs/calibration.md has the figures.
     lr_decay: Literal["none", "linear", "cosine"] = "none"
+    """after warm-up: `none`, `linear` or `cosine`; a decayed run ends settled, not on the last batches' noise, but a one-pass
+    run at a large rate can lose NE to it ([calibration.md](calibration.md))"""
     min_lr_fraction: float = 0.0
+    """where decay ends, as a fraction of each rate; in [0, 1]"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto`: each process takes the GPU of its local rank where there are GPUs (NCCL), else the CPU (gloo); `cpu`; `cuda`"""
     # "bf16": matrix work of the forward pass in bfloat16 (weights, optimizer state and the
     # loss stay float32). Twice the GEMM rate on CPUs with AVX-512 BF16 or AMX, and on GPUs;
     # far slower than fp32 elsewhere. "auto": bf16 on a GPU that has it natively (Ampere and
     # newer), fp32 on CPUs (where bf16 is taken only when set).
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """`bf16`: the forward pass's matrix work in bfloat16 (weights, optimizer state and loss stay float32); pays only where the
+    device multiplies bf16 natively. `auto`: bf16 on GPUs that have it natively (Ampere on), fp32 on CPUs (set `bf16` for AMX
+    or AVX-512 BF16: about 3× the step rate, up to 2 % of NE on small jobs). An explicit `bf16` on a device without it trains
+    anyway, with a warning. On GPUs fp32 products use TF32"""
     threads_per_proc: int = 1
+    """torch threads in each process"""
     # CPU-only speed settings ([training.cpu]); GPU hosts ignore them.
     cpu: CpuConfig = field(default_factory=lambda: CpuConfig())
     # "sparse_dist": TorchRec's TrainPipelineSparseDist (device copies and the ids'
     # all-to-all of the next batches overlap the current step); "plain": one batch at a
     # time; "auto": the pipeline on GPUs, plain steps on CPU.
     pipeline: Literal["auto", "sparse_dist", "plain"] = "auto"
+    """`sparse_dist`: TorchRec's `TrainPipelineSparseDist` (device copies and the ids' all-to-all of the next batches overlap the
+    current step); `plain`: one batch at a time; `auto`: the pipeline on GPUs, plain steps on CPU"""
     # torch.compile the bottom MLP, the interaction and the top MLP (fused element-wise work
     # and casts). Costs seconds of compilation in the first step; needs a C++ compiler on CPU.
     compile: bool = False
+    """`torch.compile` of the bottom MLP, the interaction and the top MLP as one graph; the first step takes seconds longer;
+    needs a C++ compiler on CPU"""
     seed: int = 0
+    """initialisation and shuffle"""
     log_every: int = 20
+    """a training record (loss, NE, throughput) every this many steps, and at the last step"""
     # Sharded checkpoints every this many steps (0: only at the end); the last K are kept.
     checkpoint_every: int = 0
+    """sharded checkpoints every this many steps; `0`: only at the end"""
     keep_checkpoints: int = 2
+    """the newest this many checkpoints are kept"""
     # A failed launch is relaunched this many times; each relaunch resumes from a checkpoint.
     max_restarts: int = 0
+    """a failed launch is relaunched this many times, each resuming from the last checkpoint"""
     # Extra torchrun arguments (e.g. ["--monitor-interval=1"]). Not the hosts: those are
     # orchestration.trainer_hosts, or `dlrm train --nnodes`.
     torchrun_args: tuple[str, ...] = ()
+    """extra torchrun arguments (e.g. `["--monitor-interval=1"]`); not the hosts of a job (`--nnodes`, `--node-rank`, `--rdzv-*`,
+    `--master-*`, `--standalone` are refused when the config loads): several hosts are `orchestration.trainer_hosts`, which
+    `dlrm train --nnodes N` sets"""
 
     @property
     def chooses_epochs(self) -> bool:

@@ -33,18 +33,29 @@ class TrackingConfig:
     experiment's artifacts go to `<run_dir>/mlartifacts` unless `artifact_location` says."""
 
     tracking_uri: str = ""
+    """the MLflow server; empty: SQLite at `<run_dir>/mlflow.db`"""
     artifact_location: str = ""
+    """where a new experiment keeps artifacts; empty: `<run_dir>/mlartifacts` with the SQLite default, the server's choice with a
+    server"""
     # Serialises promotions: empty means a file lock beside a SQLite store; set a
     # postgresql:// URL when runs on several hosts share one registry.
     promotion_lock: str = ""
+    """what serialises promotions: empty is a file lock beside a SQLite store; a `postgresql://` URL takes an advisory lock in
+    that database, for runs on several hosts sharing one registry"""
     experiment: str = "dlrm"
+    """the MLflow experiment"""
     registered_model: str = "dlrm-ctr"
+    """the registered model whose `champion` alias promotion moves"""
     # A finished run waits this long for an unreachable tracking server, then is saved
     # locally for the next run to upload.
     outage_wait_s: float = 300.0
+    """how long a finished run waits for an unreachable tracking server before saving itself under `<run_dir>/mlflow-pending/`
+    for the next run to upload"""
     # The device the registered model is served on: its fbgemm requirement is the CPU
     # build (cpu) or the CUDA build (cuda), and it scores there by default.
     serving_device: Literal["cpu", "cuda"] = "cpu"
+    """the device the registered model serves on: `cpu` pins fbgemm's CPU build in its requirements, `cuda` its CUDA build (and
+    it scores on the GPU; `DLRM_SERVING_DEVICE` overrides that where it loads). See [serving.md](serving.md)"""
 
 
 @dataclass(frozen=True)
@@ -53,37 +64,60 @@ class OrchestrationConfig:
     nightly pipeline (cron, in `timezone`)."""
 
     max_workers: int = 2
+    """how many days are ingested or preprocessed at once"""
     # "threads" locally; "dask" sends the per-day tasks to the Dask cluster at
     # `dask_address` (docs/cluster.md).
     task_runner: Literal["threads", "dask"] = "threads"
+    """`threads`: a local thread pool; `dask`: the per-day data stages on the Dask cluster at `dask_address` (workers on other
+    hosts need a Prefect server they can reach: [cluster.md](cluster.md))"""
     dask_address: str = ""
+    """the Dask scheduler, e.g. `tcp://scheduler:8786`; needed with `dask`"""
     nightly_cron: str = "0 2 * * *"
+    """when `dlrm serve` runs the nightly pipeline (five cron fields)"""
     timezone: str = "UTC"
+    """the time zone of `nightly_cron`"""
     # Training jobs (the pipeline's training stage, each retune trial) at once on the
     # trainers, through a Prefect concurrency limit: a scheduled retune waits for a
     # retrain's training instead of sharing its cores. 0: no limit.
     trainer_slots: int = 1
+    """training jobs at once (the pipeline's training stage, each retune trial), held through the Prefect concurrency limit
+    `dlrm-training`: a retune scheduled by a retrain waits for the retrain's training. `0`: no limit"""
     # The hosts the pipeline's training stage spans: each serves its part with
     # `dlrm serve --trainer-node R` (docs/cluster.md); node 0 hosts the rendezvous at
     # `rdzv_endpoint` (HOST:PORT). 1: training runs on the flow's host.
     trainer_hosts: int = 1
+    """the hosts a training job spans, `training.nproc` processes on each: the pipeline's training stage (each host serves its
+    part with `dlrm serve --trainer-node R`, [cluster.md](cluster.md)), and `dlrm train` (which `--nnodes` overrides). `1`:
+    training runs on the flow's host"""
     rdzv_endpoint: str = ""
+    """node 0's `HOST:PORT` for the rendezvous of a multi-host training stage; needed with `trainer_hosts` > 1"""
     # The trainer hosts' hardware as a cluster file (configs/clusters/), for the tuning key
     # when the flow runs on a host unlike them; "": the trainers are like the flow's host.
     trainer_cluster: str = ""
+    """a cluster file (below; relative to the project) declaring the trainer hosts' hardware. The tuning key takes its device
+    type, model and memory from it, so a CPU-only flow host driving GPU trainers looks up the GPU key; its `hosts` must equal
+    `trainer_hosts`. Empty: the trainers are like the flow's host"""
     # A recurring night continues the champion on the days it has not seen: after refused
     # nights that grows. More unseen days than this stops the night with one line (0: no
     # bound), rather than retraining a longer stretch every night from a staler champion.
     max_catch_up_days: int = 0
+    """a recurring night (`--as-of`) trains the days before it that the champion has not seen; after refused nights they add up.
+    More than this many stops the night with one line naming the days and what to do (the flow run ends Failed). `0`: no bound"""
     # What a recurring night continues: "champion" (the promoted version), or "latest" (the
     # newest version trained, promoted or not: one new day a night even after refusals,
     # while the alias stays on the best judged model).
     continue_from: Literal["champion", "latest"] = "champion"
+    """what a recurring night continues: the promoted version, or `"latest"`, the newest version trained (one new day a night
+    even after refusals)"""
     # After this many nights in a row without a promotion (0: never) the champion is stale:
     # the night ends Failed ("fail", the state a Prefect notification can watch) or with a
     # warning artifact and log line ("warn"). The registered model's tags say how old it is.
     stale_after_nights: int = 0
+    """after this many recurring nights in a row without a promotion the champion is stale (`0`: never); the registered model's
+    tags `champion.nights_without_promotion`, `champion.version`, `champion.as_of` say how old it is"""
     on_stale: Literal["fail", "warn"] = "warn"
+    """a stale champion ends the night `"fail"` (flow run Failed, after the night is recorded) or `"warn"` (a `stale-champion`
+    artifact and a warning)"""
 
     def __post_init__(self) -> None:
         if self.stale_after_nights < 0:
@@ -107,8 +141,10 @@ class OrchestrationConfig:
 @dataclass(frozen=True)
 class PipelineConfig:
     name: str = "demo"
+    """the run's name (printed in the summary, tagged in MLflow)"""
     # Everything a run writes lives here; relative paths elsewhere are taken from it.
     run_dir: str = "runs/demo"
+    """the folder everything the run writes goes into; other relative paths are taken from it"""
     data: DataConfig = field(default_factory=DataConfig)
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
