@@ -320,9 +320,9 @@ def check_characterize(out: Path, first: int, last: int) -> dict:
     """`dlrm characterize`'s sweep (no MLflow): the batch-size curve with tables in GPU memory
     (fused) and in host memory behind a GPU cache (fused_uvm_caching), one process per GPU;
     a CPU host measures the fused tables and records the other series as refused."""
-    from flows.characterize import characterize
+    from flows.characterize.measure import characterize
+    from flows.characterize.sweeps import parse_sweep, series_of
     from flows.run.config import read_toml
-    from flows.sweeps import parse_sweep, series_of
     from training.characterize.measure import Windows
 
     config = ROOT / "configs" / "demo.toml"

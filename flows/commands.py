@@ -236,14 +236,14 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def characterize(args: argparse.Namespace) -> int:
+    from flows.characterize.sweeps import parse_sweep, series_of
     from flows.run.config import read_toml
-    from flows.sweeps import parse_sweep, series_of
 
     path = Path(args.config)
     raw = read_toml(path)  # the one read: each series' config is built from it
     sweeps = [parse_sweep(text) for text in args.sweeps]
     series = series_of(raw, args.overrides, sweeps, path)  # a bad config or value fails before torch loads
-    from flows.characterize import characterize as run_characterization
+    from flows.characterize.measure import characterize as run_characterization
 
     report = run_characterization(series, sweeps, first_batch=args.first_batch,
                                   last_batch=args.max_batch, min_gain=args.min_gain, patience=args.patience,

@@ -25,21 +25,10 @@ from evaluation.calibration import Calibrator
 from evaluation.promotion import PromotionDecision
 from evaluation.report import EvalReport, Scores, report_markdown
 from flows.calibrate import calibrate_task
-from flows.deferred import track_or_defer, wait_for_tracking
 from flows.evaluate import DayScores, evaluate_model, export_task, promote_task
 from flows.features import prepare_features
 from flows.hyperparameters import choose_hyperparameters
 from flows.port import port_summary, with_batch
-from flows.recurring import (
-    StaleChampionError,
-    champion_staleness,
-    keep_checkpoint,
-    lineage_tags,
-    plan_night,
-    prune_lineage,
-    skipped_summary,
-)
-from flows.registry import current_champion
 from flows.run.config import (
     ConfigSource,
     PipelineConfig,
@@ -56,7 +45,18 @@ from flows.run.resolve import ResolvedRun, resolve_run
 from flows.run.rows import training_rows
 from flows.run.sources import resolve_as_of
 from flows.stopped_runs import cancel_when_stopped
-from flows.tracking import (
+from flows.tracking.deferred import track_or_defer, wait_for_tracking
+from flows.tracking.lineage import (
+    StaleChampionError,
+    champion_staleness,
+    keep_checkpoint,
+    lineage_tags,
+    plan_night,
+    prune_lineage,
+    skipped_summary,
+)
+from flows.tracking.registry import current_champion
+from flows.tracking.runs import (
     RunRecord,
     TrackedRun,
     read_metrics_history,

@@ -15,12 +15,12 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from flows.characterize.sweeps import Series
 from flows.features import run_logger
 from flows.retune import run_retune
 from flows.run.config import PipelineConfig
 from flows.run.feature_files import Features
 from flows.run.resolve import ResolvedRun
-from flows.sweeps import Series
 from training.loop.progress import read_records
 from training.tuning.port import PortFacts, seconds_to_reach
 from training.tuning.space import Params
@@ -39,7 +39,7 @@ def port_decision(decision: TuningDecision, lookup: ResolvedRun, lookup_at: Call
                   features: Features, configured: Params) -> TuningDecision:  # fmt: skip
     """Characterize, then retune at the hardware's batch (unless that key is tuned already):
     the decision trains at that batch with the retune's best."""
-    from flows.characterize import characterize
+    from flows.characterize.measure import characterize
 
     log = run_logger("flows.port")
     config = lookup.config

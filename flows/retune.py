@@ -30,7 +30,7 @@ from flows.run.feature_files import Features
 from flows.run.reports import RetuneReport
 from flows.run.resolve import ResolvedRun, resolve_run
 from flows.stopped_runs import cancel_when_stopped
-from flows.tracking import ensure_experiment, log_study_plots
+from flows.tracking.runs import ensure_experiment, log_study_plots
 from flows.trainer_slots import trainer_slot
 from flows.trials import (
     TrainingTrial,

@@ -1,6 +1,6 @@
 """What a night trains, as data: the days a run "as of day N" trains, the champion it
 continues, and the config of that night. Finding the champion and its lineage in the
-registry is tracking's (flows/recurring.py); this module only computes.
+registry is tracking's (flows/tracking/lineage.py); this module only computes.
 """
 
 from __future__ import annotations

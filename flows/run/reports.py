@@ -204,7 +204,7 @@ class CharacterizeReport(Checked):
     hardware_batch_size: int | None  # the saturation point of the fastest series (one of the points)
     saturated: bool  # False: the curve still rose at the largest batch measured (which is then the choice)
     hardware_series: str  # the series it was found in
-    points: list[dict[str, Any]]  # one per measured point (flows/characterize.point_row)
+    points: list[dict[str, Any]]  # one per measured point (flows/characterize/measure.point_row)
     skipped: list[dict[str, Any]]  # points the device could not run, each with its reason
     series: list[dict[str, Any]]  # each series' values, saturation point and whether it saturated
     tuning_key: dict[str, Any]  # the key at the hardware's batch: its hardware fields and fingerprint

@@ -8,9 +8,9 @@ import pytest
 from beside import ended_on_failure, start
 from mlflow.tracking import MlflowClient
 
-from flows.recurring import TAG_AS_OF, TAG_CHECKPOINT, TAG_DAYS, TAG_PARENT, TAG_STATE
 from flows.run.config import load_config
 from flows.run.reports import SkippedNight, run_report
+from flows.tracking.lineage import TAG_AS_OF, TAG_CHECKPOINT, TAG_DAYS, TAG_PARENT, TAG_STATE
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.registry import CHAMPION_ALIAS, current_champion
 from flows.run.config import load_config
+from flows.tracking.registry import CHAMPION_ALIAS, current_champion
 
 pytestmark = pytest.mark.slow
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "small-real.toml"

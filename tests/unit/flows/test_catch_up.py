@@ -8,10 +8,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from flows import recurring
-from flows.recurring import TAG_DAYS, plan_night
-from flows.registry import CHAMPION_ALIAS
 from flows.run.config import load_config
 from flows.run.nights import CatchUpError
+from flows.tracking.lineage import TAG_DAYS, plan_night
+from flows.tracking.registry import CHAMPION_ALIAS
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -9,7 +9,9 @@ from mlflow.tracking import MlflowClient
 
 from flows import recurring
 from flows.pipeline import _judge_staleness
-from flows.recurring import (
+from flows.run.config import load_config
+from flows.run.reports import for_people, run_report
+from flows.tracking.lineage import (
     TAG_AS_OF,
     TAG_CHECKPOINT,
     TAG_DAYS,
@@ -18,9 +20,7 @@ from flows.recurring import (
     plan_night,
     skipped_summary,
 )
-from flows.registry import CHAMPION_ALIAS
-from flows.run.config import load_config
-from flows.run.reports import for_people, run_report
+from flows.tracking.registry import CHAMPION_ALIAS
 from training.codec import encode
 
 ROOT = Path(__file__).resolve().parents[3]

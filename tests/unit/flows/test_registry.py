@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.registry import CHAMPION_ALIAS, current_champion, promote_if_better, promotion_lock
 from flows.run.config import ConfigError
+from flows.tracking.registry import CHAMPION_ALIAS, current_champion, promote_if_better, promotion_lock
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 

@@ -16,7 +16,7 @@ from flows.run.nights import Night, WarmStart
 from flows.run.reports import IngestDay
 from flows.run.resolve import resolve_run
 from flows.run.rows import TrainingRows
-from flows.tracking import TrackedRun
+from flows.tracking.runs import TrackedRun
 from ingestion.preprocess import PreprocessState
 from training.job import JobFolder, TrainSummary
 from training.tuning.key import tuning_key

@@ -21,7 +21,7 @@ import httpx
 import requests
 from mlflow.exceptions import MlflowException
 
-from flows.tracking import RunRecord, TrackedRun, log_pipeline_run
+from flows.tracking.runs import RunRecord, TrackedRun, log_pipeline_run
 from training.serving.export import ServingModel
 
 PENDING = "mlflow-pending"

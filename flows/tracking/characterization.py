@@ -13,12 +13,12 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from flows.run.config import PipelineConfig
-from flows.tracking import use_experiment
+from flows.tracking.runs import use_experiment
 from training.characterize.plots import planner_vs_measured, step_breakdown, throughput_curve
 from training.tuning.key import TuningKey
 
 if TYPE_CHECKING:
-    from flows.characterize import SeriesResult
+    from flows.characterize.measure import SeriesResult
     from flows.run.reports import CharacterizeReport
 
 KIND_TAG = "dlrm.kind"

@@ -30,12 +30,12 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from flows.registry import current_champion
 from flows.run.config import ConfigError, PipelineConfig
 from flows.run.nights import Night, WarmStart, check_catch_up, tagged_day, tagged_days
 from flows.run.reports import SkippedNight
 from flows.run.sources import complete_days
-from flows.tracking import logged_state
+from flows.tracking.registry import current_champion
+from flows.tracking.runs import logged_state
 from ingestion.preprocess import PreprocessState
 from training.codec import decode
 from training.config import ModelConfig

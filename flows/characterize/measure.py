@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
+from flows.characterize.sweeps import BATCH_KEY, Series, Sweep
 from flows.run.config import ConfigError, PipelineConfig, trainer_cluster
 from flows.run.feature_files import prepared_features
 from flows.run.reports import CharacterizeReport
 from flows.run.rows import training_rows
-from flows.sweeps import BATCH_KEY, Series, Sweep
 from ingestion.config import SyntheticConfig
 from ingestion.preprocess import apply_state, fit_state
 from ingestion.synthetic import GroundTruth, generate_day
@@ -212,7 +212,7 @@ def characterize(all_series: list[Series], sweeps: list[Sweep], *,
                  windows: Windows | None = None, track: bool = True, own_features: bool = False,
                  on_line: Callable[[str], None] = print) -> CharacterizeReport:  # fmt: skip
     """Every series' batch sweep; the hardware batch; MLflow's run with the plots and table
-    (`track`). `all_series`: `flows.sweeps.series_of` the sweeps."""
+    (`track`). `all_series`: `flows.characterize.sweeps.series_of` the sweeps."""
     started = time.perf_counter()
     base = all_series[0].config
     batches = batch_range(base, sweeps, first_batch, last_batch, min_gain, patience)
@@ -234,7 +234,7 @@ def characterize(all_series: list[Series], sweeps: list[Sweep], *,
         seconds=round(time.perf_counter() - started, 1), out_dir=str(out),
     )  # fmt: skip
     if track:
-        from flows.characterize_tracking import log_characterization
+        from flows.tracking.characterization import log_characterization
 
         report = replace(report, mlflow_run_id=log_characterization(base, report, results, key))
     return report

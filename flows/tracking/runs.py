@@ -126,7 +126,7 @@ def log_pipeline_run(
             info = log_serving_model(model, registered_model)
             version = str(info.registered_model_version) if info.registered_model_version else None
     if version is not None and registered_model:
-        # the registry shows each version's lineage (flows/recurring.py) without opening its run
+        # the registry shows each version's lineage (flows/tracking/lineage.py) without opening its run
         client = MlflowClient(tracking_uri)
         for key, value in record.tags.items():
             if key.startswith(VERSION_TAG_PREFIXES):
