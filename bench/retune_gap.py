@@ -30,12 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flows.retune import run_retune
 from flows.run.config import PipelineConfig, load_config
 from flows.run.feature_files import Features
 from flows.run.reports import IngestDay
 from flows.run.resolve import resolve_run
-from flows.trials import train_and_score
+from flows.tuning.retune import run_retune
+from flows.tuning.trials import train_and_score
 from ingestion.preprocess import apply_state, fit_state
 from ingestion.synthetic import GroundTruth, generate_day
 from ingestion.warehouse import ingest_day

@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from flows.prefect_defaults import apply_prefect_defaults
+from flows.stages.prefect_defaults import apply_prefect_defaults
 
 # Before Prefect is imported anywhere: the same local-server settings as the `dlrm` command.
 apply_prefect_defaults()

@@ -5,7 +5,7 @@ reason:
 
 1. the night (`dlrm run --as-of N`): its training days, day N as the evaluation day, and no
    second warm-up for a warm start (flows/run/nights.py);
-2. the hyperparameters the tuning decision chose (flows/hyperparameters.py);
+2. the hyperparameters the tuning decision chose (flows/tuning/hyperparameters.py);
 3. the champion's model shape and preprocessing mode (`preprocess.categorical_mode`), which a
    warm start keeps whatever the config or the tuner say;
 4. the run length, fitted last so that it sees any tuned batch: the global batch is halved

@@ -117,7 +117,7 @@ def test_the_characterize_flow_publishes_the_points_as_prefect_artifacts(prefect
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows.characterize_flow import characterize_flow
+    from flows.deployments.characterize import characterize_flow
 
     report = characterize_flow(str(ROOT / "configs" / "tiny.toml"), [f'run_dir="{tmp_path}"'],
                                sweeps=["training.batch_size=512"])  # fmt: skip

@@ -30,7 +30,7 @@ AUTO = ['training.epochs="auto"', "training.max_epochs=3", "training.patience=1"
 
 
 def _run(tmp_path_factory: pytest.TempPathFactory, name: str, *overrides: str):
-    from flows.pipeline import run_pipeline
+    from flows.deployments.pipeline import run_pipeline
 
     settings = [f'run_dir="{tmp_path_factory.mktemp(name)}"', *AUTO, *overrides]
     return load_config(CONFIG, settings), run_pipeline(str(CONFIG), settings)

@@ -59,7 +59,7 @@ def _tasks_run_by_worker(address: str) -> dict[str, int]:
 
 
 def test_the_data_stages_run_on_the_dask_workers(prefect_server, dask_cluster: str, tmp_path: Path) -> None:
-    from flows.pipeline import run_pipeline
+    from flows.deployments.pipeline import run_pipeline
 
     before = _tasks_run_by_worker(dask_cluster)
     summary = run_pipeline(str(ROOT / "configs" / "tiny.toml"), [
@@ -76,7 +76,7 @@ def test_the_data_stages_run_on_the_dask_workers(prefect_server, dask_cluster: s
 def test_workers_elsewhere_cannot_report_to_a_prefect_on_loopback() -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.features import check_workers_reach_prefect
+    from flows.stages.features import check_workers_reach_prefect
 
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
         check_workers_reach_prefect("tcp://127.0.0.1:8786")  # workers on this host reach it

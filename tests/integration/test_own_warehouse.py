@@ -37,7 +37,7 @@ SMALLER = ["model.embedding_dim=8", "model.bottom_mlp=[32, 8]", "model.top_mlp=[
 @pytest.fixture(scope="module")
 def warehouse_run(prefect_server, tmp_path_factory: pytest.TempPathFactory):
     """The example config on a generated warehouse, plus a file of float ids on one day."""
-    from flows.pipeline import run_pipeline
+    from flows.deployments.pipeline import run_pipeline
 
     run_dir = tmp_path_factory.mktemp("own-warehouse")
     write_sample_warehouse(run_dir / "source", DATES, ROWS_PER_DAY)
@@ -133,7 +133,7 @@ def land_day(run_dir: Path, date: str, retype_item_id: bool = False) -> None:
 
 
 def test_the_nightly_run_continues_the_champion_on_the_new_partition(warehouse_run) -> None:
-    from flows.pipeline import run_pipeline
+    from flows.deployments.pipeline import run_pipeline
 
     run_dir, overrides, first = warehouse_run
     land_day(run_dir, "2026-11-21")
@@ -180,7 +180,7 @@ def test_a_retune_on_a_drifting_weekly_warehouse_is_never_worse_than_the_configu
     import optuna
     from mlflow.tracking import MlflowClient
 
-    from flows.pipeline import run_pipeline
+    from flows.deployments.pipeline import run_pipeline
     from flows.run.config import load_config
 
     write_sample_warehouse(tmp_path / "source", WEEKS, 5_000, seed=11, signal_drift=0.25)

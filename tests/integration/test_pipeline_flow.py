@@ -208,7 +208,7 @@ def test_mlflow_models_serve_scores_the_champion_over_http(pipeline_run, tmp_pat
 
 
 def test_rerun_reuses_ingested_days(prefect_server, pipeline_run) -> None:
-    from flows.pipeline import run_pipeline
+    from flows.deployments.pipeline import run_pipeline
 
     config, first = pipeline_run
     again = run_pipeline(str(ROOT / "configs" / "tiny.toml"), [f'run_dir="{config.run_dir}"'])
@@ -283,7 +283,7 @@ def test_a_killed_worker_fails_the_train_task_which_prefect_retries_from_the_che
 
     from flows.run.feature_files import Features
     from flows.run.job import TrainedModel, build_job
-    from flows.train_stage import train_task
+    from flows.stages.train import train_task
 
     state, files = tiny_features
     features = Features(state, files, [])

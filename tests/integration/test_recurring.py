@@ -35,7 +35,7 @@ def nights(prefect_server: str, tmp_path_factory: pytest.TempPathFactory):
     then, as `dlrm` commands, 7 again and a backfill over 6–7; and beside them (a `dlrm run`
     of its own, started first) a model trained from scratch on days 0–4 in a separate run
     folder and registry (judged on day 5, as the night as of day 5 is)."""
-    from flows.pipeline import run_pipeline
+    from flows.deployments.pipeline import run_pipeline
 
     scratch_dir = tmp_path_factory.mktemp("from-scratch")
     scratch_overrides = [f'run_dir="{scratch_dir}"', *COMMON, "tracking.registered_model=dlrm-scratch",
@@ -141,8 +141,8 @@ def test_the_registry_shows_the_chain(nights) -> None:
 def test_a_nightly_run_takes_the_newest_complete_day(prefect_server, tmp_path: Path) -> None:
     """The nightly deployment's parameters (`as_of = "newest"`) on Criteo files landing in a
     folder: day 3 is still being written (no marker), so the night is as of day 2."""
-    from flows.pipeline import pipeline
-    from flows.serve import build_deployments
+    from flows.deployments.pipeline import pipeline
+    from flows.deployments.serve import build_deployments
     from ingestion.synthetic import GroundTruth, generate_day
 
     logs = tmp_path / "logs"

@@ -12,9 +12,9 @@ from mlflow.tracking import MlflowClient
 from prefect import flow
 from prefect.client.orchestration import get_client
 
-from flows.features import prepare_features
 from flows.run.config import load_config
-from flows.trials import validation_ne
+from flows.stages.features import prepare_features
+from flows.tuning.trials import validation_ne
 from training.job import JobFolder
 from training.tuning.key import tuning_key
 from training.tuning.study import best_of, study_name
@@ -27,7 +27,7 @@ CONFIG = str(ROOT / "configs" / "tiny.toml")
 @pytest.fixture(scope="module")
 def tuned_run(prefect_server, tmp_path_factory: pytest.TempPathFactory):
     """A pipeline run whose key was never tuned, under `retune_first` with 2 trials of 2 seeds."""
-    from flows.pipeline import run_pipeline
+    from flows.deployments.pipeline import run_pipeline
 
     run_dir = tmp_path_factory.mktemp("retune-run")
     overrides = [f'run_dir="{run_dir}"', 'tuning.policy="retune_first"', "tuning.n_trials=2",
@@ -103,9 +103,9 @@ def test_the_study_is_tracked_as_a_parent_run_with_nested_trials(tuned_run) -> N
 
 @flow
 def _decide(config_path: str, overrides: list[str]):
-    from flows.hyperparameters import choose_hyperparameters
     from flows.run.config import ConfigSource
     from flows.run.resolve import resolve_run
+    from flows.tuning.hyperparameters import choose_hyperparameters
 
     config = load_config(config_path, overrides)
     features = prepare_features(config)
@@ -122,7 +122,7 @@ def test_a_tuned_key_reuses_its_best_without_a_new_study(tuned_run) -> None:
 
 
 def test_scale_and_schedule_scales_the_nearest_key_and_creates_a_retune_run(tuned_run) -> None:
-    from flows.retune import retune
+    from flows.tuning.retune import retune
 
     config, overrides, _ = tuned_run
     deployment_id = retune.to_deployment(name="retune").apply()  # what `dlrm serve` registers
@@ -158,7 +158,7 @@ def test_a_search_space_that_cannot_beat_the_configured_values_keeps_them(prefec
     but loses to the configured values, so the key's tuned values are the configured ones.
     Scored on 2 folds: each trial and each side of the verdict trains once per fold, and the
     verdict pairs every fold's rows."""
-    from flows.retune import retune
+    from flows.tuning.retune import retune
     from training.tuning.study import open_storage, tuned_keys
 
     overrides = [f'run_dir="{tmp_path}"', "tuning.n_trials=1", "tuning.embedding_lr=[0.0001, 0.0002]",
@@ -185,7 +185,7 @@ def test_the_port_workflow_characterizes_new_hardware_retunes_at_its_batch_then_
     """`characterize_then_retune` on a declared new hardware key: the batch-size sweep (real
     jobs, here), a retune at the batch it chose, then the run; the summary has the decision
     and the NE gap against the key tuned on the old hardware."""
-    from flows.pipeline import run_pipeline
+    from flows.deployments.pipeline import run_pipeline
 
     config, overrides, old_summary = tuned_run
     cluster = tmp_path / "new-hardware.toml"

@@ -17,7 +17,7 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "small-real.toml"
 
 @pytest.fixture(scope="module")
 def small_run(prefect_server, tmp_path_factory: pytest.TempPathFactory):
-    from flows.pipeline import run_pipeline
+    from flows.deployments.pipeline import run_pipeline
 
     overrides = [f'run_dir="{tmp_path_factory.mktemp("small-real")}"']
     return load_config(CONFIG, overrides), run_pipeline(str(CONFIG), overrides)

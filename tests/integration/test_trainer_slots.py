@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flows.run.config import load_config
-from flows.trainer_slots import trainer_slot, waits_for
+from flows.stages.trainer_slots import trainer_slot, waits_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

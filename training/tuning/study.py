@@ -201,7 +201,7 @@ def _heartbeat(study: optuna.Study, trial: Trial) -> Iterator[None]:
         thread.join()
 
 
-# The study's verdict on its best trial against the configured values (flows/retune.py).
+# The study's verdict on its best trial against the configured values (flows/tuning/retune.py).
 DECISION = "decision"
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows import recurring
 from flows.run.config import load_config
 from flows.run.nights import CatchUpError
+from flows.tracking import lineage
 from flows.tracking.lineage import TAG_DAYS, plan_night
 from flows.tracking.registry import CHAMPION_ALIAS
 
@@ -49,6 +49,6 @@ def test_within_the_bound_or_without_one_the_night_continues_the_champion_mocked
     champion_of_days_0_1, monkeypatch: pytest.MonkeyPatch, bound: int
 ) -> None:
     tmp_path, client = champion_of_days_0_1
-    monkeypatch.setattr(recurring, "_warm_start", lambda config, champion, lineage: None)  # no checkpoint here
+    monkeypatch.setattr(lineage, "_warm_start", lambda config, champion, lineage: None)  # no checkpoint here
     night = plan_night(_config(tmp_path, bound), 6, client)
     assert night.train_days == (2, 3, 4, 5)

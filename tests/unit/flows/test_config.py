@@ -122,7 +122,7 @@ def test_flow_parameters_cannot_name_configs_outside_the_allowed_folders(tmp_pat
 def test_the_day_task_runner_is_threads_or_a_named_dask_cluster() -> None:
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    from flows.features import day_task_runner
+    from flows.stages.features import day_task_runner
 
     config = load_config(ROOT / "configs" / "tiny.toml", ["orchestration.max_workers=3"])
     runner = day_task_runner(config)

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from flows.commands import USER_FACING_ERRORS
-from flows.prefect_defaults import (
+from flows.cli.commands import USER_FACING_ERRORS
+from flows.stages.prefect_defaults import (
     WithoutTracebacksOf,
     console_without_tracebacks_of,
     quiet_library_output,

@@ -59,12 +59,19 @@ def _flows_module(name: str, modules: set[str]) -> str | None:
 
 # package → (the flows packages it may import, the libraries it must not import). Bottom up:
 # the run is data; tracking records runs in MLflow; characterization measures, and has its
-# runs recorded by tracking; what is above them may import all three.
+# runs recorded by tracking; the Prefect stages; tuning, which runs stages; the deployed flows,
+# which run both; and the command line over all of them (flows/cli, imported by nothing).
 LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "flows.run": (("flows.run",), ("prefect", "mlflow")),
     "flows.tracking": (("flows.run", "flows.tracking"), ("prefect",)),
     "flows.characterize": (("flows.run", "flows.tracking", "flows.characterize"), ("prefect", "mlflow")),
+    "flows.stages": (("flows.run", "flows.tracking", "flows.stages"), ()),
+    "flows.tuning": (("flows.run", "flows.tracking", "flows.characterize", "flows.stages", "flows.tuning"), ()),
+    "flows.deployments": (("flows.run", "flows.tracking", "flows.characterize", "flows.stages", "flows.tuning",
+                           "flows.deployments"), ()),
 }
+# Prefect is imported only where flows, tasks and deployments are declared (and its plumbing)
+PREFECT_PACKAGES = ("flows.stages", "flows.tuning", "flows.deployments")
 
 
 def _in(name: str, package: str) -> bool:
@@ -88,6 +95,12 @@ def test_each_layer_imports_only_what_lies_below_it():
         assert not {name: found for name, found in broken.items() if found}, (
             f"{package} imports only {', '.join(may_import)} of flows, and none of {', '.join(must_not)}"
         )
+    prefect = sorted(name for name, imports in graph.items() if any(_in(i, "prefect") for i in imports)
+                     and not any(_in(name, p) for p in PREFECT_PACKAGES))  # fmt: skip
+    assert prefect == [], "Prefect is imported only by the stages, tuning and the deployments"
+    cli = sorted(name for name, imports in graph.items() if not _in(name, "flows.cli")
+                 and any(_in(i, "flows.cli") for i in imports))  # fmt: skip
+    assert cli == [], "nothing imports the command line"
     run = {name for name in graph if _in(name, "flows.run")}
     assert {"flows.run.config", "flows.run.resolve", "flows.run.job", "flows.run.nights", "flows.run.rows"} <= run
 

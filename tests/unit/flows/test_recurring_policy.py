@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows import recurring
-from flows.pipeline import _judge_staleness
+from flows.deployments.pipeline import _judge_staleness
 from flows.run.config import load_config
 from flows.run.reports import for_people, run_report
+from flows.tracking import lineage
 from flows.tracking.lineage import (
     TAG_AS_OF,
     TAG_CHECKPOINT,
@@ -53,7 +53,7 @@ def test_latest_continues_the_newest_version_one_day_a_night_after_refusals_mock
     refused_twice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tmp_path, client = refused_twice
-    monkeypatch.setattr(recurring, "_warm_start", lambda config, version, lineage: str(version.version))
+    monkeypatch.setattr(lineage, "_warm_start", lambda config, version, lineage: str(version.version))
     from_champion = plan_night(_config(tmp_path), 5, client)
     assert from_champion.train_days == (2, 3, 4) and from_champion.warm_start == "1", "catching up from the champion"
     latest = plan_night(_config(tmp_path, 'orchestration.continue_from="latest"'), 5, client)

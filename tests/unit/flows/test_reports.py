@@ -6,8 +6,8 @@ import inspect
 
 import pytest
 
-from flows import commands, reports
-from flows.cli import _is_user_facing
+from flows.cli import _is_user_facing, commands
+from flows.run import reports
 from flows.run.reports import RunSummary, SkippedNight, run_report
 from training.codec import Checked, SchemaError, encode
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from evaluation.calibration import Calibrator
 from evaluation.report import EvalReport
-from flows.pipeline import run_summary
+from flows.deployments.pipeline import run_summary
 from flows.run.config import load_config
 from flows.run.feature_files import Features
 from flows.run.job import TrainedModel, build_job

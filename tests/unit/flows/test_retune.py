@@ -6,7 +6,7 @@ import optuna
 import pytest
 
 from flows.run.feature_files import Features
-from flows.trials import EpochEnds, StopEarly, TrainingTrial
+from flows.tuning.trials import EpochEnds, StopEarly, TrainingTrial
 from training.loop.progress import HeldoutRecord, TrainRecord
 
 
@@ -91,7 +91,7 @@ def test_a_watched_epoch_end_that_rose_stops_the_run() -> None:
 
 def test_early_stopping_trials_run_the_most_epochs_scored_on_every_validation_row(tiny_features, tmp_path) -> None:
     from flows.run.config import load_config
-    from flows.trials import tuning_data, validation_job
+    from flows.tuning.trials import tuning_data, validation_job
 
     state, files = tiny_features
     config = load_config("configs/tiny.toml", [f'run_dir="{tmp_path}"', "tuning.max_epochs=3", "training.epochs=1"])
@@ -105,7 +105,7 @@ def test_early_stopping_trials_run_the_most_epochs_scored_on_every_validation_ro
 
 def test_trials_validate_on_a_slice_of_the_training_rows_never_the_evaluation_days(tiny_features, tmp_path) -> None:
     from flows.run.config import load_config
-    from flows.trials import tuning_data
+    from flows.tuning.trials import tuning_data
 
     state, files = tiny_features
     config = load_config("configs/tiny.toml", [f'run_dir="{tmp_path}"'])
@@ -132,7 +132,7 @@ def test_the_retune_command_runs_inside_the_retune_flow() -> None:
     marks Cancelled and what the UI lists), and helpers beside it plain functions."""
     from prefect import Flow
 
-    from flows.retune import budget_text, retune, retune_of
+    from flows.tuning.retune import budget_text, retune, retune_of
 
     assert isinstance(retune_of, Flow) and retune_of.name == "retune"
     assert isinstance(retune, Flow) and retune.name == "retune"

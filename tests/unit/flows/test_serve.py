@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.hyperparameters import RETUNE_DEPLOYMENT
+from flows.deployments.serve import build_deployments
 from flows.run.config import ConfigError, load_config
-from flows.serve import build_deployments
+from flows.tuning.hyperparameters import RETUNE_DEPLOYMENT
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = str(ROOT / "configs" / "demo.toml")
@@ -27,7 +27,7 @@ def test_serve_builds_nightly_retrain_and_retune() -> None:
         assert deployment.parameters == expected
     from prefect.utilities.callables import parameter_schema
 
-    from flows.pipeline import retrain
+    from flows.deployments.pipeline import retrain
 
     fields = parameter_schema(retrain).properties
     assert {"batch_size", "train_days", "eval_days", "config_path"} <= set(fields), "typed fields for the Run form"

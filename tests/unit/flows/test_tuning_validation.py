@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from flows.run.config import ConfigError, load_config
-from flows.trials import validation_days
+from flows.tuning.trials import validation_days
 from ingestion.days import parse_day
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -43,7 +43,7 @@ def test_newest_days_that_leave_no_day_to_train_on_are_one_line() -> None:
 
 
 def test_small_data_scores_trials_on_three_folds_unless_told() -> None:
-    from flows.trials import fold_count
+    from flows.tuning.trials import fold_count
 
     config = load_config(TINY, ["tuning.validation_folds=0"])
     assert fold_count(config, train_rows=12_000) == 3 and fold_count(config, train_rows=600_000) == 1

@@ -26,13 +26,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from flows import commands
-from flows.commands import UserError
-from flows.prefect_defaults import DASHBOARD_PORT, apply_prefect_defaults, quiet_library_output
+from flows.cli import commands
+from flows.cli.commands import UserError
+from flows.stages.prefect_defaults import DASHBOARD_PORT, apply_prefect_defaults, quiet_library_output
 from training.launch.processes import Stopped, stop_on_signals, write_line_to_stderr
 
 DEFAULT_CONFIG = "configs/demo.toml"
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # Each checkout's Prefect state is its own (deployments, runs, the local server's database):
 # with the shared ~/.prefect, two checkouts' `dlrm serve` would pick up each other's runs.
 os.environ.setdefault("PREFECT_HOME", str(PROJECT_ROOT / ".prefect"))

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from prefect import get_run_logger, task
 
 from evaluation.calibration import Calibrator, served_calibrator
-from flows.features import STAGE
 from flows.run.config import PipelineConfig
+from flows.stages.features import STAGE
 from training.job import CALIBRATION_PART, JobFolder
 
 

@@ -30,7 +30,7 @@ USER_FACING_ERRORS = {"UserError", "ConfigError", "PreprocessError", "ShardingEr
 
 def _prefect_console_quiet() -> None:
     """Prefect's console shows no traceback of an error the command reports in one line."""
-    from flows.prefect_defaults import console_without_tracebacks_of
+    from flows.stages.prefect_defaults import console_without_tracebacks_of
 
     console_without_tracebacks_of(USER_FACING_ERRORS)
 
@@ -53,9 +53,9 @@ def run(args: argparse.Namespace) -> int:
 
     if resolve_as_of(config, args.as_of) is None:
         raw_sources(config)  # a recurring run's days are known once its champion is
-    from flows.local_server import prefect_api
-    from flows.pipeline import run_pipeline
+    from flows.deployments.pipeline import run_pipeline
     from flows.run.reports import run_report
+    from flows.stages.local_server import prefect_api
 
     _prefect_console_quiet()
     with prefect_api():
@@ -87,9 +87,9 @@ def backfill(args: argparse.Namespace) -> int:
     days = range(first, last + 1)
     if config.data.source != "synthetic":  # nights only for the days that have data
         days = [day for day in complete_days(config) if first <= day <= last]
-    from flows.local_server import prefect_api
-    from flows.pipeline import run_pipeline
+    from flows.deployments.pipeline import run_pipeline
     from flows.run.reports import BackfillReport, night_line, run_report
+    from flows.stages.local_server import prefect_api
 
     nights = []
     _prefect_console_quiet()
@@ -119,7 +119,7 @@ def train(args: argparse.Namespace) -> int:
     role = HostRole(orchestration.trainer_hosts, args.node_rank, orchestration.rdzv_endpoint or "127.0.0.1:29400",
                     args.local_addr, args.socket_ifname, args.join_timeout)  # fmt: skip
     features = prepared_features(config)  # checked before torch and Prefect load
-    from flows.train_stage import train_on_this_host
+    from flows.stages.train import train_on_this_host
     from training.launch.launcher import TrainingFailed
 
     try:
@@ -137,9 +137,9 @@ def retune(args: argparse.Namespace) -> int:
 
     config = load(args, budget_overrides(args.trials, args.timeout))
     raw_sources(config)  # fail fast, before Prefect starts
-    from flows.local_server import prefect_api
-    from flows.retune import retune_of
     from flows.run.reports import RetuneReport
+    from flows.stages.local_server import prefect_api
+    from flows.tuning.retune import retune_of
     from training.codec import decode
 
     _prefect_console_quiet()
@@ -156,8 +156,8 @@ def serve(args: argparse.Namespace) -> int:
             "dlrm serve needs a Prefect server that stays, for the UI to list its deployments: add "
             f"--with-server, or start one with `dlrm server` and export PREFECT_API_URL=http://127.0.0.1:{args.port}/api"
         )
-    from flows.local_server import persistent_server, prefect_api
-    from flows.serve import serve_deployments
+    from flows.deployments.serve import serve_deployments
+    from flows.stages.local_server import persistent_server, prefect_api
     from training.launch.processes import raise_if_stopped
 
     with prefect_api(persistent_server(args.port) if args.with_server else None):
@@ -172,7 +172,7 @@ def server(args: argparse.Namespace) -> int:
     if os.environ.get("PREFECT_API_URL"):
         raise UserError(f"PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): that server is the dashboard; "
                         "unset it to start one here")  # fmt: skip
-    from flows.local_server import persistent_server, prefect_api, server_answers
+    from flows.stages.local_server import persistent_server, prefect_api, server_answers
 
     with prefect_api(persistent_server(args.port)) as url:
         print(f"Prefect UI: {url.removesuffix('/api')}   (state in {os.environ['PREFECT_HOME']})\n"

@@ -27,7 +27,7 @@ import httpx
 import prefect
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.prefect_defaults import DASHBOARD_PORT
+from flows.stages.prefect_defaults import DASHBOARD_PORT
 from training.launch.processes import start_group, stop_group
 
 log = logging.getLogger("flows.server")

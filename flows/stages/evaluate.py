@@ -19,11 +19,11 @@ from evaluation.calibration import Calibrator
 from evaluation.metrics import BinaryState, binary_state, compute_ne
 from evaluation.promotion import PromotionDecision, QualityEvidence, QualityGate, quality_failure
 from evaluation.report import EvalReport, Scores, build_report
-from flows.features import STAGE
 from flows.run.config import PipelineConfig
 from flows.run.feature_files import Features
 from flows.run.job import TrainedModel, build_job
-from flows.stopped_runs import cancel_when_stopped
+from flows.stages.features import STAGE
+from flows.stages.stopped_runs import cancel_when_stopped
 from flows.tracking.registry import decision_tag, promote_if_better, promotion_lock
 from flows.tracking.runs import logged_state
 from ingestion.preprocess import PreprocessState, apply_state

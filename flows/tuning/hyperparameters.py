@@ -3,7 +3,7 @@ trains with (the resolved run applies them: flows/run/resolve.py).
 
 The decision and its reason go to the flow's log and to the run's MLflow tags. Under
 `retune_first` the retune runs here, before training (under `characterize_then_retune` after
-measuring the hardware's batch: flows/port.py); under `scale_and_schedule` a retune
+measuring the hardware's batch: flows/tuning/port.py); under `scale_and_schedule` a retune
 flow run is created on the served `retune` deployment (or, when none is served, the log
 says which command to run).
 """
@@ -17,12 +17,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 
-from flows.features import run_logger
-from flows.retune import run_retune
 from flows.run.config import ConfigSource, PipelineConfig
 from flows.run.feature_files import Features
 from flows.run.resolve import ResolvedRun
-from flows.trainer_slots import waits_for
+from flows.stages.features import run_logger
+from flows.stages.trainer_slots import waits_for
+from flows.tuning.retune import run_retune
 from training.tuning.space import params_of
 from training.tuning.study import open_storage, tuned_keys
 from training.tuning.trigger import TuningDecision, decide
@@ -38,7 +38,7 @@ def choose_hyperparameters(lookup: ResolvedRun, features: Features, source: Conf
     first, the port workflow, or the configured values; a retune scheduled when the policy
     says so. `lookup_at(batch)`: the same run resolved at another global batch (the port
     workflow trains at the hardware's)."""
-    config, log = lookup.config, run_logger("flows.hyperparameters")
+    config, log = lookup.config, run_logger("flows.tuning.hyperparameters")
     storage = open_storage(config.optuna_storage, config.tuning.heartbeat_s)
     configured = params_of(config.training, config.model, config.tuning)
     decision = decide(config.tuning.policy, lookup.key, tuned_keys(storage, config.name), configured,
@@ -54,7 +54,7 @@ def choose_hyperparameters(lookup: ResolvedRun, features: Features, source: Conf
                 reason=f"{decision.reason}; {result.decision or f'retuned to NE {result.best.ne:.5f}'}",
             )  # fmt: skip
     if decision.action == "characterize_then_retune":
-        from flows.port import port_decision
+        from flows.tuning.port import port_decision
 
         decision = port_decision(decision, lookup, lookup_at or (lambda batch: lookup), features, configured)
     if decision.schedule_retune:
@@ -66,8 +66,8 @@ def choose_hyperparameters(lookup: ResolvedRun, features: Features, source: Conf
 
 def schedule_retune(config: PipelineConfig, source: ConfigSource) -> str:
     """Create a `retune` flow run on the served deployment; say what happened and when the
-    retune will train (after this run's training: flows/trainer_slots.py)."""
-    log = run_logger("flows.hyperparameters")
+    retune will train (after this run's training: flows/stages/trainer_slots.py)."""
+    log = run_logger("flows.tuning.hyperparameters")
     config_path, overrides = source.path, list(source.overrides)
     try:
         run = run_deployment(

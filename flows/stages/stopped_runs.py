@@ -14,7 +14,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.states import Cancelled, State
 
-log = logging.getLogger("flows.stopped_runs")
+log = logging.getLogger("flows.stages.stopped_runs")
 # Prefect's messages for a crash by a signal (prefect/states.py)
 _STOPPED_BY = {
     "Execution was aborted by an interrupt signal.": "SIGINT (Ctrl-C)",

@@ -3,7 +3,7 @@ and what it reports.
 
 Several hosts come one way: `orchestration.trainer_hosts` (which `dlrm train --nnodes`
 sets). The pipeline's stage then starts each host's part through its served deployment
-(flows/train_nodes.py); `dlrm train` is run by hand on each host. Both build the job here
+(flows/stages/train_nodes.py); `dlrm train` is run by hand on each host. Both build the job here
 (`build_job`), and every host launches its part of the same job with `launch(job, role)`.
 """
 
@@ -22,17 +22,17 @@ from prefect.artifacts import (
 
 from evaluation.calibration import Calibrator
 from evaluation.metrics import binary_state, compute_calibration, compute_ne
-from flows.calibrate import fit_served_calibrator
-from flows.features import STAGE
 from flows.run.config import PipelineConfig
 from flows.run.feature_files import Features
 from flows.run.job import TrainedModel, build_job
 from flows.run.reports import NodeReport, TrainReport
 from flows.run.resolve import ResolvedRun, resolve_run
 from flows.run.rows import TrainingRows, training_rows
-from flows.stopped_runs import cancel_when_stopped
-from flows.train_nodes import train_on_hosts
-from flows.trainer_slots import trainer_slot
+from flows.stages.calibrate import fit_served_calibrator
+from flows.stages.features import STAGE
+from flows.stages.stopped_runs import cancel_when_stopped
+from flows.stages.train_nodes import train_on_hosts
+from flows.stages.trainer_slots import trainer_slot
 from training.job import JobFolder, TrainSummary
 from training.launch.host_role import HostRole
 from training.launch.launcher import launch

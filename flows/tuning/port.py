@@ -16,11 +16,11 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from flows.characterize.sweeps import Series
-from flows.features import run_logger
-from flows.retune import run_retune
 from flows.run.config import PipelineConfig
 from flows.run.feature_files import Features
 from flows.run.resolve import ResolvedRun
+from flows.stages.features import run_logger
+from flows.tuning.retune import run_retune
 from training.loop.progress import read_records
 from training.tuning.port import PortFacts, seconds_to_reach
 from training.tuning.space import Params
@@ -41,7 +41,7 @@ def port_decision(decision: TuningDecision, lookup: ResolvedRun, lookup_at: Call
     the decision trains at that batch with the retune's best."""
     from flows.characterize.measure import characterize
 
-    log = run_logger("flows.port")
+    log = run_logger("flows.tuning.port")
     config = lookup.config
     storage = open_storage(config.optuna_storage, config.tuning.heartbeat_s)
     tuned_before = tuned_keys(storage, config.name)

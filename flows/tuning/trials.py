@@ -1,7 +1,7 @@
 """One trial of a study: the training runs of a parameter set (one per trial seed) on the
 tuning data's training rows, scored by NE on its validation rows (never the evaluation
 days); held-out NE during training feeds the pruner and, over several epochs, early
-stopping. The flow around the trials: flows/retune.py.
+stopping. The flow around the trials: flows/tuning/retune.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from flows.run.config import ConfigError, PipelineConfig
 from flows.run.feature_files import Features
 from flows.run.job import build_job
 from flows.run.rows import holdout_of
-from flows.trainer_slots import trainer_slot
+from flows.stages.trainer_slots import trainer_slot
 from training.job import JobFolder, TrainJob
 from training.launch.launcher import launch
 from training.loop.progress import HeldoutRecord, MetricsRecord

@@ -1,6 +1,6 @@
 """The `retune` flow: an Optuna study over the hyperparameters of the coming run's key.
 
-Each trial (flows/trials.py) is a real sharded training run (torchrun, the same trainer as
+Each trial (flows/tuning/trials.py) is a real sharded training run (torchrun, the same trainer as
 the pipeline) scored by NE on validation rows; held-out NE during training feeds the
 pruner, which stops a hopeless trial early. The best trial then faces the configured values
 (`judge_against_configured`). Several `dlrm retune` workers (processes or hosts) on one
@@ -24,15 +24,15 @@ from prefect.exceptions import MissingContextError
 
 from evaluation.metrics import binary_state, compute_ne
 from evaluation.report import Scores
-from flows.features import prepare_features, run_logger
 from flows.run.config import PipelineConfig, load_flow_config
 from flows.run.feature_files import Features
 from flows.run.reports import RetuneReport
 from flows.run.resolve import ResolvedRun, resolve_run
-from flows.stopped_runs import cancel_when_stopped
+from flows.stages.features import prepare_features, run_logger
+from flows.stages.stopped_runs import cancel_when_stopped
+from flows.stages.trainer_slots import trainer_slot
 from flows.tracking.runs import ensure_experiment, log_study_plots
-from flows.trainer_slots import trainer_slot
-from flows.trials import (
+from flows.tuning.trials import (
     TrainingTrial,
     TuningData,
     mlflow_param,
@@ -111,7 +111,7 @@ def retune_of(config: PipelineConfig) -> dict[str, Any]:
 def run_retune(run: ResolvedRun, features: Features) -> RetuneResult:
     """Join (or start) the study of the run's key, run trials until the budget is spent,
     log the best."""
-    log = run_logger("flows.retune")
+    log = run_logger("flows.tuning.retune")
     config, key = run.config, run.key
     storage_url = config.optuna_storage
     storage = open_storage(storage_url, config.tuning.heartbeat_s)

@@ -9,9 +9,9 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.characterize.sweeps import parse_sweep, series_of
-from flows.features import run_logger
 from flows.run.config import flow_config_path, load_flow_config, read_toml
-from flows.stopped_runs import cancel_when_stopped
+from flows.stages.features import run_logger
+from flows.stages.stopped_runs import cancel_when_stopped
 from training.codec import encode
 
 
@@ -26,7 +26,7 @@ def characterize_flow(config_path: str = "configs/demo.toml", overrides: list[st
     config = load_flow_config(config_path, overrides)  # only configs and data paths a flow may read
     path = flow_config_path(config_path)
     parsed = [parse_sweep(text) for text in sweeps or []]
-    log = run_logger("flows.characterize.measure")
+    log = run_logger("flows.deployments.characterize")
     report = characterize(series_of(read_toml(path), overrides, parsed, path), parsed, last_batch=max_batch,
                           on_line=lambda line: log.info("%s", line))  # fmt: skip
     rows = [{k: v for k, v in p.items() if k not in ("breakdown_ms", "peak_memory_mb_per_rank")} for p in report.points]

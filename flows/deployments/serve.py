@@ -31,15 +31,15 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron
 from prefect.states import Cancelled
 
-from flows.characterize_flow import characterize_flow
-from flows.pipeline import pipeline, retrain
-from flows.retune import retune
+from flows.deployments.characterize import characterize_flow
+from flows.deployments.pipeline import pipeline, retrain
 from flows.run.config import PipelineConfig, load_config
 from flows.run.sources import NEWEST
-from flows.train_nodes import node_deployment, train_node
+from flows.stages.train_nodes import node_deployment, train_node
+from flows.tuning.retune import retune
 from training.launch.processes import stop_requested
 
-log = logging.getLogger("flows.serve")
+log = logging.getLogger("flows.deployments.serve")
 
 
 def build_deployments(config_path: str, overrides: list[str] | None = None,
@@ -71,7 +71,7 @@ def build_deployments(config_path: str, overrides: list[str] | None = None,
 
 
 def trainer_node_deployment(node_rank: int) -> RunnerDeployment:
-    """This host's part of the pipeline's multi-host training (flows/train_nodes.py)."""
+    """This host's part of the pipeline's multi-host training (flows/stages/train_nodes.py)."""
     return train_node.to_deployment(name=node_deployment(node_rank), tags=[f"node:{node_rank}"],
                                     description=f"Node {node_rank}'s part of a multi-host training job")  # fmt: skip
 

@@ -20,7 +20,7 @@ from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelling
 
-from flows.stopped_runs import cancel_when_stopped
+from flows.stages.stopped_runs import cancel_when_stopped
 from training.job import TrainJob
 from training.launch.host_role import HostRole
 from training.launch.launcher import TrainingFailed, launch

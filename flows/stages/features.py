@@ -28,7 +28,7 @@ from flows.run.config import ConfigError, PipelineConfig
 from flows.run.feature_files import Features
 from flows.run.reports import IngestDay
 from flows.run.sources import raw_sources
-from flows.stopped_runs import cancel_when_stopped
+from flows.stages.stopped_runs import cancel_when_stopped
 from ingestion.parquet_source import SchemaChangeError, ingest_parquet_day
 from ingestion.preprocess import (
     PreprocessState,

@@ -24,11 +24,6 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from evaluation.calibration import Calibrator
 from evaluation.promotion import PromotionDecision
 from evaluation.report import EvalReport, Scores, report_markdown
-from flows.calibrate import calibrate_task
-from flows.evaluate import DayScores, evaluate_model, export_task, promote_task
-from flows.features import prepare_features
-from flows.hyperparameters import choose_hyperparameters
-from flows.port import port_summary, with_batch
 from flows.run.config import (
     ConfigSource,
     PipelineConfig,
@@ -44,7 +39,11 @@ from flows.run.reports import RunSummary, SkippedNight
 from flows.run.resolve import ResolvedRun, resolve_run
 from flows.run.rows import training_rows
 from flows.run.sources import resolve_as_of
-from flows.stopped_runs import cancel_when_stopped
+from flows.stages.calibrate import calibrate_task
+from flows.stages.evaluate import DayScores, evaluate_model, export_task, promote_task
+from flows.stages.features import prepare_features
+from flows.stages.stopped_runs import cancel_when_stopped
+from flows.stages.train import train_model
 from flows.tracking.deferred import track_or_defer, wait_for_tracking
 from flows.tracking.lineage import (
     StaleChampionError,
@@ -64,7 +63,8 @@ from flows.tracking.runs import (
     run_url,
     ui_address,
 )
-from flows.train_stage import train_model
+from flows.tuning.hyperparameters import choose_hyperparameters
+from flows.tuning.port import port_summary, with_batch
 from training.codec import encode
 from training.serving.export import ServingModel
 
