@@ -16,7 +16,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from mlflow.tracking import MlflowClient
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -61,6 +60,7 @@ from flows.tracking.runs import (
     read_metrics_history,
     run_history,
     run_url,
+    tracking_client,
     ui_address,
 )
 from flows.tuning.hyperparameters import choose_hyperparameters
@@ -116,7 +116,7 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
     night = _plan(config, as_of)
     if night.skipped:
         logger.info("as of day %s: %s", config.data.shown(night.as_of), night.skipped)
-        return skipped_summary(night, MlflowClient(tracking_uri=config.tracking_uri), config)
+        return skipped_summary(night, tracking_client(config.tracking_uri), config)
     features = prepare_features(resolve_run(config, night).config, night.warm_start.state if night.warm_start else None)
     decision = choose_hyperparameters(resolve_run(config, night, features.state), features, source,
                                       lambda batch: resolve_run(with_batch(config, batch), night, features.state))  # fmt: skip
@@ -134,7 +134,7 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
     decision_ = promote_task(config, tracked.run_id, tracked.model_version, report) if tracked.model_version else None
     if tracked.model_version is not None:  # a deferred run (MLflow unreachable) leaves pruning to the next
         try:
-            prune_lineage(config, MlflowClient(tracking_uri=config.tracking_uri))
+            prune_lineage(config, tracking_client(config.tracking_uri))
         except Exception as error:  # noqa: BLE001 - the registry went away after promotion
             logger.warning("kept checkpoints not pruned (%s); the next run prunes them", error)
     summary = run_summary(run, features, report, trained, tracked, decision_, calibrator, rows.calibration_rows)
@@ -148,7 +148,7 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
 def _judge_staleness(config: PipelineConfig) -> None:
     """Tag the champion's age on the registered model; a stale champion ends the night as
     `orchestration.on_stale` says (Failed: what a Prefect notification watches)."""
-    staleness = champion_staleness(config, MlflowClient(tracking_uri=config.tracking_uri))
+    staleness = champion_staleness(config, tracking_client(config.tracking_uri))
     if not staleness.stale:
         return
     if config.orchestration.on_stale == "fail":
@@ -163,7 +163,7 @@ def _plan(config: PipelineConfig, as_of: str | int | None) -> Night:
     day = resolve_as_of(config, as_of)
     if day is None:
         return Night.plain(config)
-    night = plan_night(config, day, MlflowClient(tracking_uri=config.tracking_uri))
+    night = plan_night(config, day, tracking_client(config.tracking_uri))
     if night.note:
         get_run_logger().info("as of day %s: %s", config.data.shown(day), night.note)
     return night
@@ -264,7 +264,7 @@ def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: Day
 
 def _champion_history(config: PipelineConfig) -> list[dict[str, float]] | None:
     """The current champion's training history, for the relative-NE plot (None if none)."""
-    client = MlflowClient(tracking_uri=config.tracking_uri)
+    client = tracking_client(config.tracking_uri)
     try:
         champion = current_champion(client, config.tracking.registered_model)
     except Exception:  # noqa: BLE001 - a missing registry only means there is nothing to compare with

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import mlflow
 import numpy as np
 import torch
-from mlflow.entities.model_registry import ModelVersion
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 from prefect import flow, get_run_logger, task
 from prefect.tasks import exponential_backoff
 
@@ -24,14 +21,17 @@ from flows.run.feature_files import Features
 from flows.run.job import TrainedModel, build_job
 from flows.stages.features import STAGE
 from flows.stages.stopped_runs import cancel_when_stopped
-from flows.tracking.registry import decision_tag, promote_if_better, promotion_lock
-from flows.tracking.runs import logged_state
+from flows.tracking.registry import promote_if_better, promotion_lock, record_promotion, registered_scorer
+from flows.tracking.runs import logged_state_or_none, tracking_client
 from ingestion.preprocess import PreprocessState, apply_state
 from ingestion.synthetic import read_day_stats
 from training.job import JobFolder
 from training.reference import fit_logistic_regression
 from training.serving.export import ServingModel, write_serving_model
-from training.serving.scoring import LogitFn, dlrm_logits, score_files
+from training.serving.scoring import score_files
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
 
 DayScores = dict[int | str, Scores]  # day as the config writes it → its scores
 
@@ -123,7 +123,7 @@ def export_task(config: PipelineConfig, features: Features, trained: TrainedMode
 @task(name="promote", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5), **STAGE)
 def promote_task(config: PipelineConfig, run_id: str, version: str, report: EvalReport) -> PromotionDecision:
     """Make the new version the champion if it beats the current one on the same days."""
-    client = MlflowClient(tracking_uri=config.tracking_uri)
+    client = tracking_client(config.tracking_uri)
     name = config.tracking.registered_model
     evidence = QualityEvidence(report.references["baseline_constant_ne"], report.references["logistic_regression_ne"],
                                report.overall["calibration"])  # fmt: skip
@@ -135,46 +135,20 @@ def promote_task(config: PipelineConfig, run_id: str, version: str, report: Eval
         lock=promotion_lock(config.tracking_uri, config.tracking.promotion_lock, name),
         evidence=evidence, gate=gate,
     )  # fmt: skip
-    client.log_dict(run_id, decision.as_dict(), "promotion/decision.json")
-    refused = quality_failure(report.overall["ne"], evidence, gate) is not None
-    client.set_tag(run_id, "promotion.decision", decision_tag(decision, refused))
-    client.set_tag(run_id, "promotion.reason", decision.reason)
-    if decision.champion_ne is not None:
-        client.log_metric(run_id, "champion_ne_same_days", decision.champion_ne)
+    record_promotion(client, run_id, decision, refused=quality_failure(report.overall["ne"], evidence, gate) is not None)
     get_run_logger().info("promotion: %s (%s)", "promoted" if decision.promote else "not promoted", decision.reason)
     return decision
-
-
-def registered_dlrm(model_uri: str) -> torch.nn.Module:
-    """The DLRM of a registered version, on CPU: inside this project's pyfunc, or the module
-    itself for versions logged before it (the `pytorch` flavour)."""
-    return registered_scorer(model_uri)[0]
-
-
-def registered_scorer(model_uri: str) -> tuple[torch.nn.Module, Calibrator, LogitFn]:
-    """The DLRM of a registered version, on CPU, the calibrator it serves with (the identity
-    for versions logged before calibration, and for the `pytorch` flavour), and its logits of
-    feature files' batches (managed ids remapped as it serves)."""
-    if "pytorch" in mlflow.models.get_model_info(model_uri).flavors:
-        model = mlflow.pytorch.load_model(model_uri, map_location="cpu")
-        return model, Calibrator(), dlrm_logits(model)
-    served = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
-    model = served.dlrm.cpu()
-    # versions logged before managed ids serve rows as the features hold them
-    rows = getattr(served.features, "feature_rows", None)
-    return model, Calibrator.from_dict(served.calibrator.as_dict()), dlrm_logits(model, rows)
 
 
 def champion_ne(config: PipelineConfig, champion: ModelVersion) -> float | None:
     """The champion's NE on this run's eval days, as it serves (its own preprocessing state
     and calibrator)."""
-    try:
-        state = logged_state(config.tracking_uri, champion.run_id)
-    except MlflowException:
+    state = logged_state_or_none(config.tracking_uri, champion.run_id)
+    if state is None:
         return None  # a champion without its preprocessing state cannot score new days
-    mlflow.set_tracking_uri(config.tracking_uri)
     try:
-        _, calibrator, logits_of = registered_scorer(f"models:/{config.tracking.registered_model}/{champion.version}")
+        _, calibrator, logits_of = registered_scorer(f"models:/{config.tracking.registered_model}/{champion.version}",
+                                                     config.tracking_uri)  # fmt: skip
     except Exception as error:  # noqa: BLE001 - e.g. a version pickled with classes this release no longer has
         get_run_logger().warning("champion version %s cannot be loaded (%s): it cannot be compared, so nothing "
                                  "is promoted; set the alias by hand to move on", champion.version, error)  # fmt: skip

@@ -11,10 +11,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+import mlflow
+import torch
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from evaluation.calibration import Calibrator
 from evaluation.promotion import (
     PromotionDecision,
     QualityEvidence,
@@ -24,6 +27,7 @@ from evaluation.promotion import (
 )
 from flows.run.config import ConfigError
 from training.locking import exclusive, has_shared_lock
+from training.serving.scoring import LogitFn, dlrm_logits
 
 CHAMPION_ALIAS = "champion"
 DEFAULT_GATE = QualityGate()
@@ -93,3 +97,36 @@ def promote_if_better(
 def decision_tag(decision: PromotionDecision, refused: bool) -> str:
     """"promoted", "refused" (failed the quality gate) or "kept champion"."""
     return "promoted" if decision.promote else "refused" if refused else "kept champion"
+
+
+def record_promotion(client: MlflowClient, run_id: str, decision: PromotionDecision, refused: bool) -> None:
+    """The decision on the candidate's run: its JSON, the decision and reason as tags, and the
+    champion's NE on the same days when there was one."""
+    client.log_dict(run_id, decision.as_dict(), "promotion/decision.json")
+    client.set_tag(run_id, "promotion.decision", decision_tag(decision, refused))
+    client.set_tag(run_id, "promotion.reason", decision.reason)
+    if decision.champion_ne is not None:
+        client.log_metric(run_id, "champion_ne_same_days", decision.champion_ne)
+
+
+def registered_dlrm(model_uri: str) -> torch.nn.Module:
+    """The DLRM of a registered version, on CPU: inside this project's pyfunc, or the module
+    itself for versions logged before it (the `pytorch` flavour)."""
+    return registered_scorer(model_uri)[0]
+
+
+def registered_scorer(model_uri: str, tracking_uri: str | None = None) -> tuple[torch.nn.Module, Calibrator, LogitFn]:
+    """The DLRM of a registered version, on CPU, the calibrator it serves with (the identity
+    for versions logged before calibration, and for the `pytorch` flavour), and its logits of
+    feature files' batches (managed ids remapped as it serves). `tracking_uri`: the registry's
+    (default: the current one)."""
+    if tracking_uri is not None:
+        mlflow.set_tracking_uri(tracking_uri)
+    if "pytorch" in mlflow.models.get_model_info(model_uri).flavors:
+        model = mlflow.pytorch.load_model(model_uri, map_location="cpu")
+        return model, Calibrator(), dlrm_logits(model)
+    served = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
+    model = served.dlrm.cpu()
+    # versions logged before managed ids serve rows as the features hold them
+    rows = getattr(served.features, "feature_rows", None)
+    return model, Calibrator.from_dict(served.calibrator.as_dict()), dlrm_logits(model, rows)

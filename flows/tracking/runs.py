@@ -165,6 +165,14 @@ def logged_state(tracking_uri: str, run_id: str) -> PreprocessState:
     return PreprocessState.load(Path(path))
 
 
+def logged_state_or_none(tracking_uri: str, run_id: str) -> PreprocessState | None:
+    """`logged_state`, or None for a run that logged none."""
+    try:
+        return logged_state(tracking_uri, run_id)
+    except mlflow.exceptions.MlflowException:
+        return None
+
+
 def run_history(tracking_uri: str, run_id: str) -> list[dict[str, float]]:
     """A logged run's training history (samples seen and windowed NE per step)."""
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -244,3 +252,24 @@ def log_study_plots(client: MlflowClient, run_id: str, study) -> None:
         figure.tight_layout()
         client.log_figure(run_id, figure, name)
         plt.close(figure)
+
+
+def tracking_client(tracking_uri: str) -> MlflowClient:
+    """A client of the tracking server (or store) at `tracking_uri`."""
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def newest_run_of_key(tracking_uri: str, experiment: str, fingerprint: str) -> tuple[float, float] | None:
+    """The held-out NE and training seconds of the newest finished run of a tuning key (None:
+    no such run): what the port workflow compares a ported run with."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs([found.experiment_id], f"tags.`tuning.key` = '{fingerprint}' and "
+                              "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"])  # fmt: skip
+    for run in runs:
+        metrics = run.data.metrics
+        if "heldout_ne" in metrics and "train_seconds" in metrics:
+            return metrics["heldout_ne"], metrics["train_seconds"]
+    return None

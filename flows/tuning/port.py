@@ -13,13 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mlflow.tracking import MlflowClient
-
 from flows.characterize.sweeps import Series
 from flows.run.config import PipelineConfig
 from flows.run.feature_files import Features
 from flows.run.resolve import ResolvedRun
 from flows.stages.features import run_logger
+from flows.tracking.runs import newest_run_of_key
 from flows.tuning.retune import run_retune
 from training.loop.progress import read_records
 from training.tuning.port import PortFacts, seconds_to_reach
@@ -78,23 +77,9 @@ def _nearest_elsewhere(run: ResolvedRun, tuned: list[TunedParams]) -> TunedParam
 def port_summary(config: PipelineConfig, facts: PortFacts, metrics: Path) -> dict[str, Any]:
     """The facts with the time comparison: the nearest key's newest run (its final held-out
     NE and training time) against this run's time to reach that NE."""
-    old = _newest_run_of_key(config, facts.nearest_key) if facts.nearest_key else None
+    old = newest_run_of_key(config.tracking_uri, config.tracking.experiment, facts.nearest_key) if facts.nearest_key else None
     if old is not None:
         target, seconds = old
         facts = dataclasses.replace(facts, old_run_heldout_ne=target, old_run_seconds=seconds,
                                     seconds_to_old_ne=seconds_to_reach(read_records(metrics), target))  # fmt: skip
     return facts.as_dict()
-
-
-def _newest_run_of_key(config: PipelineConfig, fingerprint: str) -> tuple[float, float] | None:
-    client = MlflowClient(tracking_uri=config.tracking_uri)
-    experiment = client.get_experiment_by_name(config.tracking.experiment)
-    if experiment is None:
-        return None
-    runs = client.search_runs([experiment.experiment_id], f"tags.`tuning.key` = '{fingerprint}' and "
-                              "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"])  # fmt: skip
-    for run in runs:
-        metrics = run.data.metrics
-        if "heldout_ne" in metrics and "train_seconds" in metrics:
-            return metrics["heldout_ne"], metrics["train_seconds"]
-    return None

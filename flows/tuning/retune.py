@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from mlflow.tracking import MlflowClient
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.exceptions import MissingContextError
@@ -31,11 +30,10 @@ from flows.run.resolve import ResolvedRun, resolve_run
 from flows.stages.features import prepare_features, run_logger
 from flows.stages.stopped_runs import cancel_when_stopped
 from flows.stages.trainer_slots import trainer_slot
-from flows.tracking.runs import ensure_experiment, log_study_plots
+from flows.tracking.studies import BestTrial, StudyRuns
 from flows.tuning.trials import (
     TrainingTrial,
     TuningData,
-    mlflow_param,
     trial_seeds,
     tuning_folds,
     validation_job,
@@ -120,8 +118,8 @@ def run_retune(run: ResolvedRun, features: Features) -> RetuneResult:
     others = [t for t in tuned_keys(storage, config.name) if t.key != key]
     nearest = min(others, key=lambda t: (key.distance(t.key), t.ne)) if others else None
     warm = enqueue_warm_start(study, storage_url, nearest, key.global_batch_size, config.tuning)
-    client = MlflowClient(tracking_uri=config.tracking_uri)
-    parent = _parent_run(client, config, study, key, storage_url)
+    runs = StudyRuns(config.tracking_uri)
+    parent = _parent_run(runs, config, study, key, storage_url)
     log.info(
         "retune: study %s (key %s), worker %d, budget %s%s", study.study_name, key.fingerprint, worker,
         budget_text(config.tuning),
@@ -132,18 +130,19 @@ def run_retune(run: ResolvedRun, features: Features) -> RetuneResult:
     log.info("retune: batch sizes %s; up to %d epoch(s) a trial%s", ", ".join(f"{b:,}" for b in resolved_batches(config.tuning))
              or f"{config.training.batch_size:,} (the run's)", config.tuning.max_epochs,
              ", stopped early when validation NE rises" if config.tuning.max_epochs > 1 else "")  # fmt: skip
-    objective = TrainingTrial(config, folds, client, parent, key, log)
+    objective = TrainingTrial(config, folds, runs, parent, key, log)
     try:
         outcome = run_worker(study, objective, config.tuning, storage_url, worker)
     except BaseException as error:  # the study's MLflow run is not left running
-        client.set_terminated(parent, "FAILED" if isinstance(error, Exception) else "KILLED")  # KILLED: Ctrl-C
+        runs.end_parent(parent, failed=isinstance(error, Exception))  # not failed: Ctrl-C
         raise
     best, verdict = best_of(study), ""
     if best is not None:
         with trainer_slot(config, log):
             verdict = judge_against_configured(config, folds, study, best, log)["verdict"]
         best = best_of(study)  # the configured values, if the trial did not beat them beyond the noise
-    _finish_parent(client, parent, study, best)
+    states = [t.state.name.lower() for t in study.get_trials(deepcopy=False)]
+    runs.finish_parent(parent, states, BestTrial(best.ne, best.trial_number, best.params) if best else None, study)
     _publish(study, best)
     if best:
         log.info("retune: best NE %.5f (%s): %s", best.ne,
@@ -190,33 +189,16 @@ def judge_against_configured(config: PipelineConfig, folds: list[TuningData], st
     return decision
 
 
-def _parent_run(client: MlflowClient, config: PipelineConfig, study: optuna.Study, key: TuningKey, url: str) -> str:
+def _parent_run(runs: StudyRuns, config: PipelineConfig, study: optuna.Study, key: TuningKey, url: str) -> str:
     """The study's one MLflow parent run, created by its first worker."""
     with exclusive(url, f"{study.study_name}.mlflow"):
         existing = study.user_attrs.get("mlflow_parent_run_id")
         if existing:
             return str(existing)
-        experiment = ensure_experiment(client, config.tracking.experiment, config.artifact_location)
-        run = client.create_run(
-            experiment, run_name=f"retune-{study.study_name}",
-            tags={"tuning.study": study.study_name, "tuning.storage": _redact(url), **key.as_tags()},
-        )  # fmt: skip
-        study.set_user_attr("mlflow_parent_run_id", run.info.run_id)
-        return run.info.run_id
-
-
-def _finish_parent(client: MlflowClient, parent: str, study: optuna.Study, best: TunedParams | None) -> None:
-    states = [t.state.name.lower() for t in study.get_trials(deepcopy=False)]
-    for state in ("complete", "pruned", "fail"):
-        client.log_metric(parent, f"trials_{state}", float(states.count(state)))
-    if best:
-        client.log_metric(parent, "best_ne", best.ne)
-        client.log_batch(parent, params=[mlflow_param(f"best.{k}", v) for k, v in best.params.items()])
-        client.set_tag(parent, "tuning.best_trial", str(best.trial_number))
-        client.log_dict(parent, {"best_ne": best.ne, "best_trial": best.trial_number, "params": best.params},
-                        "tuning/best.json")  # fmt: skip
-    log_study_plots(client, parent, study)
-    client.set_terminated(parent, "FINISHED")
+        tags = {"tuning.study": study.study_name, "tuning.storage": _redact(url), **key.as_tags()}
+        run_id = runs.open_parent(config.tracking.experiment, config.artifact_location, study.study_name, tags)
+        study.set_user_attr("mlflow_parent_run_id", run_id)
+        return run_id
 
 
 def _publish(study: optuna.Study, best: TunedParams | None) -> None:

@@ -14,11 +14,8 @@ import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import optuna
-from mlflow.entities import Param
-from mlflow.tracking import MlflowClient
 
 from evaluation.metrics import MetricError, binary_state, compute_ne
 from flows.run.config import ConfigError, PipelineConfig
@@ -26,6 +23,7 @@ from flows.run.feature_files import Features
 from flows.run.job import build_job
 from flows.run.rows import holdout_of
 from flows.stages.trainer_slots import trainer_slot
+from flows.tracking.studies import StudyRuns, TrialRun
 from training.job import JobFolder, TrainJob
 from training.launch.launcher import launch
 from training.loop.progress import HeldoutRecord, MetricsRecord
@@ -105,58 +103,50 @@ def tuning_data(config: PipelineConfig, features: Features) -> TuningData:
 class TrainingTrial:
     """One trial: train with the suggested parameters, report held-out NE, return NE."""
 
-    def __init__(self, config: PipelineConfig, folds: list[TuningData], client: MlflowClient, parent_run: str,
+    def __init__(self, config: PipelineConfig, folds: list[TuningData], runs: StudyRuns, parent_run: str,
                  key: TuningKey, log: logging.Logger | logging.LoggerAdapter) -> None:  # fmt: skip
-        self.config, self.folds, self.client, self.parent_run, self.key, self.log = (
-            config, folds, client, parent_run, key, log,
+        self.config, self.folds, self.runs, self.parent_run, self.key, self.log = (
+            config, folds, runs, parent_run, key, log,
         )  # fmt: skip
 
     def __call__(self, trial: optuna.Trial) -> float:
         params = suggest(trial, self.config.tuning)
         out = self.config.path("tuning") / trial.study.study_name / f"trial-{trial.number:04d}"
-        run = self.client.create_run(
-            self.client.get_run(self.parent_run).info.experiment_id, run_name=f"trial-{trial.number}",
-            tags={"mlflow.parentRunId": self.parent_run, "tuning.trial": str(trial.number),
-                  "tuning.worker": str(trial.user_attrs.get("worker", 0)), **self.key.as_tags()},
-        )  # fmt: skip
-        run_id = run.info.run_id
-        self.client.log_batch(run_id, params=[mlflow_param(k, v) for k, v in params.items()])
+        run = self.runs.start_trial(self.parent_run, trial.number,
+                                    {"tuning.worker": str(trial.user_attrs.get("worker", 0)), **self.key.as_tags()},
+                                    params)  # fmt: skip
         seeds = trial_seeds(self.config)
         per_seed: list[float] = []
         best_epochs: list[int] = []
         try:
             with trainer_slot(self.config, self.log):
-                self._train_seeds(trial, run_id, params, out, per_seed, best_epochs)
+                self._train_seeds(trial, run, params, out, per_seed, best_epochs)
         except optuna.TrialPruned as pruned:
-            self.client.set_tag(run_id, "tuning.state", "pruned")
-            self.client.set_terminated(run_id, "KILLED")
+            run.end("pruned")
             self.log.info("trial #%d pruned: %s", trial.number, pruned)
             raise
         except Exception:
-            self.client.set_tag(run_id, "tuning.state", "failed")
-            self.client.set_terminated(run_id, "FAILED")
+            run.end("failed")
             raise
         except BaseException:  # Ctrl-C or SIGTERM: the trial is stopped, not failed
-            self.client.set_tag(run_id, "tuning.state", "stopped")
-            self.client.set_terminated(run_id, "KILLED")
+            run.end("stopped")
             raise
         ne = statistics.fmean(per_seed)
         trial.set_user_attr("ne_per_seed", {str(s): v for s, v in zip(seeds, per_seed, strict=True)})
         if best_epochs:
             chosen = {"training.epochs": round(statistics.fmean(best_epochs))}
             trial.set_user_attr("chosen", chosen)
-            self.client.log_batch(run_id, params=[mlflow_param(k, v) for k, v in chosen.items()])
+            run.log_params(chosen)
             params = {**params, **chosen}
-        self.client.log_metric(run_id, "ne", ne)
+        run.log_metric("ne", ne)
         if len(seeds) > 1:
-            self.client.log_metric(run_id, "ne_seed_std", statistics.stdev(per_seed))
-        self.client.set_tag(run_id, "tuning.state", "complete")
-        self.client.set_terminated(run_id, "FINISHED")
+            run.log_metric("ne_seed_std", statistics.stdev(per_seed))
+        run.end("complete")
         spread = f" (seeds {', '.join(f'{v:.5f}' for v in per_seed)})" if len(seeds) > 1 else ""
         self.log.info("trial #%d: NE %.5f%s with %s", trial.number, ne, spread, params)
         return ne
 
-    def _train_seeds(self, trial: optuna.Trial, run_id: str, params: Params, out: Path, per_seed: list[float],
+    def _train_seeds(self, trial: optuna.Trial, run: TrialRun, params: Params, out: Path, per_seed: list[float],
                      best_epochs: list[int]) -> None:  # fmt: skip
         """Train the trial once per seed and fold; each seed's validation NE (the mean over
         its folds) and each run's best epoch count are appended."""
@@ -169,7 +159,7 @@ class TrainingTrial:
             metric = "heldout_ne" + (f".seed_{seed}" if len(seeds) > 1 else "") + (f".fold_{fold}" if folds > 1 else "")
             # a run that chooses its own epochs is scored with the model it kept
             epochs = EpochEnds(1 if self.config.training.chooses_epochs else self.config.tuning.max_epochs)
-            watch = functools.partial(self._on_progress, trial, run_id, metric=metric, prune=first,
+            watch = functools.partial(self._on_progress, trial, run, metric=metric, prune=first,
                                       epochs=epochs)  # fmt: skip
             try:
                 launch(job, on_line=lambda line: None, on_progress=watch)
@@ -181,23 +171,23 @@ class TrainingTrial:
             else:
                 per_run[seed, fold] = validation_ne(job.folder)
             if folds > 1:
-                self.client.log_metric(run_id, f"ne.seed_{seed}.fold_{fold}", per_run[seed, fold])
+                run.log_metric(f"ne.seed_{seed}.fold_{fold}", per_run[seed, fold])
             if fold == folds - 1:
                 per_seed.append(statistics.fmean(per_run[seed, f] for f in range(folds)))
                 if len(seeds) > 1:
-                    self.client.log_metric(run_id, f"ne.seed_{seed}", per_seed[-1])
+                    run.log_metric(f"ne.seed_{seed}", per_seed[-1])
         if folds > 1:
             trial.set_user_attr("ne_per_fold", {str(f): statistics.fmean(per_run[s, f] for s in seeds)
                                                 for f in range(folds)})  # fmt: skip
 
-    def _on_progress(self, trial: optuna.Trial, run_id: str, record: MetricsRecord, *, metric: str,
+    def _on_progress(self, trial: optuna.Trial, run: TrialRun, record: MetricsRecord, *, metric: str,
                      prune: bool, epochs: EpochEnds | None = None) -> None:  # fmt: skip
         if not isinstance(record, HeldoutRecord):
             return
         step, total, ne = record.step, record.total_steps, record.heldout_ne
         if not math.isfinite(ne):
             raise optuna.TrialPruned(f"held-out NE is {ne} at step {step} (diverged)")
-        self.client.log_metric(run_id, metric, ne, step=step)
+        run.log_metric(metric, ne, step=step)
         if epochs is not None and epochs.rose(record):
             raise StopEarly
         if not prune or step >= total:
@@ -307,6 +297,3 @@ def validation_ne(folder: JobFolder) -> float:
         raise optuna.TrialPruned(f"validation NE is {ne}")
     return ne
 
-
-def mlflow_param(name: str, value: Any) -> Param:
-    return Param(name, str(value))

@@ -70,7 +70,8 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "flows.deployments": (("flows.run", "flows.tracking", "flows.characterize", "flows.stages", "flows.tuning",
                            "flows.deployments"), ()),
 }
-# Prefect is imported only where flows, tasks and deployments are declared (and its plumbing)
+# Prefect is imported only where flows, tasks and deployments are declared (and its plumbing);
+# MLflow only in flows/tracking
 PREFECT_PACKAGES = ("flows.stages", "flows.tuning", "flows.deployments")
 
 
@@ -98,6 +99,9 @@ def test_each_layer_imports_only_what_lies_below_it():
     prefect = sorted(name for name, imports in graph.items() if any(_in(i, "prefect") for i in imports)
                      and not any(_in(name, p) for p in PREFECT_PACKAGES))  # fmt: skip
     assert prefect == [], "Prefect is imported only by the stages, tuning and the deployments"
+    mlflow = sorted(name for name, imports in graph.items() if any(_in(i, "mlflow") for i in imports)
+                    and not _in(name, "flows.tracking"))  # fmt: skip
+    assert mlflow == [], "MLflow is imported only by tracking"
     cli = sorted(name for name, imports in graph.items() if not _in(name, "flows.cli")
                  and any(_in(i, "flows.cli") for i in imports))  # fmt: skip
     assert cli == [], "nothing imports the command line"

@@ -5,7 +5,7 @@ from pathlib import Path
 import mlflow
 import torch
 
-from flows.stages.evaluate import registered_dlrm
+from flows.tracking.registry import registered_dlrm
 from training.model.stock_dlrm import DLRMSpec, build_stock_dlrm
 
 

@@ -10,12 +10,14 @@ from flows.tuning.trials import EpochEnds, StopEarly, TrainingTrial
 from training.loop.progress import HeldoutRecord, TrainRecord
 
 
-class _Client:
+class _TrialRun:
+    """Stands in for a trial's MLflow run (flows/tracking/studies.TrialRun): what it was asked to log."""
+
     def __init__(self) -> None:
         self.logged: list[tuple] = []
 
-    def log_metric(self, run_id: str, key: str, value: float, step: int = 0) -> None:
-        self.logged.append((run_id, key, value, step))
+    def log_metric(self, key: str, value: float, step: int | None = None) -> None:
+        self.logged.append((key, value, step))
 
 
 def _trial_after_a_good_one() -> optuna.Trial:
@@ -27,32 +29,32 @@ def _trial_after_a_good_one() -> optuna.Trial:
 
 
 def test_a_heldout_record_worse_than_the_median_prunes_the_trial() -> None:
-    client = _Client()
-    watch = TrainingTrial(None, None, client, "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
+    run = _TrialRun()
+    watch = TrainingTrial(None, None, None, "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
     trial = _trial_after_a_good_one()
     record = TrainRecord(23, 46, 5888, 0.5, 0.9, 0.9, 1e4, 1.0, steps_per_epoch=46)
-    watch._on_progress(trial, "run", record, metric="heldout_ne", prune=True)
-    assert client.logged == [], "training records do not feed the pruner"
-    watch._on_progress(trial, "run", HeldoutRecord(10, 46, 2560, 0.99, steps_per_epoch=46), metric="heldout_ne", prune=False)
-    assert client.logged == [("run", "heldout_ne", 0.99, 10)], "logged, not reported, for a later seed"
+    watch._on_progress(trial, run, record, metric="heldout_ne", prune=True)
+    assert run.logged == [], "training records do not feed the pruner"
+    watch._on_progress(trial, run, HeldoutRecord(10, 46, 2560, 0.99, steps_per_epoch=46), metric="heldout_ne", prune=False)
+    assert run.logged == [("heldout_ne", 0.99, 10)], "logged, not reported, for a later seed"
     with pytest.raises(optuna.TrialPruned, match="at step 23/46 is worse than the median"):
-        watch._on_progress(trial, "run", HeldoutRecord(23, 46, 5888, 0.95, steps_per_epoch=46), metric="heldout_ne", prune=True)
+        watch._on_progress(trial, run, HeldoutRecord(23, 46, 5888, 0.95, steps_per_epoch=46), metric="heldout_ne", prune=True)
     assert trial.storage.get_trial(trial._trial_id).intermediate_values == {50: 0.95}, "reported at % done"
 
 
 def test_a_diverged_heldout_ne_prunes_the_trial() -> None:
-    watch = TrainingTrial(None, None, _Client(), "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
+    watch = TrainingTrial(None, None, None, "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
     with pytest.raises(optuna.TrialPruned, match="diverged"):
-        watch._on_progress(_trial_after_a_good_one(), "run", HeldoutRecord(5, 46, 1280, float("nan"), steps_per_epoch=46),
+        watch._on_progress(_trial_after_a_good_one(), _TrialRun(), HeldoutRecord(5, 46, 1280, float("nan"), steps_per_epoch=46),
                            metric="heldout_ne", prune=True)  # fmt: skip
 
 
 def test_the_last_heldout_record_is_logged_but_never_prunes() -> None:
-    client = _Client()
-    watch = TrainingTrial(None, None, client, "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
+    run = _TrialRun()
+    watch = TrainingTrial(None, None, None, "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
     trial = _trial_after_a_good_one()
-    watch._on_progress(trial, "run", HeldoutRecord(46, 46, 11776, 0.99, steps_per_epoch=46), metric="heldout_ne", prune=True)
-    assert client.logged == [("run", "heldout_ne", 0.99, 46)]
+    watch._on_progress(trial, run, HeldoutRecord(46, 46, 11776, 0.99, steps_per_epoch=46), metric="heldout_ne", prune=True)
+    assert run.logged == [("heldout_ne", 0.99, 46)]
     assert trial.storage.get_trial(trial._trial_id).intermediate_values == {}, "not reported: the trial is done"
 
 
@@ -60,12 +62,13 @@ def test_a_trial_that_learns_nothing_is_discarded_at_its_first_report_past_the_w
     from types import SimpleNamespace
 
     config = SimpleNamespace(tuning=SimpleNamespace(prune_after_pct=30))
-    watch = TrainingTrial(config, None, _Client(), "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
+    watch = TrainingTrial(config, None, None, "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
+    run = _TrialRun()
     trial = optuna.create_study(pruner=optuna.pruners.NopPruner()).ask()
-    watch._on_progress(trial, "run", HeldoutRecord(10, 46, 2560, 1.02, steps_per_epoch=46), metric="heldout_ne", prune=True)
+    watch._on_progress(trial, run, HeldoutRecord(10, 46, 2560, 1.02, steps_per_epoch=46), metric="heldout_ne", prune=True)
     with pytest.raises(optuna.TrialPruned, match="no better than the click rate"):
-        watch._on_progress(trial, "run", HeldoutRecord(20, 46, 5120, 1.001, steps_per_epoch=46), metric="heldout_ne", prune=True)
-    watch._on_progress(trial, "run", HeldoutRecord(20, 46, 5120, 0.999, steps_per_epoch=46), metric="heldout_ne", prune=True)
+        watch._on_progress(trial, run, HeldoutRecord(20, 46, 5120, 1.001, steps_per_epoch=46), metric="heldout_ne", prune=True)
+    watch._on_progress(trial, run, HeldoutRecord(20, 46, 5120, 0.999, steps_per_epoch=46), metric="heldout_ne", prune=True)
 
 
 def test_early_stopping_stops_when_an_epoch_end_is_worse_and_keeps_the_best_epoch() -> None:
@@ -80,13 +83,13 @@ def test_early_stopping_stops_when_an_epoch_end_is_worse_and_keeps_the_best_epoc
 
 
 def test_a_watched_epoch_end_that_rose_stops_the_run() -> None:
-    watch = TrainingTrial(None, None, _Client(), "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
-    ends, trial = EpochEnds(max_epochs=2), _trial_after_a_good_one()
+    watch = TrainingTrial(None, None, None, "parent", None, logging.getLogger(__name__))  # type: ignore[arg-type]
+    ends, trial, run = EpochEnds(max_epochs=2), _trial_after_a_good_one(), _TrialRun()
     first = HeldoutRecord(10, 20, 1, 0.85, steps_per_epoch=10)
-    watch._on_progress(trial, "run", first, metric="heldout_ne", prune=False, epochs=ends)
+    watch._on_progress(trial, run, first, metric="heldout_ne", prune=False, epochs=ends)
     with pytest.raises(StopEarly):
         second = HeldoutRecord(20, 20, 1, 0.86, steps_per_epoch=10)
-        watch._on_progress(trial, "run", second, metric="heldout_ne", prune=False, epochs=ends)
+        watch._on_progress(trial, run, second, metric="heldout_ne", prune=False, epochs=ends)
 
 
 def test_early_stopping_trials_run_the_most_epochs_scored_on_every_validation_row(tiny_features, tmp_path) -> None:
