@@ -126,11 +126,13 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_arguments(train)
     train.add_argument("--out", metavar="FOLDER", help="where the job writes (default: <run_dir>/train); "
                        "on several hosts, the same shared folder on each")  # fmt: skip
-    train.add_argument("--nnodes", type=int, help="hosts in the job (default: orchestration.trainer_hosts, 1)")
-    train.add_argument("--node-rank", type=int, default=0, help="this host's rank, 0..nnodes-1; node 0 hosts the "
-                       "rendezvous and prints the summary (default: %(default)s)")  # fmt: skip
+    train.add_argument("--nnodes", type=int, help="hosts in the job (default: the Slurm allocation's nodes inside one, "
+                       "else orchestration.trainer_hosts, 1)")  # fmt: skip
+    train.add_argument("--node-rank", type=int, help="this host's rank, 0..nnodes-1; node 0 hosts the rendezvous and "
+                       "prints the summary (default: SLURM_NODEID inside an allocation, else 0)")  # fmt: skip
     train.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
-                       help="node 0's address and a free port (with --nnodes > 1; default: orchestration.rdzv_endpoint)")
+                       help="node 0's address and a free port (with --nnodes > 1; default: the allocation's first node "
+                       "inside Slurm, else orchestration.rdzv_endpoint)")  # fmt: skip
     train.add_argument("--local-addr", default="", metavar="ADDRESS",
                        help="the address this host advertises (default: the one that routes to the endpoint)")
     train.add_argument("--socket-ifname", default="", metavar="INTERFACE",

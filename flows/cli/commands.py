@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,8 @@ def train(args: argparse.Namespace) -> int:
     from flows.run.feature_files import prepared_features
     from training.launch.host_role import HostRole
 
-    hosts = []  # the hosts are the config's (orchestration.*); the command line may set them
+    args = _with_slurm_hosts(args, os.environ)
+    hosts = []  # the hosts are the config's (orchestration.*); the command line or Slurm may set them
     if args.nnodes is not None:
         hosts.append(f"orchestration.trainer_hosts={args.nnodes}")
         if args.nnodes > 1 and not args.rdzv_endpoint:
@@ -116,7 +118,7 @@ def train(args: argparse.Namespace) -> int:
         hosts.append(f'orchestration.rdzv_endpoint="{args.rdzv_endpoint}"')
     config = load(args, hosts)
     orchestration = config.orchestration
-    role = HostRole(orchestration.trainer_hosts, args.node_rank, orchestration.rdzv_endpoint or "127.0.0.1:29400",
+    role = HostRole(orchestration.trainer_hosts, args.node_rank or 0, orchestration.rdzv_endpoint or "127.0.0.1:29400",
                     args.local_addr, args.socket_ifname, args.join_timeout)  # fmt: skip
     features = prepared_features(config)  # checked before torch and Prefect load
     from flows.stages.train import train_on_this_host
@@ -129,6 +131,29 @@ def train(args: argparse.Namespace) -> int:
         return 1
     emit(report, args.json, config)
     return 0
+
+
+def _with_slurm_hosts(args: argparse.Namespace, environ: Mapping[str, str]) -> argparse.Namespace:
+    """Inside a Slurm allocation, the hosts it gives (training/launch/slurm.py) where the
+    command line names none; flags that disagree with it are one line."""
+    from training.launch.slurm import SlurmError, slurm_allocation
+
+    try:
+        allocation = slurm_allocation(environ)
+    except SlurmError as error:
+        raise UserError(str(error)) from None
+    if allocation is None:
+        return args
+    for flag, given, slurm in (("--nnodes", args.nnodes, allocation.nnodes), ("--node-rank", args.node_rank,
+                                                                                allocation.node_rank)):  # fmt: skip
+        if given is not None and given != slurm:
+            raise UserError(f"{flag} {given}, but Slurm job {allocation.job_id} puts this task at {flag} {slurm}: "
+                            "inside an allocation leave --nnodes and --node-rank out (they come from Slurm)")  # fmt: skip
+    endpoint = args.rdzv_endpoint or (allocation.endpoint if allocation.nnodes > 1 else None)
+    print(f"[train] Slurm job {allocation.job_id}: node {allocation.node_rank} of {allocation.nnodes}"
+          + (f", rendezvous at {endpoint}" if endpoint else ""), file=sys.stderr, flush=True)  # fmt: skip
+    return argparse.Namespace(**{**vars(args), "nnodes": allocation.nnodes, "node_rank": allocation.node_rank,
+                                 "rdzv_endpoint": endpoint})  # fmt: skip
 
 
 def retune(args: argparse.Namespace) -> int:
