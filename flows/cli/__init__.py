@@ -3,6 +3,7 @@
     dlrm run --config configs/demo.toml [--set section.key=value ...] [--as-of DAY] [--json]
     dlrm backfill --config FILE --from DAY --to DAY [--json]
     dlrm train --config FILE [--out DIR] [--nnodes N --node-rank R --rdzv-endpoint HOST:PORT] [--json]
+    dlrm submit --config FILE [--nodes N] [--partition P] [--time T] [--gpus-per-node G] [--sbatch-arg A ...] [--wait] [--json]
     dlrm retune --config FILE [--trials N] [--timeout S] [--json]
     dlrm serve --config FILE [--limit N] [--with-server [--port 4200]]
     dlrm server [--port 4200]
@@ -142,6 +143,19 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--json", action="store_true", help="print the report as one JSON object")
     train.set_defaults(handler=commands.train)
 
+    submit = subcommands.add_parser("submit", help="`dlrm train` as a Slurm batch job on N nodes (sbatch); the script is "
+                                    "kept in the run folder")  # fmt: skip
+    _add_config_arguments(submit)
+    submit.add_argument("--nodes", type=int, default=1, help="nodes, one `dlrm train` each (default: %(default)s)")
+    submit.add_argument("--partition", default="", help="the Slurm partition (default: the cluster's)")
+    submit.add_argument("--time", dest="time_limit", default="", metavar="LIMIT", help="the time limit, e.g. 02:00:00")
+    submit.add_argument("--gpus-per-node", type=int, default=0, metavar="G", help="GPUs a node (set training.nproc to match)")
+    submit.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="ARG",
+                        help="one more #SBATCH argument, e.g. --sbatch-arg=--account=recsys (repeatable)")  # fmt: skip
+    submit.add_argument("--wait", action="store_true", help="follow the job to its end; Ctrl-C cancels it (scancel)")
+    submit.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    submit.set_defaults(handler=commands.submit)
+
     retune = subcommands.add_parser("retune", help="tune hyperparameters for the config's tuning key (Optuna)")
     _add_config_arguments(retune)
     retune.add_argument("--trials", type=int, help="trial budget of the study (default: tuning.n_trials)")
@@ -236,7 +250,3 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="TOML config (default: %(default)s)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set training.batch_size=4096")  # fmt: skip
-
-
-if __name__ == "__main__":
-    sys.exit(main())

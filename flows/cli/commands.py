@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,62 @@ def train(args: argparse.Namespace) -> int:
         return 1
     emit(report, args.json, config)
     return 0
+
+
+def submit(args: argparse.Namespace) -> int:
+    """`dlrm submit`: `dlrm train` as a Slurm batch job (training/launch/slurm_jobs.py)."""
+    from flows.run.feature_files import prepared_features
+    from flows.run.reports import SubmitReport
+    from training.launch.slurm_jobs import BatchRequest, SlurmJobError, cancel, follow, submit
+
+    config = load(args)
+    if args.nodes < 1:
+        raise UserError(f"--nodes: at least 1, got {args.nodes}")
+    prepared_features(config)  # every node trains on the shared run folder's features: there before submitting
+    folder = config.path("slurm")
+    folder.mkdir(parents=True, exist_ok=True)
+    dlrm = [sys.executable, "-m", "flows.cli"]  # this installation's, on every node (a shared file system)
+    sets = [part for override in args.overrides for part in ("--set", override)]
+    command = (*dlrm, "train", "--config", str(Path(args.config).resolve()), *sets, "--json")
+    request = BatchRequest(f"dlrm-{config.name}", command, str(Path.cwd()), args.nodes, args.partition, args.time_limit,
+                           args.gpus_per_node, tuple(args.sbatch_args))  # fmt: skip
+    script = folder / f"{request.job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
+    script.write_text(request.script(folder))
+    try:
+        job_id = submit(script)
+        report = SubmitReport(job_id, str(script), f"{folder}/{job_id}.out, {folder}/{job_id}-node*.out", "SUBMITTED")
+        if not args.wait:
+            emit(report, args.json)
+            return 0
+        print(f"[submit] Slurm job {job_id} submitted ({script}); following it, Ctrl-C cancels it", file=sys.stderr,
+              flush=True)  # fmt: skip
+        try:
+            final = follow(job_id, lambda state: print(f"[submit] job {job_id}: {state.state}"
+                                                       + (f" ({state.reason})" if state.reason not in ("", "None") else ""),
+                                                       file=sys.stderr, flush=True))  # fmt: skip
+        except KeyboardInterrupt:
+            cancel(job_id)
+            print(f"dlrm: stopped: Slurm job {job_id} cancelled (scancel)", file=sys.stderr, flush=True)
+            return 130
+    except SlurmJobError as error:
+        raise UserError(str(error)) from None
+    train = _last_json_line(folder / f"{job_id}-node0.out")
+    emit(SubmitReport(job_id, str(script), report.logs, final.state, final.exit_code, final.reason, final.restarts,
+                      train.get("eval_ne") if train else None, train), args.json)  # fmt: skip
+    return 0 if final.state == "COMPLETED" else 1
+
+
+def _last_json_line(path: Path) -> dict | None:
+    """The last line of a log that is a JSON object (node 0's `dlrm train --json` report)."""
+    if not path.is_file():
+        return None
+    for line in reversed(path.read_text(errors="replace").splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return None
 
 
 def _with_slurm_hosts(args: argparse.Namespace, environ: Mapping[str, str]) -> argparse.Namespace:

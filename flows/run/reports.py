@@ -166,6 +166,21 @@ class NodeReport(Checked):
 
 
 @dataclass(frozen=True)
+class SubmitReport(Checked):
+    """`dlrm submit`: the Slurm job of `dlrm train`; with `--wait`, how it ended."""
+
+    job_id: str
+    script: str  # the batch script, kept beside its logs
+    logs: str  # `<job>.out` (the batch script's) and `<job>-node<N>.out` (each node's)
+    state: str  # "SUBMITTED", or Slurm's last state (COMPLETED, FAILED, CANCELLED, TIMEOUT, …)
+    exit_code: str = ""  # Slurm's "status:signal"
+    reason: str = ""  # Slurm's reason, when it gives one
+    restarts: int = 0  # times Slurm requeued it
+    eval_ne: float | None = None  # node 0's report (`dlrm train --json`), once completed
+    train: dict | None = None  # that whole report
+
+
+@dataclass(frozen=True)
 class PreprocessReport(Checked):
     """`dlrm preprocess`: the fitted state and each day's feature folder."""
 
@@ -271,6 +286,17 @@ def _(report: CharacterizeReport, config: Any = None) -> str:
                      f"each gain < {report.min_gain:.0%}; series {report.hardware_series})")
     if report.mlflow_run_id:
         lines.append(f"MLflow run {report.mlflow_run_id}: plots and the table under characterize/")
+    return "\n".join(lines)
+
+
+@for_people.register
+def _(report: SubmitReport, config: Any = None) -> str:
+    lines = [f"Slurm job {report.job_id}: {report.state}" + (f" (exit {report.exit_code})" if report.exit_code else "")
+             + (f", requeued {report.restarts}×" if report.restarts else "")
+             + (f": {report.reason}" if report.reason not in ("", "None") else "")]  # fmt: skip
+    if report.eval_ne is not None:
+        lines.append(f"eval NE {report.eval_ne:.5f}")
+    lines += [f"script: {report.script}", f"logs:   {report.logs}"]
     return "\n".join(lines)
 
 

@@ -1,0 +1,127 @@
+"""Training as a Slurm batch job: the script (kept in the run folder, readable and editable),
+its submission with `sbatch`, its state from `scontrol`, and `scancel`.
+
+The script runs `dlrm train` once a node under `srun`; each node takes its place from the
+allocation (training/launch/slurm.py). Every node writes its own log, `%j-node%n.out` beside
+the script (`%n`: the node's index), and node 0's log ends with the job's report, one JSON
+line. `--requeue` is set: a job that Slurm requeues (a node lost, `scontrol requeue`) runs the
+same command again and resumes from its last checkpoint, as a relaunch by hand does.
+`scontrol` answers without Slurm's accounting database, for as long as the controller keeps
+the finished job (`MinJobAge`, 300 s by default).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# States after which a job runs no more (squeue's long names, as scontrol writes them)
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+         "OUT_OF_MEMORY"}  # fmt: skip
+
+
+class SlurmJobError(RuntimeError):
+    """sbatch, scontrol or scancel refused; the message says what Slurm said."""
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """What `dlrm submit` asks Slurm for, and the command each node runs."""
+
+    job_name: str
+    command: tuple[str, ...]  # `dlrm train …`, run once a node
+    workdir: str  # where the command runs (the project)
+    nodes: int = 1
+    partition: str = ""
+    time_limit: str = ""
+    gpus_per_node: int = 0
+    extra: tuple[str, ...] = ()  # further `#SBATCH` arguments, as written
+
+    def script(self, log_dir: Path) -> str:
+        """The batch script."""
+        options = [f"--job-name={self.job_name}", f"--nodes={self.nodes}", "--ntasks-per-node=1", "--requeue",
+                   f"--output={log_dir}/%j.out", "--open-mode=append"]  # fmt: skip
+        options += [f"--partition={self.partition}"] * bool(self.partition)
+        options += [f"--time={self.time_limit}"] * bool(self.time_limit)
+        options += [f"--gpus-per-node={self.gpus_per_node}"] * bool(self.gpus_per_node)
+        options += list(self.extra)
+        node_log = f"{log_dir}/%j-node%n.out"
+        return "\n".join([
+            "#!/bin/bash",
+            "# Written by `dlrm submit`; submit it again with `sbatch` (edits kept).",
+            *(f"#SBATCH {option}" for option in options),
+            "set -euo pipefail",
+            f"cd {shlex.quote(self.workdir)}",
+            "# one `dlrm train` a node; each takes its place in the job from Slurm's environment",
+            f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 --open-mode=append --output={shlex.quote(node_log)} "
+            + " ".join(shlex.quote(part) for part in self.command),
+            "",
+        ])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class JobState:
+    job_id: str
+    state: str  # PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, …
+    exit_code: str = ""  # "0:0": the exit status and the signal
+    reason: str = ""  # Slurm's reason (why pending, or why it failed)
+    restarts: int = 0
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+
+Run = Callable[[Sequence[str]], subprocess.CompletedProcess]
+
+
+def _run(argv: Sequence[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=60, check=False)
+    except FileNotFoundError:
+        raise SlurmJobError(f"{argv[0]}: not found; run this on a Slurm login node (or install Slurm's client "
+                            "commands)") from None  # fmt: skip
+
+
+def submit(script: Path, run: Run = _run) -> str:
+    """`sbatch` the script; its job id."""
+    done = run(["sbatch", "--parsable", str(script)])
+    if done.returncode:
+        raise SlurmJobError(f"sbatch {script}: {(done.stderr or done.stdout).strip()}")
+    return done.stdout.strip().split(";")[0]
+
+
+def job_state(job_id: str, run: Run = _run) -> JobState:
+    """The job as `scontrol show job` tells it."""
+    done = run(["scontrol", "show", "job", "--oneliner", job_id])
+    if done.returncode:
+        raise SlurmJobError(f"scontrol show job {job_id}: {(done.stderr or done.stdout).strip()} (the controller "
+                            "forgets a job MinJobAge seconds after it ends)")  # fmt: skip
+    fields = dict(re.findall(r"(\w+)=(\S*)", done.stdout))
+    return JobState(job_id, fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", ""),
+                    fields.get("Reason", "None"), int(fields.get("Restarts", "0") or 0), fields)  # fmt: skip
+
+
+def cancel(job_id: str, run: Run = _run) -> None:
+    done = run(["scancel", job_id])
+    if done.returncode:
+        raise SlurmJobError(f"scancel {job_id}: {(done.stderr or done.stdout).strip()}")
+
+
+def follow(job_id: str, on_change: Callable[[JobState], None], poll_s: float = 2.0, run: Run = _run) -> JobState:
+    """Wait for the job to end, telling each change of state; its last state."""
+    seen: tuple[str, int] | None = None
+    while True:
+        state = job_state(job_id, run)
+        if (state.state, state.restarts) != seen:
+            seen = (state.state, state.restarts)
+            on_change(state)
+        if state.ended:
+            return state
+        time.sleep(poll_s)
