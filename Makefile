@@ -43,11 +43,20 @@ $(CHROMIUM):
 	@( apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium) ) > $(VENV)/apt.log 2>&1 \
 	|| { tail -5 $(VENV)/apt.log; echo "could not install chromium: run 'sudo apt-get install chromium'"; exit 1; }
 
+# Debian's Slurm (slurmctld, slurmd, the client commands) and munge, for the test of
+# `dlrm submit` on a real one-node cluster (tests/integration/slurm_cluster.py).
+SLURM := /usr/sbin/slurmctld
+$(SLURM):
+	@echo "installing Debian's Slurm and munge for the Slurm test; log: $(VENV)/apt-slurm.log"
+	@( apt-get install -y -q slurmctld slurmd slurm-client munge \
+	   || (apt-get update -q && apt-get install -y -q slurmctld slurmd slurm-client munge) ) > $(VENV)/apt-slurm.log 2>&1 \
+	|| { tail -5 $(VENV)/apt-slurm.log; echo "could not install Slurm: run 'sudo apt-get install slurmctld slurmd slurm-client munge'"; exit 1; }
+
 # Two test processes: much of an end-to-end test is waiting (servers starting, a stopped
 # run ending), so two share a 2-core machine well. Each test module runs whole in one of them
 # (fixtures are module-wide), the longest first (tests/conftest.py).
 TEST_WORKERS ?= 2
-test: install lint $(CHROMIUM)
+test: install lint $(CHROMIUM) $(SLURM)
 	PREFECT_HOME=$(CURDIR)/.pytest-prefect $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder --durations=15
 
