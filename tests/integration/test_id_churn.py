@@ -23,7 +23,9 @@ from ingestion.preprocess import PreprocessState
 from training.job import JobFolder, TrainJob
 from training.serving.own_rows import own_row_share
 
-pytestmark = pytest.mark.slow
+# the module fixture runs every night of three backfills before the first test: 6–10 minutes on 2
+# cores, more than the suite's 600 s a test
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[2]
 DRIFTING = str(ROOT / "configs" / "drifting-ids.toml")
 MODES = ("managed", "hash", "vocab")

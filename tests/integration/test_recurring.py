@@ -12,7 +12,9 @@ from flows.run.config import load_config
 from flows.run.reports import SkippedNight, run_report
 from flows.tracking.lineage import TAG_AS_OF, TAG_CHECKPOINT, TAG_DAYS, TAG_PARENT, TAG_STATE
 
-pytestmark = pytest.mark.slow
+# the module fixture runs eight nights and a scratch run before the first test: 5–10 minutes on 2
+# cores, more than the suite's 600 s a test
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "tiny.toml")
 ROWS_PER_DAY = 30_000
