@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from slurm_cluster import SlurmCluster, start_cluster, stop_cluster
 
+from training.launch.slurm_jobs import ENDED
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,9 +95,9 @@ def test_a_requeued_job_resumes_and_trains_what_dlrm_train_trains(slurm: SlurmCl
 
 def test_what_slurm_refuses_is_one_line(slurm: SlurmCluster, prepared) -> None:
     overrides, _ = prepared
-    done = dlrm("submit", "--config", TINY, *sets(overrides), "--nodes", "2", env=slurm.env)
-    assert done.returncode == 2 and done.stderr.startswith("dlrm: sbatch ") and len(done.stderr.strip().splitlines()) == 1
-    assert "Traceback" not in done.stderr
+    done = dlrm("submit", "--config", TINY, *sets(overrides), "--partition", "no-such-partition", env=slurm.env)
+    assert done.returncode == 2 and done.stderr.startswith("dlrm: error: sbatch ") and len(done.stderr.strip().splitlines()) == 1
+    assert "invalid partition" in done.stderr.lower() and "Traceback" not in done.stderr
 
 
 def test_ctrl_c_on_wait_cancels_the_job(slurm: SlurmCluster, prepared) -> None:
@@ -114,4 +116,8 @@ def test_ctrl_c_on_wait_cancels_the_job(slurm: SlurmCluster, prepared) -> None:
     _, rest = process.communicate(timeout=120)
     assert process.returncode == 130, "".join(lines) + rest
     assert f"Slurm job {job_id} cancelled" in rest
-    assert "JobState=CANCELLED" in slurm.scontrol("show", "job", job_id)
+    deadline, state = time.monotonic() + 60, ""
+    while time.monotonic() < deadline and state not in ENDED:
+        state = slurm.scontrol("show", "job", "--oneliner", job_id).split("JobState=")[1].split()[0]
+        time.sleep(0.5)
+    assert state == "CANCELLED", slurm.scontrol("show", "job", job_id)

@@ -81,6 +81,12 @@ class JobState:
 Run = Callable[[Sequence[str]], subprocess.CompletedProcess]
 
 
+def _said(done: subprocess.CompletedProcess) -> str:
+    """What a Slurm command said, as one line (its `sbatch: error:` prefixes dropped)."""
+    lines = [re.sub(r"^\w+: error: ", "", line.strip()) for line in (done.stderr or done.stdout).splitlines()]
+    return "; ".join(line for line in lines if line)
+
+
 def _run(argv: Sequence[str]) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(list(argv), capture_output=True, text=True, timeout=60, check=False)
@@ -93,7 +99,7 @@ def submit(script: Path, run: Run = _run) -> str:
     """`sbatch` the script; its job id."""
     done = run(["sbatch", "--parsable", str(script)])
     if done.returncode:
-        raise SlurmJobError(f"sbatch {script}: {(done.stderr or done.stdout).strip()}")
+        raise SlurmJobError(f"sbatch {script}: {_said(done)}")
     return done.stdout.strip().split(";")[0]
 
 
@@ -101,7 +107,7 @@ def job_state(job_id: str, run: Run = _run) -> JobState:
     """The job as `scontrol show job` tells it."""
     done = run(["scontrol", "show", "job", "--oneliner", job_id])
     if done.returncode:
-        raise SlurmJobError(f"scontrol show job {job_id}: {(done.stderr or done.stdout).strip()} (the controller "
+        raise SlurmJobError(f"scontrol show job {job_id}: {_said(done)} (the controller "
                             "forgets a job MinJobAge seconds after it ends)")  # fmt: skip
     fields = dict(re.findall(r"(\w+)=(\S*)", done.stdout))
     return JobState(job_id, fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", ""),
@@ -111,7 +117,7 @@ def job_state(job_id: str, run: Run = _run) -> JobState:
 def cancel(job_id: str, run: Run = _run) -> None:
     done = run(["scancel", job_id])
     if done.returncode:
-        raise SlurmJobError(f"scancel {job_id}: {(done.stderr or done.stdout).strip()}")
+        raise SlurmJobError(f"scancel {job_id}: {_said(done)}")
 
 
 def follow(job_id: str, on_change: Callable[[JobState], None], poll_s: float = 2.0, run: Run = _run) -> JobState:
