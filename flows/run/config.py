@@ -82,9 +82,6 @@ class OrchestrationConfig:
     trainer_slots: int = 1
     """training jobs at once (the pipeline's training stage, each retune trial), held through the Prefect concurrency limit
     `dlrm-training`: a retune scheduled by a retrain waits for the retrain's training. `0`: no limit"""
-    trainer_slot_lease_s: float = 60.0
-    """how long a trainer slot stays held without its holder renewing it: a job that is gone (killed, its host lost, its
-    Slurm job cancelled) gives its slot back this long after its last renewal, and the next training goes on"""
     # The hosts the pipeline's training stage spans: each serves its part with
     # `dlrm serve --trainer-node R` (docs/cluster.md); node 0 hosts the rendezvous at
     # `rdzv_endpoint` (HOST:PORT). 1: training runs on the flow's host.
@@ -133,8 +130,6 @@ class OrchestrationConfig:
             raise ValueError("trainer_hosts: several hosts need rdzv_endpoint, node 0's HOST:PORT (e.g. 10.0.0.1:29400)")
         if self.trainer_slots < 0:
             raise ValueError(f"trainer_slots: must be ≥ 0 (0: no limit), got {self.trainer_slots}")
-        if self.trainer_slot_lease_s < 5:
-            raise ValueError(f"trainer_slot_lease_s: at least 5 seconds (the holder renews it), got {self.trainer_slot_lease_s}")
         if self.max_workers < 1:
             raise ValueError(f"max_workers: must be at least 1, got {self.max_workers}")
         if self.task_runner == "dask" and not self.dask_address:

@@ -6,11 +6,6 @@ the retune's trials would start on the same cores while the retrain still trains
 both would slow to a crawl (and time their steps wrongly). With it, the retune waits for
 the retrain's training to end, then its trials take the slot one at a time, so a
 retrain started meanwhile waits at most one trial.
-
-A slot is a lease that its holder renews while it trains (`orchestration.trainer_slot_lease_s`):
-when the holder is gone without giving it back (SIGKILL, a lost host, a cancelled Slurm job,
-a Ctrl-C that cut the release short), the Prefect server revokes the lease once it expires,
-so no later training waits for a slot that nobody holds.
 """
 
 from __future__ import annotations
@@ -46,7 +41,7 @@ def trainer_slot(config: PipelineConfig, log: logging.Logger | logging.LoggerAda
         return
     _ensure_limit(slots)
     log.info("waiting for a free trainer slot ('%s' concurrency limit, %d at once)", LIMIT_NAME, slots)
-    with concurrency(LIMIT_NAME, occupy=1, strict=True, lease_duration=config.orchestration.trainer_slot_lease_s):
+    with concurrency(LIMIT_NAME, occupy=1, strict=True):
         yield
 
 

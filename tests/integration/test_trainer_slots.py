@@ -40,36 +40,3 @@ def test_a_second_training_job_waits_for_the_first_unless_slots_are_off(prefect_
     else:
         assert second_start < first_end, "no limit: both at once"
         assert "at once" in waits_for(config)
-
-
-HOLDER = """
-import logging, sys, time
-from flows.run.config import load_config
-from flows.stages.trainer_slots import trainer_slot
-config = load_config(sys.argv[1], ["orchestration.trainer_slot_lease_s=5"])
-with trainer_slot(config, logging.getLogger("holder")):
-    print("held", flush=True)
-    time.sleep(600)
-"""
-
-
-def test_a_slot_whose_holder_was_killed_is_given_back(prefect_server: str, tmp_path: Path) -> None:
-    """A job killed outright (SIGKILL: no clean-up runs) cannot give its slot back; its lease
-    expires and the server revokes it, so the next training starts instead of waiting for ever."""
-    import os
-    import subprocess
-    import sys
-
-    tiny = str(ROOT / "configs" / "tiny.toml")
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, tiny], cwd=ROOT, env=os.environ.copy(),
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "held"
-    finally:
-        holder.kill()
-        holder.wait()
-    config = load_config(ROOT / "configs" / "tiny.toml", ["orchestration.trainer_slot_lease_s=5"])
-    started = time.monotonic()
-    with trainer_slot(config, logging.getLogger("test")):
-        waited = time.monotonic() - started
-    assert waited < 120, f"the killed holder's slot came back after {waited:.0f} s"
