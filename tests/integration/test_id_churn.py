@@ -48,7 +48,7 @@ def nights(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> dic
         arguments = ["backfill", "--config", DRIFTING, "--from", str(FIRST), "--to", str(LAST)]
         commands[mode] = (overrides, start(arguments, overrides, run_dir, prefect_server))
     with ended_on_failure([command for _, command in commands.values()]):
-        return {mode: (load_config(DRIFTING, overrides), command.report(timeout=900)["nights"])
+        return {mode: (load_config(DRIFTING, overrides), command.report(timeout=1400)["nights"])
                 for mode, (overrides, command) in commands.items()}  # fmt: skip
 
 
