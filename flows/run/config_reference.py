@@ -145,15 +145,15 @@ def rows(section: str, first: str | None, last: str | None, taken: set[str]) -> 
 def render(template: str) -> str:
     """The page: the template with each placeholder replaced by its rows."""
     lines = template.splitlines()
-    ranged = {}  # section → keys named by a FIRST..LAST placeholder
+    ranged: set[str] = set()  # `section.key` of the keys a FIRST..LAST placeholder lists
     for line in lines:
         if (match := PLACEHOLDER.match(line)) and match["first"]:
             picked = rows(match["section"], match["first"], match["last"], set())
-            ranged.update({f"{match['section']}.{row.split('`')[1]}": row for row in picked})
+            ranged.update(f"{match['section']}.{row.split('`')[1]}" for row in picked)
     out = []
     for line in lines:
         match = PLACEHOLDER.match(line)
-        out.extend(rows(match["section"], match["first"], match["last"], set(ranged)) if match else [line])
+        out.extend(rows(match["section"], match["first"], match["last"], ranged) if match else [line])
     return "\n".join(out) + "\n"
 
 
