@@ -80,15 +80,17 @@ def multi_hot_features(multi_hot_warehouse: Path, tmp_path_factory: pytest.TempP
     return _fit_and_apply(multi_hot_warehouse, tmp_path_factory.mktemp("mh-features"))
 
 
-# Seconds each end-to-end module took on an idle 2-core machine (measured; only an order).
-# `make test` runs modules in two processes, each taking the next module as it finishes one:
-# the longest first, so that no long module starts last and runs alone.
+# Seconds each end-to-end module took in `make test` on a 2-core machine, two modules at once
+# (measured, rounded; only an order). `make test` runs modules in two processes, each taking
+# the next module as it finishes one: the longest first, so that no long module starts last
+# and runs alone.
 MODULE_SECONDS = {
-    "test_multi_host.py": 219, "test_retune_flow.py": 177, "test_tracking_outage.py": 177, "test_recurring.py": 115,
-    "test_stopping.py": 165, "test_own_warehouse.py": 126, "test_sharded_training.py": 98,
-    "test_checkpoint_recovery.py": 97, "test_production_stack.py": 97, "test_characterize.py": 79,
-    "test_pipeline_flow.py": 59, "test_bundle_round_trip.py": 43, "test_cli.py": 42, "test_id_churn.py": 195,
-    "test_dask_runner.py": 29, "test_small_real_data.py": 22, "test_tuning_study.py": 19, "test_trainer_slots.py": 16,
+    "test_multi_host.py": 450, "test_stopping.py": 420, "test_retune_flow.py": 400, "test_tracking_outage.py": 330,
+    "test_recurring.py": 270, "test_own_warehouse.py": 250, "test_id_churn.py": 220, "test_production_stack.py": 200,
+    "test_sharded_training.py": 150, "test_checkpoint_recovery.py": 150, "test_characterize.py": 120,
+    "test_chosen_run_length.py": 110, "test_pipeline_flow.py": 100, "test_on_slurm.py": 70, "test_bundle_round_trip.py": 60,
+    "test_cli.py": 45, "test_dask_runner.py": 40, "test_small_real_data.py": 40, "test_trainer_slots.py": 30,
+    "test_tuning_study.py": 20,
 }  # fmt: skip
 
 

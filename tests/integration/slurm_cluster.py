@@ -1,7 +1,15 @@
-"""A real one-node Slurm cluster for the tests: Debian's slurmctld and slurmd (22.05) with munge,
-started as root with a configuration of their own in a temporary folder (`SLURM_CONF`), on
-ports of their own, and stopped afterwards. Nothing of the machine's own Slurm setup is read
-or changed, except that munged runs with Debian's key (created by its package)."""
+"""A real two-node Slurm cluster for the tests: Debian's slurmctld and two slurmd (22.05) with
+munge, each node a Linux network namespace of its own joined to the other by a veth pair (as
+tests/integration/test_multi_host.py simulates hosts), started as root with a configuration of
+their own in a temporary folder (`SLURM_CONF`) and stopped afterwards.
+
+Node 0's namespace holds the controller too: it is the head node, where `dlrm submit` and the
+Slurm commands run (`SlurmCluster.command`). A node's processes enter only its network
+namespace (`nsenter --net`: `ip netns exec` would mount a fresh /sys, without the cgroup
+hierarchy slurmd needs) and a mount namespace of their own, where a hosts file resolving both
+node names, as a cluster's DNS would, is bound over /etc/hosts. Nothing of the machine's own
+Slurm setup is read or changed, except that munged runs with Debian's key (created by its
+package); munge's socket is a file, shared by the namespaces."""
 
 from __future__ import annotations
 
@@ -11,71 +19,106 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services import free_port
+NODES = {"dlrm-sn0": "10.201.9.1", "dlrm-sn1": "10.201.9.2"}  # node name: its address
+NAMESPACES = {"dlrm-sn0": "dlrm-slurm-h0", "dlrm-sn1": "dlrm-slurm-h1"}
+VETH = ("dlrms-h0", "dlrms-h1")
+SLURMCTLD_PORT, SLURMD_PORT = 6917, 6918  # each namespace has ports of its own
+
+
+class ClusterUnavailable(RuntimeError):
+    """This machine cannot run the test cluster (not root, no `ip netns`); the tests skip."""
 
 
 @dataclass(frozen=True)
 class SlurmCluster:
     conf: Path
-    node: str
+    nodes: tuple[str, ...]
     folder: Path
+
+    @property
+    def head(self) -> str:
+        """The namespace of node 0, where the controller runs and jobs are submitted from."""
+        return NAMESPACES[self.nodes[0]]
 
     @property
     def env(self) -> dict[str, str]:
         """The environment of a process that talks to this cluster (sbatch, scontrol, dlrm submit)."""
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
+    def command(self, *args: str) -> list[str]:
+        """`args` run on the head node."""
+        return on_node(self.nodes[0], args)
+
     def scontrol(self, *args: str) -> str:
-        done = subprocess.run(["scontrol", *args], env=self.env, capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(self.command("scontrol", *args), env=self.env, capture_output=True, text=True, timeout=60,
+                              check=False)  # fmt: skip
         return done.stdout + done.stderr
+
+    def job_state(self, job_id: str) -> str:
+        shown = self.scontrol("show", "job", "--oneliner", job_id)
+        return shown.split("JobState=")[1].split()[0] if "JobState=" in shown else ""
 
 
 def start_cluster(folder: Path, cpus: int) -> tuple[SlurmCluster, list[subprocess.Popen]]:
-    """slurmctld and one slurmd of this host, the node idle and the partition up."""
+    """The namespaces, slurmctld and both slurmd; every node idle and the partition up."""
     for tool in ("slurmctld", "slurmd", "munged", "sbatch"):
         if shutil.which(tool) is None:
             raise RuntimeError(f"{tool} is not installed: `make test` installs Debian's slurm-wlm and munge")
+    _make_namespaces()
     _start_munge()
-    node = socket.gethostname().split(".")[0]
-    for sub in ("state", "spool"):
+    for sub in ("state", "spool-dlrm-sn0", "spool-dlrm-sn1"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
+    controller = socket.gethostname().split(".")[0]  # slurmctld runs only where its host name is configured
+    names = list(NODES)
     conf = folder / "slurm.conf"
     conf.write_text("\n".join([
-        "ClusterName=dlrmtest", f"SlurmctldHost={node}", f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}",
-        "AuthType=auth/munge", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
-        "SwitchType=switch/none", "SchedulerType=sched/builtin", "SelectType=select/linear", "ReturnToService=2",
-        "SlurmUser=root", "SlurmdUser=root", f"StateSaveLocation={folder / 'state'}", f"SlurmdSpoolDir={folder / 'spool'}",
-        f"SlurmctldPidFile={folder / 'slurmctld.pid'}", f"SlurmdPidFile={folder / 'slurmd.pid'}",
-        f"SlurmctldLogFile={folder / 'slurmctld.log'}", f"SlurmdLogFile={folder / 'slurmd.log'}",
-        "AccountingStorageType=accounting_storage/none", "JobAcctGatherType=jobacct_gather/none",
-        "JobCompType=jobcomp/none", "MinJobAge=3600", "KillWait=5", "SchedulerParameters=defer_batch",
-        f"NodeName={node} CPUs={cpus} State=UNKNOWN", f"PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP",
+        "ClusterName=dlrmtest", f"SlurmctldHost={controller}({NODES[names[0]]})", f"SlurmctldPort={SLURMCTLD_PORT}",
+        f"SlurmdPort={SLURMD_PORT}", "AuthType=auth/munge", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+        "MpiDefault=none", "SwitchType=switch/none", "SchedulerType=sched/builtin", "SelectType=select/linear",
+        "ReturnToService=2", "SlurmUser=root", "SlurmdUser=root", f"StateSaveLocation={folder / 'state'}",
+        f"SlurmdSpoolDir={folder / 'spool-%n'}", f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
+        f"SlurmdPidFile={folder / 'slurmd-%n.pid'}", f"SlurmctldLogFile={folder / 'slurmctld.log'}",
+        f"SlurmdLogFile={folder / 'slurmd-%n.log'}", "AccountingStorageType=accounting_storage/none",
+        "JobAcctGatherType=jobacct_gather/none", "JobCompType=jobcomp/none", "MinJobAge=3600", "KillWait=5",
+        "SchedulerParameters=defer_batch",
+        *(f"NodeName={name} NodeAddr={address} CPUs={cpus} State=UNKNOWN" for name, address in NODES.items()),
+        f"PartitionName=debug Nodes={','.join(names)} Default=YES MaxTime=INFINITE State=UP",
         "",
     ]))  # fmt: skip
-    cluster = SlurmCluster(conf, node, folder)
-    env = cluster.env
-    daemons = [
-        subprocess.Popen([daemon, "-D", "-f", str(conf)], env=env, stdout=(folder / f"{daemon}.out").open("w"),
-                         stderr=subprocess.STDOUT, start_new_session=True)
-        for daemon in ("slurmctld", "slurmd")
-    ]
+    cluster = SlurmCluster(conf, tuple(names), folder)
+    daemons = [_daemon(cluster, names[0], ["slurmctld", "-D", "-f", str(conf)], "slurmctld")]
+    daemons += [_daemon(cluster, name, ["slurmd", "-D", "-f", str(conf), "-N", name], f"slurmd-{name}") for name in names]
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if any(d.poll() is not None for d in daemons):
-            break
-        shown = cluster.scontrol("show", "node", node)
-        if "State=IDLE" in shown:
+    while time.monotonic() < deadline and all(d.poll() is None for d in daemons):
+        shown = {name: cluster.scontrol("show", "node", name) for name in names}
+        if all("State=IDLE" in text for text in shown.values()):
             return cluster, daemons
-        if "DOWN" in shown or "DRAIN" in shown:
-            cluster.scontrol("update", f"NodeName={node}", "State=RESUME")
+        for name, text in shown.items():
+            if "DOWN" in text or "DRAIN" in text:
+                cluster.scontrol("update", f"NodeName={name}", "State=RESUME")
         time.sleep(1)
-    logs = "".join((folder / name).read_text()[-2000:] for name in ("slurmctld.out", "slurmd.out", "slurmctld.log",
-                                                                     "slurmd.log") if (folder / name).is_file())  # fmt: skip
+    logs = "".join(p.read_text()[-2000:] for p in sorted(folder.glob("*.log")) + sorted(folder.glob("*.out")))
     stop_cluster(daemons)
     raise RuntimeError(f"the test Slurm cluster did not come up:\n{logs}")
+
+
+def on_node(node: str, command: Sequence[str]) -> list[str]:
+    """`command` as run on `node`: in its network namespace, with its hosts file. Each tool
+    execs the next, so the returned command's process is `command`'s, and signals reach it."""
+    namespace = NAMESPACES[node]
+    bind_hosts = f'mount --bind /etc/netns/{namespace}/hosts /etc/hosts && exec "$@"'
+    return ["nsenter", f"--net=/run/netns/{namespace}", "unshare", "--mount", "--propagation", "private",
+            "sh", "-c", bind_hosts, "sh", *command]  # fmt: skip
+
+
+def _daemon(cluster: SlurmCluster, node: str, command: Sequence[str], name: str) -> subprocess.Popen:
+    return subprocess.Popen(on_node(node, command), env=cluster.env,
+                            stdout=(cluster.folder / f"{name}.out").open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
 
 
 def stop_cluster(daemons: list[subprocess.Popen]) -> None:
@@ -87,6 +130,39 @@ def stop_cluster(daemons: list[subprocess.Popen]) -> None:
             os.killpg(daemon.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    _remove_namespaces()
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def _make_namespaces() -> None:
+    """One namespace a node, joined by a veth pair, each resolving both node names."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        raise ClusterUnavailable("a two-node Slurm cluster needs root and iproute2 (`ip netns`)")
+    _remove_namespaces()
+    hosts = "127.0.0.1 localhost\n" + "".join(f"{address} {name}\n" for name, address in NODES.items())
+    try:
+        for node, namespace in NAMESPACES.items():
+            _ip("netns", "add", namespace)
+            Path("/etc/netns", namespace).mkdir(parents=True, exist_ok=True)
+            Path("/etc/netns", namespace, "hosts").write_text(hosts)
+        _ip("link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1])
+        for veth, (node, namespace) in zip(VETH, NAMESPACES.items(), strict=True):
+            _ip("link", "set", veth, "netns", namespace)
+            _ip("-n", namespace, "addr", "add", f"{NODES[node]}/24", "dev", veth)
+            _ip("-n", namespace, "link", "set", veth, "up")
+            _ip("-n", namespace, "link", "set", "lo", "up")
+    except subprocess.CalledProcessError as error:
+        _remove_namespaces()
+        raise ClusterUnavailable(f"this machine cannot create network namespaces: {error.stderr.strip()}") from None
+
+
+def _remove_namespaces() -> None:
+    for namespace in NAMESPACES.values():
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True, check=False)
+        shutil.rmtree(Path("/etc/netns", namespace), ignore_errors=True)
 
 
 def _start_munge() -> None:

@@ -16,6 +16,7 @@ from flows.run.config import load_config
 from flows.run.feature_files import prepared_features
 from flows.run.rows import training_rows
 
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 POINT_KEYS = {"batch_size", "samples_per_s", "peak_memory_mb", "measured_step_ms", "estimated_step_ms"}
 PARTS = {"data", "embedding", "dense", "communication", "optimizer", "other"}

@@ -1,10 +1,10 @@
 """Managed-collision ids end to end (`preprocess.categorical_mode = "managed"`) on
-configs/drifting-ids.toml, whose ids each live 3 days: `dlrm backfill --from 3 --to 8` in
-hash, vocabulary and managed mode with the same table size. Managed tables hold the live ids
-and score best on the last nights; each night continues the last one's remapping; the
-newest model serves the same remapping where the project is not installed; the remapping
-survives checkpoints and changes of world size exactly. (At the config's 20,000 rows a day
-and two processes: bench/id_churn.py, docs/managed-ids.md.)"""
+configs/drifting-ids.toml, whose ids each live 3 days: `dlrm backfill --from 3 --to 5`.
+Managed tables hold the live ids (more of them than hash mode's rows of the same size would);
+each night continues the last one's remapping; the newest model serves the same remapping
+where the project is not installed; the remapping survives checkpoints and changes of world
+size exactly. Which mode scores best night after night is a quality comparison, measured by
+`bench/id_churn.py` over nights 3–8 in all three modes (docs/managed-ids.md)."""
 
 from __future__ import annotations
 
@@ -23,13 +23,10 @@ from ingestion.preprocess import PreprocessState
 from training.job import JobFolder, TrainJob
 from training.serving.own_rows import own_row_share
 
-# the module fixture runs every night of three backfills before the first test: 6–10 minutes on 2
-# cores, more than the suite's 600 s a test
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 DRIFTING = str(ROOT / "configs" / "drifting-ids.toml")
-MODES = ("managed", "hash", "vocab")
-FIRST, LAST = 3, 8
+FIRST, LAST = 3, 5
 # the test's scale: half the config's rows a day (measured: the same ranking); its 2 processes
 # one pass of each night's rows, as these nights were measured: the test is about the ids'
 # tables, not how long a night trains (test_small_real_data.py runs the default "auto")
@@ -37,52 +34,33 @@ SCALE = ["data.synthetic.rows_per_day=10000", "training.epochs=1"]
 
 
 @pytest.fixture(scope="module")
-def nights(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
-    """Each mode's backfill of nights 3–8: (its config, the nights' summaries). The three
-    commands run side by side (a night mostly waits on its stages' processes and the Prefect
-    server; their trainings take turns on the server's trainer slot)."""
-    commands = {}
-    for mode in MODES:
-        run_dir = tmp_path_factory.mktemp(mode)
-        overrides = [f'run_dir="{run_dir}"', f'preprocess.categorical_mode="{mode}"', *SCALE]
-        arguments = ["backfill", "--config", DRIFTING, "--from", str(FIRST), "--to", str(LAST)]
-        commands[mode] = (overrides, start(arguments, overrides, run_dir, prefect_server))
-    with ended_on_failure([command for _, command in commands.values()]):
-        return {mode: (load_config(DRIFTING, overrides), command.report(timeout=1400)["nights"])
-                for mode, (overrides, command) in commands.items()}  # fmt: skip
-
-
-def _ne_table(nights: dict[str, tuple]) -> str:
-    rows = [f"night {'  '.join(f'{mode:>8}' for mode in MODES)}"]
-    for i in range(LAST - FIRST + 1):
-        rows.append(f"{nights[MODES[0]][1][i]['as_of']:>5} " + "  ".join(f"{nights[m][1][i]['eval_ne']:8.4f}" for m in MODES))
-    return "\n".join(rows)
-
-
-def test_managed_tables_score_best_on_the_last_three_nights(nights) -> None:
-    table = _ne_table(nights)
-    print(table)
-    for i in range(LAST - FIRST - 2, LAST - FIRST + 1):
-        ne = {mode: nights[mode][1][i]["eval_ne"] for mode in MODES}
-        assert ne["managed"] < min(ne["hash"], ne["vocab"]), table
+def nights(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """The managed backfill of nights 3–5: (its config, the nights' summaries)."""
+    run_dir = tmp_path_factory.mktemp("managed")
+    overrides = [f'run_dir="{run_dir}"', *SCALE]
+    arguments = ["backfill", "--config", DRIFTING, "--from", str(FIRST), "--to", str(LAST)]
+    command = start(arguments, overrides, run_dir, prefect_server)
+    with ended_on_failure([command]):
+        return load_config(DRIFTING, overrides), command.report(timeout=540)["nights"]
 
 
 def test_managed_rows_hold_the_live_ids(nights) -> None:
-    """Of the last day's id occurrences, managed tables give their own row to the most."""
-    shares = {}
-    for mode in MODES:
-        config, _ = nights[mode]
-        states = sorted(config.path(config.preprocess.features_dir).glob("*/state.json"), key=lambda p: p.stat().st_mtime)
-        state = PreprocessState.load(states[-1])
-        shares[mode] = own_row_share(mode, config.path("warehouse"), config.path("train") / "serving", state.buckets,
-                                     list(range(LAST)), LAST)  # fmt: skip
+    """Of the last day's id occurrences, the managed tables give their own row to more than
+    hash tables of the same size would (the same days trained, ids hashed as preprocessing
+    hashes them), and to most."""
+    config, _ = nights
+    states = sorted(config.path(config.preprocess.features_dir).glob("*/state.json"), key=lambda p: p.stat().st_mtime)
+    buckets = PreprocessState.load(states[-1]).buckets
+    shares = {mode: own_row_share(mode, config.path("warehouse"), config.path("train") / "serving", buckets,
+                                  list(range(LAST)), LAST)
+              for mode in ("managed", "hash")}  # fmt: skip
     print({mode: f"{100 * share.occurrences:.1f} % ({100 * share.distinct:.1f} % of distinct)" for mode, share in shares.items()})
-    assert shares["managed"].occurrences > max(shares["hash"].occurrences, shares["vocab"].occurrences), shares
+    assert shares["managed"].occurrences > shares["hash"].occurrences, shares
     assert shares["managed"].occurrences > 0.8, shares
 
 
 def test_a_night_continues_the_last_ones_remapping_and_is_judged_against_it(nights) -> None:
-    config, managed = nights["managed"]
+    config, managed = nights
     first, second = managed[0], managed[1]
     assert second["warm_start_version"] == first["model_version"] and second["days_trained"] == [FIRST]
     assert 0.5 < second["champion_ne_same_days"] < second["baseline_constant_ne"]
@@ -100,7 +78,7 @@ def test_a_night_continues_the_last_ones_remapping_and_is_judged_against_it(nigh
 
 
 def test_the_served_model_remaps_raw_lines_as_the_run_did_where_the_project_is_not(nights, tmp_path: Path) -> None:
-    config, managed = nights["managed"]
+    config, managed = nights
     lines, expected = raw_lines(config, LAST), run_predictions(config, LAST)
     scores = champion_scores_elsewhere(config, lines, tmp_path, version=managed[-1]["model_version"])
     assert scores.shape == expected.shape == (len(lines),)
@@ -123,7 +101,7 @@ def test_the_remapping_survives_a_checkpoint_and_resharding_2_1_2_exactly(nights
     start, that loaded into 2: every process holds the remapper the night ended with."""
     from training.serving.export import export_managed_ids
 
-    config, _ = nights["managed"]
+    config, _ = nights
     folder = JobFolder(config.path("train"))
     job = TrainJob.load(folder.job_file())
     checkpoint = Path(folder.read_summary().checkpoint)

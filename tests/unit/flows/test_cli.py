@@ -195,6 +195,7 @@ def test_an_empty_day_is_refused_in_one_line_unless_allowed(tmp_path: Path) -> N
     assert (warehouse / "day=0").is_dir() and "empty partition" in allowed.stderr
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_a_prefect_server_that_cannot_start_is_one_line(tmp_path: Path) -> None:
     # a database the server cannot open: it exits before answering
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),

@@ -3,12 +3,14 @@
 from pathlib import Path
 
 import mlflow
+import pytest
 import torch
 
 from flows.tracking.registry import registered_dlrm
 from training.model.stock_dlrm import DLRMSpec, build_stock_dlrm
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_a_pytorch_flavour_version_loads_as_its_dlrm(tmp_path: Path) -> None:
     spec = DLRMSpec(arch="dlrm", embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1], dcn_num_layers=1,
                     dcn_low_rank_dim=4, table_sizes={"C1": 5, "C2": 7})  # fmt: skip

@@ -86,6 +86,7 @@ def test_parts_are_no_larger_than_asked_and_carry_their_sums(built) -> None:
     assert {w["name"] for w in manifest["wheels"]} == {"bundled_big-1.0-py3-none-any.whl", "bundled_small-1.0-py3-none-any.whl"}
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_the_installer_puts_the_wheels_back_into_a_new_venv(built, tmp_path: Path) -> None:
     folder, _, payload = built
     done = _install(folder, tmp_path / "env")

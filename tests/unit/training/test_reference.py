@@ -200,6 +200,7 @@ def test_beats_the_constant_on_small_sparse_data_where_the_old_reference_did_not
     assert old_ne > constant_ne + 0.05, "one pass of Adagrad at batch 4096 is far worse than constant"
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_the_same_rows_give_the_same_weights_and_the_slice_ignores_file_order(signal_data) -> None:
     _, _, sizes, train_files, _ = signal_data
     for folds in (1, 5):  # one slice, and the folds of cross-validation
@@ -221,6 +222,7 @@ def test_train_logistic_regression_keeps_its_call(signal_data) -> None:
     assert _ne_of_model(model, test_files) < 1.0
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_multi_hot_bags_are_summed_like_the_model_sums_them(multi_hot_features) -> None:
     state, files = multi_hot_features
     fit = fit_logistic_regression(state.table_sizes, files[0] + files[1], seed=SEED)
@@ -230,6 +232,7 @@ def test_multi_hot_bags_are_summed_like_the_model_sums_them(multi_hot_features) 
     assert compute_ne(binary_state(scores.labels, scores.predictions)) < compute_ne(binary_state(scores.labels, constant)) - 0.02
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_max_rows_fits_a_fixed_hashed_sample_and_still_learns(signal_data) -> None:
     train, test, sizes, train_files, test_files = signal_data
     full = fit_logistic_regression(sizes, train_files, seed=SEED)
@@ -258,6 +261,7 @@ def _sklearn_cross_validated(train: dict[str, np.ndarray], sizes: dict[str, int]
     return _sklearn(x, y, best), best, ne
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_on_few_rows_c_is_chosen_by_cross_validation_as_scikit_learn_chooses_it(small_data) -> None:
     """4,500 rows: 5 folds, each row scored once out of fold; the same C and the same NE as
     scikit-learn's on the same folds, and no worse than a careful analyst's scikit-learn search

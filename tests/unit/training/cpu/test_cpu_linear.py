@@ -104,6 +104,7 @@ def test_the_model_computes_with_oneDNN_what_it_computes_with_aten(tiny_features
         assert torch.allclose(onednn_grads[name], grad, atol=1e-5), name
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_the_compiled_dense_path_calls_the_oneDNN_layers_and_computes_the_same(tiny_features) -> None:
     state, files = tiny_features
     torch.manual_seed(0)

@@ -43,6 +43,7 @@ def _allocator_state(mode: str) -> dict[str, int]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 @pytest.mark.skipif(not cpu_memory.available(), reason="glibc's mallopt only")
 def test_a_freed_block_stays_in_the_process_for_the_next_step() -> None:
     system, retained = _allocator_state("system"), _allocator_state("retain")

@@ -1,6 +1,6 @@
 """`dlrm submit`'s batch script and its reading of Slurm's answers (training/launch/slurm_jobs.py).
 Slurm's commands are stood in for here by recorded answers (the tests say so in their names);
-tests/integration/test_slurm.py runs them on a real Slurm."""
+tests/integration/test_on_slurm.py runs them on a real Slurm."""
 
 import subprocess
 from pathlib import Path

@@ -3,6 +3,7 @@
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -46,6 +47,7 @@ def _worker(rank: int, port: int, decay: float, results) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_embedding_weight_decay_reaches_the_sharded_tables_as_l2() -> None:
     results = mp.Manager().dict()
     for decay in (0.0, 0.01):
@@ -97,6 +99,7 @@ def _schedule_worker(rank: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_every_step_trains_the_tables_at_the_scheduled_rate() -> None:
     """Plain steps step only the dense optimizer: the schedule alone puts each step's rate
     into the fused kernels, before the backward that applies it."""

@@ -54,6 +54,7 @@ def test_the_model_imports_no_cpu_kernels() -> None:
     assert not any(name and name.startswith("training.cpu") for name in imported), imported
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 @pytest.mark.parametrize("arch", ["dlrm", "dlrm_dcn"])
 def test_compiled_dense_parts_compute_what_the_eager_model_computes(tiny_features, arch: str) -> None:
     """Compiled in place, as one graph: the same parameter names (checkpoints load either

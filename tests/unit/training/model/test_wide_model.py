@@ -149,6 +149,7 @@ def _start_sharded(rank: int, world: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_the_wide_columns_start_at_zero_or_at_given_weights_on_every_shard() -> None:
     """Own columns zeroed, then set to known weights; the deep columns keep their drawn
     values throughout; the dense linear term and the logit's bias follow the start."""
@@ -218,6 +219,7 @@ def _fetch_wide_start(rank: int, world: int, port: int, jobs, results) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_every_rank_of_a_fresh_job_gets_the_references_fit_and_a_warm_start_none(tiny_features, tmp_path) -> None:
     """The worker fits the reference as the pipeline does (same rows, seed, sample) on rank
     0 and sends it to every rank; a job that loads weights over it does not fit at all."""

@@ -3,6 +3,7 @@
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -35,6 +36,7 @@ def _worker(rank: int, world: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_one_process_trains_without_ddp_and_two_with_it_under_the_same_names() -> None:
     results = mp.Manager().dict()
     for world in (1, 2):

@@ -142,6 +142,7 @@ def _worker(url: str, model: str, n_trials: int, sleep: float) -> subprocess.Pop
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_a_study_resumes_after_its_worker_is_killed(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     process = _worker(url, "m", n_trials=6, sleep=1.0)
@@ -193,6 +194,7 @@ def postgres_url():
         admin.close()
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_two_workers_share_one_study_on_postgres_without_losing_or_repeating_trials(postgres_url: str) -> None:
     n_trials = 12
     open_study(open_storage(postgres_url, 1), "shared", KEY, TuningConfig(n_trials=n_trials))  # tables first

@@ -1,0 +1,171 @@
+"""`dlrm submit` on a real Slurm (Debian's slurmctld and two slurmd 22.05, each node a network
+namespace of its own; tests/integration/slurm_cluster.py): a job over both nodes trains what
+`dlrm train` trains on one host with as many processes, every row once; it resumes from its
+checkpoint when Slurm requeues it; what Slurm refuses is one line; and Ctrl-C on `--wait`
+cancels the job and ends its processes on both nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from slurm_cluster import ClusterUnavailable, SlurmCluster, start_cluster, stop_cluster
+
+from training.launch.slurm_jobs import ENDED
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs" / "tiny.toml")
+# three epochs of 47 steps, a checkpoint every 10: a requeue lands between checkpoints
+LONGER = ["training.epochs=3", "training.checkpoint_every=10", "training.keep_checkpoints=20"]
+# one process a node on Slurm's two nodes: the world of tiny's one host of 2 processes
+ONE_A_NODE = ["training.nproc=1"]
+
+
+def dlrm(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)  # fmt: skip
+
+
+def on_head(cluster: SlurmCluster, *args: str, **popen) -> subprocess.Popen:
+    """`dlrm ARGS` started on the cluster's head node."""
+    return subprocess.Popen(cluster.command(sys.executable, "-m", "flows.cli", *args), cwd=ROOT, env=cluster.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)  # fmt: skip
+
+
+def sets(overrides: list[str]) -> list[str]:
+    return [part for override in overrides for part in ("--set", override)]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory):
+    try:
+        cluster, daemons = start_cluster(tmp_path_factory.mktemp("slurm"), cpus=os.cpu_count() or 2)
+    except ClusterUnavailable as why:
+        pytest.skip(str(why))
+    yield cluster
+    stop_cluster(daemons)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], dict]:
+    """A run folder with tiny's features, and `dlrm train`'s report of the longer job run
+    directly on one host (2 processes, no Slurm), into a folder of its own."""
+    run_dir = tmp_path_factory.mktemp("shared-run")
+    overrides = [f'run_dir="{run_dir}"', *LONGER]
+    steps = [("generate", "--config", TINY, *sets(overrides)),
+             *(("ingest", str(run_dir / "raw" / f"day_{day}.tsv.gz"), "--warehouse", str(run_dir / "warehouse"), "--day",
+                str(day)) for day in (0, 1, 2)),
+             ("preprocess", "--config", TINY, *sets(overrides))]  # fmt: skip
+    for step in steps:
+        done = dlrm(*step)
+        assert done.returncode == 0, (step, done.stderr[-3000:])
+    direct = dlrm("train", "--config", TINY, *sets(overrides), "--out", str(run_dir / "direct"), "--json")
+    assert direct.returncode == 0, direct.stderr[-3000:]
+    return overrides, json.loads(direct.stdout.strip().splitlines()[-1])
+
+
+def _checkpoints(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "train" / "checkpoints").glob("*/step-*/meta.json"))
+
+
+def test_a_job_over_two_nodes_trains_as_one_host_and_resumes_when_requeued(slurm: SlurmCluster, prepared) -> None:
+    """`dlrm submit --nodes 2 --wait`, requeued by Slurm after its first checkpoint: both nodes
+    start again, resume from the checkpoint, and end where one host's uninterrupted run ends."""
+    overrides, direct = prepared
+    run_dir = Path(overrides[0].split('"')[1])
+    started = time.monotonic()
+    submit = on_head(slurm, "submit", "--config", TINY, *sets([*overrides, *ONE_A_NODE]), "--nodes", "2", "--wait", "--json")
+    deadline = time.monotonic() + 300
+    while not _checkpoints(run_dir) and time.monotonic() < deadline and submit.poll() is None:
+        time.sleep(0.5)
+    first_checkpoint_s = time.monotonic() - started
+    assert _checkpoints(run_dir), submit.communicate(timeout=60)
+    job_id = slurm.scontrol("show", "job", "--oneliner").split("JobId=")[1].split()[0]
+    requeued = subprocess.run(slurm.command("scontrol", "requeue", job_id), env=slurm.env, capture_output=True, text=True,
+                              check=False)  # fmt: skip
+    assert requeued.returncode == 0, requeued.stderr
+    requeued_at = time.monotonic()
+    _eligible_now(slurm, job_id)
+    stdout, stderr = submit.communicate(timeout=600)
+    requeue_to_end_s = time.monotonic() - requeued_at
+    nodes = [(run_dir / "slurm" / f"{job_id}-node{rank}.out").read_text() for rank in (0, 1)]
+    assert submit.returncode == 0, stderr[-2000:] + nodes[0][-3000:]
+    report = json.loads(stdout.strip().splitlines()[-1])
+    print(f"submit to the first checkpoint: {first_checkpoint_s:.0f} s; requeue to the job's end: {requeue_to_end_s:.0f} s; "
+          f"job {job_id} ended {report['state']} after {report['restarts']} restart(s); eval NE {report['eval_ne']} "
+          f"(one host: {direct['eval_ne']})")  # fmt: skip
+    assert report["job_id"] == job_id and report["state"] == "COMPLETED" and report["exit_code"] == "0:0"
+    assert report["restarts"] >= 1, stderr
+    script = Path(report["script"])
+    assert script.parent == run_dir / "slurm" and "srun" in script.read_text() and "--nodes=2" in script.read_text()
+    assert "[train] resuming from" in nodes[0], "the job went on from its checkpoint"
+    assert all(node.count(f"node {rank} of 2: rendezvous") == 2 for rank, node in enumerate(nodes)), "both nodes ran twice"
+    trained = report["train"]
+    assert trained["resumed_from_step"] > 0
+    assert trained["world_size"] == direct["world_size"] == 2
+    for key in ("rows_trained", "steps", "global_batch_size"):
+        assert trained[key] == direct[key], key
+    assert report["eval_ne"] == pytest.approx(direct["eval_ne"], abs=1e-6), "two nodes, requeued, equal one host never stopped"
+
+
+def _eligible_now(cluster: SlurmCluster, job_id: str) -> None:
+    """Slurm holds a requeued job back for two minutes before it may start again (its begin
+    time; measured 144 s from requeue to the next allocation): once it is pending, the test
+    makes it eligible at once, as an administrator would (`scontrol update … StartTime=now`)."""
+    deadline = time.monotonic() + 120
+    while cluster.job_state(job_id) not in ("PENDING", "RUNNING", "COMPLETED") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if cluster.job_state(job_id) == "PENDING":
+        cluster.scontrol("update", f"JobId={job_id}", "StartTime=now")
+
+
+def test_what_slurm_refuses_is_one_line(slurm: SlurmCluster, prepared) -> None:
+    overrides, _ = prepared
+    done = subprocess.run(slurm.command(sys.executable, "-m", "flows.cli", "submit", "--config", TINY, *sets(overrides),
+                                        "--partition", "no-such-partition"),
+                          cwd=ROOT, env=slurm.env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.startswith("dlrm: error: sbatch ") and len(done.stderr.strip().splitlines()) == 1
+    assert "invalid partition" in done.stderr.lower() and "Traceback" not in done.stderr
+
+
+def _training_processes(run_dir: Path) -> list[str]:
+    """The command lines of this run folder's `dlrm train` processes, on either node."""
+    listed = subprocess.run(["ps", "-ewwo", "args"], capture_output=True, text=True, check=True).stdout.splitlines()
+    return [line for line in listed if str(run_dir) in line and " train " in line and "submit" not in line]
+
+
+def test_ctrl_c_on_wait_cancels_the_job_and_its_processes_on_both_nodes(slurm: SlurmCluster, prepared) -> None:
+    overrides, _ = prepared
+    run_dir = Path(overrides[0].split('"')[1])
+    long_enough = [*overrides, *ONE_A_NODE, "training.epochs=30"]  # still running when Ctrl-C comes
+    process = on_head(slurm, "submit", "--config", TINY, *sets(long_enough), "--nodes", "2", "--wait")
+    job_id, lines = None, []
+    for line in process.stderr:
+        lines.append(line)
+        if "submitted" in line:
+            job_id = line.split("Slurm job ")[1].split()[0]
+        if ": RUNNING" in line:
+            break
+    assert job_id is not None, "".join(lines)
+    deadline = time.monotonic() + 120
+    while len(_training_processes(run_dir)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)  # both nodes' `dlrm train` started
+    assert len(_training_processes(run_dir)) >= 2, "".join(lines)
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=120)
+    assert process.returncode == 130, "".join(lines) + rest
+    assert f"Slurm job {job_id} cancelled" in rest
+    deadline, state = time.monotonic() + 60, ""
+    while time.monotonic() < deadline and (state not in ENDED or _training_processes(run_dir)):
+        state = slurm.job_state(job_id)
+        time.sleep(0.5)
+    assert state == "CANCELLED", slurm.scontrol("show", "job", job_id)
+    assert _training_processes(run_dir) == [], "every process of the job ended, on both nodes"
