@@ -250,6 +250,7 @@ def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: Day
             "training.world_size": str(summary.world_size),
             "training.device": summary.device,
             "training.precision": summary.precision,  # what `auto` resolved to on this device
+            **({"training.slurm_job_id": trained.slurm_job_id} if trained.slurm_job_id else {}),
             "evaluation.days": ",".join(config.data.day_label(day) for day in config.data.eval_days),
             "evaluation.calibration": calibrator.method,
             **run.key.as_tags(), **run.tuning.as_tags(), **lineage,

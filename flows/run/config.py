@@ -59,6 +59,29 @@ class TrackingConfig:
 
 
 @dataclass(frozen=True)
+class SlurmJobConfig:
+    """`orchestration.launcher = "slurm"`: the batch job the pipeline's training stage submits
+    (one `#SBATCH` line each; the node count is `orchestration.trainer_hosts`)."""
+
+    partition: str = ""
+    """the partition (`--partition`); empty: the cluster's default"""
+    time_limit: str = ""
+    """the job's time limit as Slurm writes it (`--time`, e.g. `02:00:00`); empty: the partition's"""
+    gpus_per_node: int = 0
+    """GPUs to ask for on each node (`--gpus-per-node`); `0`: none asked for"""
+    sbatch_args: list[str] = field(default_factory=list)
+    """further `#SBATCH` arguments, as written (e.g. `["--account=recsys", "--qos=high"]`)"""
+    poll_s: float = 5.0
+    """seconds between two looks at the job's state (`scontrol show job`) while the stage waits"""
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node < 0:
+            raise ValueError(f"gpus_per_node: must be ≥ 0, got {self.gpus_per_node}")
+        if self.poll_s <= 0:
+            raise ValueError(f"poll_s: must be > 0, got {self.poll_s}")
+
+
+@dataclass(frozen=True)
 class OrchestrationConfig:
     """Prefect: how many stage tasks (days) run at once, and when `dlrm serve` runs the
     nightly pipeline (cron, in `timezone`)."""
@@ -90,7 +113,15 @@ class OrchestrationConfig:
     part with `dlrm serve --trainer-node R`, [cluster.md](cluster.md)), and `dlrm train` (which `--nnodes` overrides). `1`:
     training runs on the flow's host"""
     rdzv_endpoint: str = ""
-    """node 0's `HOST:PORT` for the rendezvous of a multi-host training stage; needed with `trainer_hosts` > 1"""
+    """node 0's `HOST:PORT` for the rendezvous of a multi-host training stage; needed with `trainer_hosts` > 1 (not with
+    Slurm, whose allocation names node 0)"""
+    # How the training stage starts its job: on the flow's host (and, with several hosts,
+    # through their `train-node` deployments), or as a Slurm batch job it waits for.
+    launcher: Literal["local", "slurm"] = "local"
+    """how the pipeline's training stage starts its job: `"local"` on the flow's host (with `trainer_hosts` > 1, on the hosts
+    serving `train-node/node-R`), or `"slurm"`: a batch job of `trainer_hosts` nodes submitted with `sbatch` from the flow's host
+    and waited for (`[orchestration.slurm]`, [cluster.md](cluster.md)); stopping the flow cancels the job"""
+    slurm: SlurmJobConfig = field(default_factory=SlurmJobConfig)
     # The trainer hosts' hardware as a cluster file (configs/clusters/), for the tuning key
     # when the flow runs on a host unlike them; "": the trainers are like the flow's host.
     trainer_cluster: str = ""
@@ -126,7 +157,7 @@ class OrchestrationConfig:
             raise ValueError(f"max_catch_up_days: must be ≥ 0 (0: no bound), got {self.max_catch_up_days}")
         if self.trainer_hosts < 1:
             raise ValueError(f"trainer_hosts: must be at least 1, got {self.trainer_hosts}")
-        if self.trainer_hosts > 1 and not self.rdzv_endpoint:
+        if self.trainer_hosts > 1 and not self.rdzv_endpoint and self.launcher != "slurm":
             raise ValueError("trainer_hosts: several hosts need rdzv_endpoint, node 0's HOST:PORT (e.g. 10.0.0.1:29400)")
         if self.trainer_slots < 0:
             raise ValueError(f"trainer_slots: must be ≥ 0 (0: no limit), got {self.trainer_slots}")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.config import EvaluationConfig
-from flows.run.config import OrchestrationConfig, PipelineConfig, TrackingConfig
+from flows.run.config import OrchestrationConfig, PipelineConfig, SlurmJobConfig, TrackingConfig
 from ingestion.config import DataConfig, ManagedIdsConfig, PreprocessConfig, SyntheticConfig
 from training.config import (
     ClusterConfig,
@@ -56,6 +56,7 @@ SECTIONS: dict[str, type] = {
     "evaluation": EvaluationConfig,
     "tracking": TrackingConfig,
     "orchestration": OrchestrationConfig,
+    "orchestration.slurm": SlurmJobConfig,
     "tuning": TuningConfig,
     "cluster": ClusterConfig,
 }

@@ -21,6 +21,7 @@ class TrainedModel:
 
     summary: TrainSummary
     folder: JobFolder
+    slurm_job_id: str = ""  # the Slurm job that trained it (`orchestration.launcher = "slurm"`)
 
 
 def build_job(config: PipelineConfig, features: Features, warm_start: str = "", run_id: str | None = None,

@@ -3,8 +3,10 @@ and what it reports.
 
 Several hosts come one way: `orchestration.trainer_hosts` (which `dlrm train --nnodes`
 sets). The pipeline's stage then starts each host's part through its served deployment
-(flows/stages/train_nodes.py); `dlrm train` is run by hand on each host. Both build the job here
-(`build_job`), and every host launches its part of the same job with `launch(job, role)`.
+(flows/stages/train_nodes.py), or, with `orchestration.launcher = "slurm"`, as one Slurm batch
+job over that many nodes (flows/stages/train_slurm.py); `dlrm train` is run by hand on each
+host. All build the job here (`build_job`), and every host launches its part of the same job
+with `launch(job, role)`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from flows.stages.calibrate import fit_served_calibrator
 from flows.stages.features import STAGE
 from flows.stages.stopped_runs import cancel_when_stopped
 from flows.stages.train_nodes import train_on_hosts
+from flows.stages.train_slurm import train_on_slurm
 from flows.stages.trainer_slots import trainer_slot
 from training.job import JobFolder, TrainSummary
 from training.launch.host_role import HostRole
@@ -68,14 +71,17 @@ def train_task(config: PipelineConfig, features: Features, warm_start: str = "",
             update_progress_artifact(progress, done)
 
     hosts = config.orchestration
+    slurm_job_id = ""
     with trainer_slot(config, logger):
-        if hosts.trainer_hosts > 1:
+        if hosts.launcher == "slurm":
+            slurm_job_id = train_on_slurm(job, hosts.slurm, config.name, config.path("slurm"), logger.info)
+        elif hosts.trainer_hosts > 1:
             train_on_hosts(job, hosts.rdzv_endpoint, logger.info)
         else:
             launch(job, on_line=logger.info, on_progress=on_progress)
     update_progress_artifact(progress, 100.0)
     _publish_plan(job.folder)
-    return TrainedModel(job.folder.read_summary(), job.folder)
+    return TrainedModel(job.folder.read_summary(), job.folder, slurm_job_id)
 
 
 def _publish_plan(folder: JobFolder) -> None:

@@ -1,8 +1,10 @@
-"""`dlrm submit` on a real Slurm (Debian's slurmctld and two slurmd 22.05, each node a network
-namespace of its own; tests/integration/slurm_cluster.py): a job over both nodes trains what
-`dlrm train` trains on one host with as many processes, every row once; it resumes from its
-checkpoint when Slurm requeues it; what Slurm refuses is one line; and Ctrl-C on `--wait`
-cancels the job and ends its processes on both nodes."""
+"""`dlrm submit` and the pipeline on a real Slurm (Debian's slurmctld and two slurmd 22.05, each
+node a network namespace of its own; tests/integration/slurm_cluster.py): a job over both nodes
+trains what `dlrm train` trains on one host with as many processes, every row once; it resumes
+from its checkpoint when Slurm requeues it; what Slurm refuses is one line; Ctrl-C on `--wait`
+cancels the job and ends its processes on both nodes; and a retrain from the served
+deployment with `orchestration.launcher = "slurm"` trains the same model as a batch job over
+both nodes, its MLflow run naming the job."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 from slurm_cluster import ClusterUnavailable, SlurmCluster, start_cluster, stop_cluster
 
+from flows.run.config import load_config
 from training.launch.slurm_jobs import ENDED
 
 pytestmark = pytest.mark.slow
@@ -169,3 +173,58 @@ def test_ctrl_c_on_wait_cancels_the_job_and_its_processes_on_both_nodes(slurm: S
         time.sleep(0.5)
     assert state == "CANCELLED", slurm.scontrol("show", "job", job_id)
     assert _training_processes(run_dir) == [], "every process of the job ended, on both nodes"
+
+
+def _finished_run_with_a_slurm_job(client: MlflowClient, experiment: str):
+    """The pipeline's MLflow run that a Slurm job trained, once it has finished (None before)."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs([found.experiment_id], "tags.`training.slurm_job_id` != ''")
+    return next((run for run in runs if run.info.status == "FINISHED"), None)
+
+
+def test_a_retrain_from_the_dashboard_trains_as_a_slurm_job_over_both_nodes(slurm: SlurmCluster, prepared,
+                                                                             tmp_path: Path) -> None:  # fmt: skip
+    """`dlrm serve --with-server` on the head node with the Slurm launcher, and the retrain
+    deployment run as the UI's button runs it: the flow run's training stage submits a job of
+    two nodes and waits for it, then evaluates, registers and tracks the model, which equals
+    the one `dlrm train` trains on one host with as many processes."""
+    overrides, direct = prepared
+    on_slurm = [*overrides, *ONE_A_NODE, 'orchestration.launcher="slurm"', "orchestration.trainer_hosts=2",
+                "orchestration.slurm.poll_s=1"]  # fmt: skip
+    env = {key: value for key, value in slurm.env.items() if not key.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    port, log = 4391, tmp_path / "serve.log"  # in the head node's own network namespace: free
+    serve = subprocess.Popen(slurm.command(sys.executable, "-m", "flows.cli", "serve", "--config", TINY, *sets(on_slurm),
+                                           "--with-server", "--port", str(port)),
+                             cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)  # fmt: skip
+    config = load_config(TINY, on_slurm)
+    client = MlflowClient(config.tracking_uri)
+    try:
+        deadline = time.monotonic() + 240
+        while "prefect deployment run" not in log.read_text():
+            assert serve.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        started = subprocess.run(slurm.command(sys.executable, "-m", "prefect", "deployment", "run", "retrain/retrain"),
+                                 env={**env, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}, capture_output=True,
+                                 text=True, timeout=120, check=False)  # fmt: skip
+        assert started.returncode == 0, started.stdout + started.stderr
+        deadline = time.monotonic() + 420
+        while (run := _finished_run_with_a_slurm_job(client, config.tracking.experiment)) is None:
+            assert serve.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(1.0)
+    finally:
+        serve.send_signal(signal.SIGINT)
+        try:
+            serve.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+    job_id = run.data.tags["training.slurm_job_id"]
+    text = log.read_text()
+    assert f"Slurm job {job_id} submitted (2 node(s)" in text and f"Slurm job {job_id}: COMPLETED" in text, text[-3000:]
+    assert "node 1 of 2: rendezvous at dlrm-sn0:" in (config.path("slurm") / f"{job_id}-node1.out").read_text()
+    assert run.data.tags["training.world_size"] == "2"
+    assert run.data.metrics["eval_ne"] == pytest.approx(direct["eval_ne"], abs=1e-6), "the model `dlrm train` trains"
+    versions = client.search_model_versions(f"name='{config.tracking.registered_model}'")
+    assert run.info.run_id in {version.run_id for version in versions}, "the retrain registered its model"

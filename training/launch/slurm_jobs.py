@@ -41,6 +41,7 @@ class BatchRequest:
     time_limit: str = ""
     gpus_per_node: int = 0
     extra: tuple[str, ...] = ()  # further `#SBATCH` arguments, as written
+    written_by: str = "`dlrm submit`"  # for the script's first comment
 
     def script(self, log_dir: Path) -> str:
         """The batch script."""
@@ -53,11 +54,11 @@ class BatchRequest:
         node_log = f"{log_dir}/%j-node%n.out"
         return "\n".join([
             "#!/bin/bash",
-            "# Written by `dlrm submit`; submit it again with `sbatch` (edits kept).",
+            f"# Written by {self.written_by}; submit it again with `sbatch` (edits kept).",
             *(f"#SBATCH {option}" for option in options),
             "set -euo pipefail",
             f"cd {shlex.quote(self.workdir)}",
-            "# one `dlrm train` a node; each takes its place in the job from Slurm's environment",
+            "# one training command a node; each takes its place in the job from Slurm's environment",
             f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 --open-mode=append --output={shlex.quote(node_log)} "
             + " ".join(shlex.quote(part) for part in self.command),
             "",
@@ -87,7 +88,8 @@ def _said(done: subprocess.CompletedProcess) -> str:
     return "; ".join(line for line in lines if line)
 
 
-def _run(argv: Sequence[str]) -> subprocess.CompletedProcess:
+def run_slurm(argv: Sequence[str]) -> subprocess.CompletedProcess:
+    """A Slurm command's answer (a missing command: one line saying where to run)."""
     try:
         return subprocess.run(list(argv), capture_output=True, text=True, timeout=60, check=False)
     except FileNotFoundError:
@@ -95,7 +97,7 @@ def _run(argv: Sequence[str]) -> subprocess.CompletedProcess:
                             "commands)") from None  # fmt: skip
 
 
-def submit(script: Path, run: Run = _run) -> str:
+def submit(script: Path, run: Run = run_slurm) -> str:
     """`sbatch` the script; its job id."""
     done = run(["sbatch", "--parsable", str(script)])
     if done.returncode:
@@ -103,7 +105,7 @@ def submit(script: Path, run: Run = _run) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def job_state(job_id: str, run: Run = _run) -> JobState:
+def job_state(job_id: str, run: Run = run_slurm) -> JobState:
     """The job as `scontrol show job` tells it."""
     done = run(["scontrol", "show", "job", "--oneliner", job_id])
     if done.returncode:
@@ -114,13 +116,13 @@ def job_state(job_id: str, run: Run = _run) -> JobState:
                     fields.get("Reason", "None"), int(fields.get("Restarts", "0") or 0), fields)  # fmt: skip
 
 
-def cancel(job_id: str, run: Run = _run) -> None:
+def cancel(job_id: str, run: Run = run_slurm) -> None:
     done = run(["scancel", job_id])
     if done.returncode:
         raise SlurmJobError(f"scancel {job_id}: {_said(done)}")
 
 
-def follow(job_id: str, on_change: Callable[[JobState], None], poll_s: float = 2.0, run: Run = _run) -> JobState:
+def follow(job_id: str, on_change: Callable[[JobState], None], poll_s: float = 2.0, run: Run = run_slurm) -> JobState:
     """Wait for the job to end, telling each change of state; its last state."""
     seen: tuple[str, int] | None = None
     while True:

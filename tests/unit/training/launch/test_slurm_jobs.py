@@ -76,7 +76,7 @@ def test_a_failed_job_carries_slurms_reason_and_a_forgotten_one_is_one_line_with
 
 
 def test_slurm_commands_missing_is_one_line():
-    from training.launch.slurm_jobs import _run
+    from training.launch.slurm_jobs import run_slurm
 
     with pytest.raises(SlurmJobError, match="sbatch-that-is-not-here: not found; run this on a Slurm login node"):
-        _run(["sbatch-that-is-not-here", "--parsable"])
+        run_slurm(["sbatch-that-is-not-here", "--parsable"])

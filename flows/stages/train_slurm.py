@@ -1,0 +1,71 @@
+"""The pipeline's training stage as a Slurm batch job (`orchestration.launcher = "slurm"`).
+
+The flow runs on a head (login) node; the stage writes the job into the shared run folder,
+submits a batch script of `orchestration.trainer_hosts` nodes to `<run_dir>/slurm/` (one
+`python -m training.launch.slurm_node JOB` a node under `srun`, `--requeue`), follows it
+with `scontrol` and reads node 0's summary from the folder once Slurm says it completed.
+
+A job that Slurm fails, cancels or times out fails the stage with the job id, its state,
+Slurm's reason and node 0's log; the stage's retry submits again and resumes from the
+checkpoint (training/launch/resume.py). A stop of the stage (the flow run cancelled, Ctrl-C
+on `dlrm run`) cancels the job. The job's scheduling is Slurm's: it may pend for as long as
+the cluster is full.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from flows.run.config import SlurmJobConfig
+from training.job import TrainJob
+from training.launch.launcher import TrainingFailed
+from training.launch.slurm_jobs import BatchRequest, JobState, Run, SlurmJobError, cancel, follow, run_slurm, submit
+
+PROJECT = Path(__file__).resolve().parents[2]
+
+
+def batch_request(job_file: Path, hosts: int, name: str, slurm: SlurmJobConfig) -> BatchRequest:
+    """The batch job that runs `job_file` on `hosts` nodes, as `slurm` asks."""
+    command = (sys.executable, "-m", "training.launch.slurm_node", str(job_file))
+    return BatchRequest(f"dlrm-{name}", command, str(PROJECT), hosts, slurm.partition, slurm.time_limit,
+                        slurm.gpus_per_node, tuple(slurm.sbatch_args), "the pipeline's training stage")  # fmt: skip
+
+
+def train_on_slurm(job: TrainJob, slurm: SlurmJobConfig, name: str, scripts: Path, say: Callable[[str], None],
+                   run: Run = run_slurm) -> str:  # fmt: skip
+    """Run `job` as a Slurm batch job and wait for it; its job id once it completed. `run`
+    runs Slurm's commands (sbatch, scontrol, scancel)."""
+    job.out.mkdir(parents=True, exist_ok=True)
+    scripts.mkdir(parents=True, exist_ok=True)
+    job_file = job.folder.hosts_job_file  # in the shared run folder: every node reads this one job
+    job.save(job_file)
+    request = batch_request(job_file, job.hosts, name, slurm)
+    script = scripts / f"{request.job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
+    script.write_text(request.script(scripts))
+    try:
+        job_id = submit(script, run)
+    except SlurmJobError as refused:
+        raise TrainingFailed(f"{refused} (the script: {script})", None, 1) from None
+    node0_log = scripts / f"{job_id}-node0.out"
+    say(f"[train] Slurm job {job_id} submitted ({job.hosts} node(s), {script}); node logs {scripts}/{job_id}-node*.out")
+
+    def on_change(state: JobState) -> None:
+        why = f" ({state.reason})" if state.reason not in ("", "None") else ""
+        again = f", restart {state.restarts}" if state.restarts else ""
+        say(f"[train] Slurm job {job_id}: {state.state}{why}{again}")
+
+    try:
+        final = follow(job_id, on_change, poll_s=slurm.poll_s, run=run)
+    except BaseException:  # a stop of the stage, or Slurm no longer answering: no job left running
+        with contextlib.suppress(SlurmJobError):
+            cancel(job_id, run)
+        say(f"[train] Slurm job {job_id} cancelled (scancel)")
+        raise
+    if final.state != "COMPLETED":
+        raise TrainingFailed(f"Slurm job {job_id} ended {final.state} (reason {final.reason}, exit code "
+                             f"{final.exit_code}); node 0's log: {node0_log}", None, 1)  # fmt: skip
+    return job_id
