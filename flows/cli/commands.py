@@ -162,9 +162,7 @@ def submit(args: argparse.Namespace) -> int:
         print(f"[submit] Slurm job {job_id} submitted ({script}); following it, Ctrl-C cancels it", file=sys.stderr,
               flush=True)  # fmt: skip
         try:
-            final = follow(job_id, lambda state: print(f"[submit] job {job_id}: {state.state}"
-                                                       + (f" ({state.reason})" if state.reason not in ("", "None") else ""),
-                                                       file=sys.stderr, flush=True))  # fmt: skip
+            final = follow(job_id, lambda state: print(f"[submit] job {job_id}: {state.said()}", file=sys.stderr, flush=True))
         except KeyboardInterrupt:
             cancel(job_id)
             print(f"dlrm: stopped: Slurm job {job_id} cancelled (scancel)", file=sys.stderr, flush=True)

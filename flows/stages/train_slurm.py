@@ -23,7 +23,7 @@ from pathlib import Path
 from flows.run.config import SlurmJobConfig
 from training.job import TrainJob
 from training.launch.launcher import TrainingFailed
-from training.launch.slurm_jobs import BatchRequest, JobState, Run, SlurmJobError, cancel, follow, run_slurm, submit
+from training.launch.slurm_jobs import BatchRequest, Run, SlurmJobError, cancel, follow, run_slurm, submit
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -53,19 +53,15 @@ def train_on_slurm(job: TrainJob, slurm: SlurmJobConfig, name: str, scripts: Pat
     node0_log = scripts / f"{job_id}-node0.out"
     say(f"[train] Slurm job {job_id} submitted ({job.hosts} node(s), {script}); node logs {scripts}/{job_id}-node*.out")
 
-    def on_change(state: JobState) -> None:
-        why = f" ({state.reason})" if state.reason not in ("", "None") else ""
-        again = f", restart {state.restarts}" if state.restarts else ""
-        say(f"[train] Slurm job {job_id}: {state.state}{why}{again}")
-
     try:
-        final = follow(job_id, on_change, poll_s=slurm.poll_s, run=run)
+        final = follow(job_id, lambda state: say(f"[train] Slurm job {job_id}: {state.said()}"), poll_s=slurm.poll_s, run=run)
     except BaseException:  # a stop of the stage, or Slurm no longer answering: no job left running
         with contextlib.suppress(SlurmJobError):
             cancel(job_id, run)
         say(f"[train] Slurm job {job_id} cancelled (scancel)")
         raise
     if final.state != "COMPLETED":
+        lost = f"; {'; '.join(final.lost_nodes)}" if final.lost_nodes else ""
         raise TrainingFailed(f"Slurm job {job_id} ended {final.state} (reason {final.reason}, exit code "
-                             f"{final.exit_code}); node 0's log: {node0_log}", None, 1)  # fmt: skip
+                             f"{final.exit_code}){lost}; node 0's log: {node0_log}", None, 1)  # fmt: skip
     return job_id

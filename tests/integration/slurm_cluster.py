@@ -13,6 +13,7 @@ package); munge's socket is a file, shared by the namespaces."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -84,7 +85,7 @@ def start_cluster(folder: Path, cpus: int) -> tuple[SlurmCluster, list[subproces
         f"SlurmdPidFile={folder / 'slurmd-%n.pid'}", f"SlurmctldLogFile={folder / 'slurmctld.log'}",
         f"SlurmdLogFile={folder / 'slurmd-%n.log'}", "AccountingStorageType=accounting_storage/none",
         "JobAcctGatherType=jobacct_gather/none", "JobCompType=jobcomp/none", "MinJobAge=3600", "KillWait=5",
-        "SchedulerParameters=defer_batch",
+        "SchedulerParameters=defer_batch", "SlurmdTimeout=10",  # a lost node is down in 10–20 s, not 300
         *(f"NodeName={name} NodeAddr={address} CPUs={cpus} State=UNKNOWN" for name, address in NODES.items()),
         f"PartitionName=debug Nodes={','.join(names)} Default=YES MaxTime=INFINITE State=UP",
         "",
@@ -121,6 +122,21 @@ def _daemon(cluster: SlurmCluster, node: str, command: Sequence[str], name: str)
                             start_new_session=True)  # fmt: skip
 
 
+def kill_node(node: str) -> int:
+    """The node lost at once: every process in its namespace (its slurmd, the job's step
+    daemons and training processes) killed outright. How many there were."""
+    pids = _pids_in(NAMESPACES[node])
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
+
+
+def restart_node(cluster: SlurmCluster, node: str) -> subprocess.Popen:
+    """The node back: a fresh slurmd, which registers and returns to service (ReturnToService=2)."""
+    return _daemon(cluster, node, ["slurmd", "-D", "-f", str(cluster.conf), "-N", node], f"slurmd-{node}-again")
+
+
 def stop_cluster(daemons: list[subprocess.Popen]) -> None:
     for daemon in reversed(daemons):
         try:
@@ -130,7 +146,14 @@ def stop_cluster(daemons: list[subprocess.Popen]) -> None:
             os.killpg(daemon.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    for node in NODES:  # a restarted slurmd, or anything a test left on a node
+        kill_node(node)
     _remove_namespaces()
+
+
+def _pids_in(namespace: str) -> list[int]:
+    listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, check=False).stdout
+    return [int(pid) for pid in listed.split()]
 
 
 def _ip(*args: str) -> None:

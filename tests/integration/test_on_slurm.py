@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from slurm_cluster import ClusterUnavailable, SlurmCluster, start_cluster, stop_cluster
+from slurm_cluster import ClusterUnavailable, SlurmCluster, kill_node, restart_node, start_cluster, stop_cluster
 
 from flows.run.config import load_config
 from training.launch.slurm_jobs import ENDED
@@ -118,6 +118,45 @@ def test_a_job_over_two_nodes_trains_as_one_host_and_resumes_when_requeued(slurm
     for key in ("rows_trained", "steps", "global_batch_size"):
         assert trained[key] == direct[key], key
     assert report["eval_ne"] == pytest.approx(direct["eval_ne"], abs=1e-6), "two nodes, requeued, equal one host never stopped"
+
+
+def test_a_lost_node_requeues_the_job_which_resumes_once_the_node_is_back(slurm: SlurmCluster, prepared) -> None:
+    """Node 1 killed mid-job (its slurmd and the job's processes on it): Slurm marks it down
+    and requeues the job (`--requeue`), and `--wait` names the lost node. Once the node is back,
+    and Slurm's hold of a requeued job has passed (about two minutes: lifted early, the
+    relaunch met a stale allocation of one node), the job runs again on both nodes and
+    resumes from its checkpoint."""
+    overrides, direct = prepared
+    run_dir = Path(overrides[0].split('"')[1])
+    longer = [*overrides, *ONE_A_NODE, "training.epochs=20"]  # still training when the node is lost
+    started = time.time()
+    submit = on_head(slurm, "submit", "--config", TINY, *sets(longer), "--nodes", "2", "--wait", "--json")
+    told = []
+    for line in submit.stderr:
+        told.append(line)
+        if "submitted" in line:
+            break
+    job_id = told[-1].split("Slurm job ")[1].split()[0]
+    deadline = time.monotonic() + 300
+    while not [c for c in _checkpoints(run_dir) if c.stat().st_mtime > started] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert kill_node("dlrm-sn1") >= 3, "slurmd, the step's daemon and the node's training processes"
+    killed = time.monotonic()
+    for line in submit.stderr:  # the node stays lost until `--wait` has told the requeue
+        told.append(line)
+        if "restart 1" in line:
+            break
+    requeued_s = time.monotonic() - killed
+    assert "node dlrm-sn1 DOWN" in told[-1], "".join(told)
+    restart_node(slurm, "dlrm-sn1")
+    back = time.monotonic()
+    stdout, stderr = submit.communicate(timeout=600)
+    ended_s = time.monotonic() - back
+    report = json.loads(stdout.strip().splitlines()[-1])
+    print(f"node lost → requeue told: {requeued_s:.0f} s; node back → job ended: {ended_s:.0f} s")
+    assert report["job_id"] == job_id and report["state"] == "COMPLETED" and report["restarts"] >= 1, "".join(told) + stderr
+    assert report["train"]["resumed_from_step"] > 0, "the job went on from its checkpoint"
+    assert report["train"]["steps"] == direct["steps"] // 3 * 20, "every epoch once (the direct run trains 3)"
 
 
 def _eligible_now(cluster: SlurmCluster, job_id: str) -> None:

@@ -17,7 +17,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 # States after which a job runs no more (squeue's long names, as scontrol writes them)
@@ -73,10 +73,24 @@ class JobState:
     reason: str = ""  # Slurm's reason (why pending, or why it failed)
     restarts: int = 0
     fields: dict[str, str] = field(default_factory=dict)
+    lost_nodes: tuple[str, ...] = ()  # after a requeue or a node failure: the job's nodes Slurm has down
 
     @property
     def ended(self) -> bool:
         return self.state in ENDED
+
+    @property
+    def nodes(self) -> str:
+        """The nodes the job holds (a host-list expression); empty while it holds none."""
+        nodelist = self.fields.get("NodeList", "")
+        return "" if nodelist in ("", "(null)") else nodelist
+
+    def said(self) -> str:
+        """The state as a person reads it: `RUNNING`, `PENDING (BeginTime), restart 1: node n1 lost (…)`."""
+        why = f" ({self.reason})" if self.reason not in ("", "None") else ""
+        again = f", restart {self.restarts}" if self.restarts else ""
+        lost = f": {'; '.join(self.lost_nodes)}" if self.lost_nodes else ""
+        return f"{self.state}{why}{again}{lost}"
 
 
 Run = Callable[[Sequence[str]], subprocess.CompletedProcess]
@@ -122,14 +136,36 @@ def cancel(job_id: str, run: Run = run_slurm) -> None:
         raise SlurmJobError(f"scancel {job_id}: {_said(done)}")
 
 
+def lost_nodes(nodelist: str, run: Run = run_slurm) -> tuple[str, ...]:
+    """Of the nodes in `nodelist`, those Slurm has down, drained, failing or not responding,
+    each as `node NAME STATE (reason)`."""
+    done = run(["scontrol", "show", "node", "--oneliner", nodelist])
+    if done.returncode:
+        return ()
+    lost = []
+    for line in done.stdout.splitlines():
+        name, state = re.search(r"NodeName=(\S+)", line), re.search(r"\bState=(\S+)", line)
+        if name is None or state is None:
+            continue
+        if any(word in state[1] for word in ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")):
+            reason = re.search(r"\bReason=(.*?)(?: \[[^\]]*\])?\s*$", line)
+            lost.append(f"node {name[1]} {state[1]}" + (f" ({reason[1]})" if reason and reason[1] else ""))
+    return tuple(lost)
+
+
 def follow(job_id: str, on_change: Callable[[JobState], None], poll_s: float = 2.0, run: Run = run_slurm) -> JobState:
-    """Wait for the job to end, telling each change of state; its last state."""
+    """Wait for the job to end, telling each change of state; its last state. After a
+    requeue, or a job ended by a node failure, the state names the nodes Slurm lost."""
     seen: tuple[str, int] | None = None
+    held = ""  # the nodes the job last held: after a requeue Slurm no longer says which
     while True:
         state = job_state(job_id, run)
         if (state.state, state.restarts) != seen:
+            if seen is not None and held and (state.restarts > seen[1] or state.state == "NODE_FAIL"):
+                state = replace(state, lost_nodes=lost_nodes(held, run))
             seen = (state.state, state.restarts)
             on_change(state)
+        held = state.nodes or held
         if state.ended:
             return state
         time.sleep(poll_s)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training.launch.slurm_jobs import BatchRequest, SlurmJobError, cancel, follow, job_state, submit
+from training.launch.slurm_jobs import BatchRequest, JobState, SlurmJobError, cancel, follow, job_state, submit
 
 REQUEST = BatchRequest("dlrm-tiny", ("/v/bin/python", "-m", "flows.cli", "train", "--config", "/p/configs/my run.toml",
                                      "--set", 'run_dir="/shared/runs"', "--json"), "/p", nodes=2, partition="gpu",
@@ -54,15 +54,24 @@ SHOW = ("JobId=4242 JobName=dlrm-tiny UserId=root(0) JobState={state} Reason={re
         "Requeue=1 Restarts={restarts} BatchFlag=1 ExitCode={exit} NodeList=n[1-2]\n")  # fmt: skip
 
 
+NODES = ("NodeName=n1 Arch=x86_64 State=ALLOCATED Partitions=debug\n"
+         "NodeName=n2 Arch=x86_64 State=DOWN+NOT_RESPONDING Partitions=debug Reason=Not responding [slurm@2026-11-27T11:31:10]\n")
+
+
 def test_the_state_is_followed_to_its_end_each_change_told_once_with_recorded_answers():
-    run, calls = _answers(*[(0, SHOW.format(state=s, reason=r, restarts=n, exit=e), "") for s, r, n, e in (
+    shown = [(0, SHOW.format(state=s, reason=r, restarts=n, exit=e), "") for s, r, n, e in (
         ("PENDING", "Resources", 0, "0:0"), ("PENDING", "Resources", 0, "0:0"), ("RUNNING", "None", 0, "0:0"),
-        ("PENDING", "BeginTime", 1, "0:0"), ("RUNNING", "None", 1, "0:0"), ("COMPLETED", "None", 1, "0:0"))])  # fmt: skip
+        ("PENDING", "BeginTime", 1, "0:0"), ("RUNNING", "None", 1, "0:0"), ("COMPLETED", "None", 1, "0:0"))]  # fmt: skip
+    run, calls = _answers(*shown[:4], (0, NODES, ""), *shown[4:])  # after the requeue: which of its nodes is lost
     told = []
-    final = follow("4242", lambda state: told.append((state.state, state.restarts)), poll_s=0, run=run)
-    assert told == [("PENDING", 0), ("RUNNING", 0), ("PENDING", 1), ("RUNNING", 1), ("COMPLETED", 1)], "a requeue is told"
+    final = follow("4242", lambda state: told.append((state.state, state.restarts, state.lost_nodes)), poll_s=0, run=run)
+    lost = ("node n2 DOWN+NOT_RESPONDING (Not responding)",)
+    assert told == [("PENDING", 0, ()), ("RUNNING", 0, ()), ("PENDING", 1, lost), ("RUNNING", 1, ()), ("COMPLETED", 1, ())]
     assert final.ended and final.exit_code == "0:0" and final.fields["NodeList"] == "n[1-2]"
     assert calls[0] == ["scontrol", "show", "job", "--oneliner", "4242"]
+    assert calls[4] == ["scontrol", "show", "node", "--oneliner", "n[1-2]"], "the nodes the job held before the requeue"
+    requeued = JobState("4242", "PENDING", "0:0", "BeginTime", 1, lost_nodes=lost)
+    assert requeued.said() == "PENDING (BeginTime), restart 1: node n2 DOWN+NOT_RESPONDING (Not responding)"
 
 
 def test_a_failed_job_carries_slurms_reason_and_a_forgotten_one_is_one_line_with_recorded_answers():
