@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -138,21 +137,19 @@ def submit(args: argparse.Namespace) -> int:
     """`dlrm submit`: `dlrm train` as a Slurm batch job (training/launch/slurm_jobs.py)."""
     from flows.run.feature_files import prepared_features
     from flows.run.reports import SubmitReport
-    from training.launch.slurm_jobs import BatchRequest, SlurmJobError, cancel, follow, submit
+    from training.launch.slurm_jobs import BatchRequest, SlurmJobError, cancel, follow, submit, write_script
 
     config = load(args)
     if args.nodes < 1:
         raise UserError(f"--nodes: at least 1, got {args.nodes}")
     prepared_features(config)  # every node trains on the shared run folder's features: there before submitting
     folder = config.path("slurm")
-    folder.mkdir(parents=True, exist_ok=True)
     dlrm = [sys.executable, "-m", "flows.cli"]  # this installation's, on every node (a shared file system)
     sets = [part for override in args.overrides for part in ("--set", override)]
     command = (*dlrm, "train", "--config", str(Path(args.config).resolve()), *sets, "--json")
     request = BatchRequest(f"dlrm-{config.name}", command, str(Path.cwd()), args.nodes, args.partition, args.time_limit,
                            args.gpus_per_node, tuple(args.sbatch_args))  # fmt: skip
-    script = folder / f"{request.job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
-    script.write_text(request.script(folder))
+    script = write_script(request, folder)
     try:
         job_id = submit(script)
         report = SubmitReport(job_id, str(script), f"{folder}/{job_id}.out, {folder}/{job_id}-node*.out", "SUBMITTED")

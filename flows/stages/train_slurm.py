@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from flows.run.config import SlurmJobConfig
 from training.job import TrainJob
 from training.launch.launcher import TrainingFailed
-from training.launch.slurm_jobs import BatchRequest, Run, SlurmJobError, cancel, follow, run_slurm, submit
+from training.launch.slurm_jobs import BatchRequest, Run, SlurmJobError, cancel, follow, run_slurm, submit, write_script
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -40,12 +39,9 @@ def train_on_slurm(job: TrainJob, slurm: SlurmJobConfig, name: str, scripts: Pat
     """Run `job` as a Slurm batch job and wait for it; its job id once it completed. `run`
     runs Slurm's commands (sbatch, scontrol, scancel)."""
     job.out.mkdir(parents=True, exist_ok=True)
-    scripts.mkdir(parents=True, exist_ok=True)
     job_file = job.folder.hosts_job_file  # in the shared run folder: every node reads this one job
     job.save(job_file)
-    request = batch_request(job_file, job.hosts, name, slurm)
-    script = scripts / f"{request.job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
-    script.write_text(request.script(scripts))
+    script = write_script(batch_request(job_file, job.hosts, name, slurm), scripts)
     try:
         job_id = submit(script, run)
     except SlurmJobError as refused:

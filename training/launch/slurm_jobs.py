@@ -65,6 +65,15 @@ class BatchRequest:
         ])  # fmt: skip
 
 
+def write_script(request: BatchRequest, folder: Path) -> Path:
+    """The request's batch script, written into `folder` (the nodes' logs go beside it):
+    `<folder>/<job name>-<time>.sbatch`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / f"{request.job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
+    script.write_text(request.script(folder))
+    return script
+
+
 @dataclass(frozen=True)
 class JobState:
     job_id: str
