@@ -11,6 +11,10 @@ if [ -z "${PREFECT_API_DATABASE_CONNECTION_URL:-}" ] && [ -n "${POSTGRES_USER:-}
 fi
 : "${PREFECT_API_DATABASE_CONNECTION_URL:?set it to the postgresql+asyncpg:// URL of the prefect database}"
 export PREFECT_SERVER_ANALYTICS_ENABLED="${PREFECT_SERVER_ANALYTICS_ENABLED:-false}"
+# Concurrency leases (the trainer slots) in files under PREFECT_HOME, a volume in compose:
+# a restarted server still knows the open ones, and revokes those nobody renews any more
+# (in memory, Prefect's default, a restart would leave their slots counted for ever).
+export PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE="${PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE:-prefect.server.concurrency.lease_storage.filesystem}"
 # Where the UI in the browser calls the API: this server, unless published elsewhere.
 export PREFECT_UI_API_URL="${PREFECT_UI_API_URL:-http://${PREFECT_SERVER_API_HOST:-127.0.0.1}:${PREFECT_SERVER_API_PORT:-4200}/api}"
 exec prefect server start \

@@ -105,6 +105,12 @@ class OrchestrationConfig:
     trainer_slots: int = 1
     """training jobs at once (the pipeline's training stage, each retune trial), held through the Prefect concurrency limit
     `dlrm-training`: a retune scheduled by a retrain waits for the retrain's training. `0`: no limit"""
+    # A slot is a Prefect lease that its holder renews while it trains; the server revokes
+    # one that nobody renews. Prefect's server takes leases of 60 s to a day.
+    trainer_slot_lease_s: float = 60.0
+    """how long a trainer slot stays held without its holder renewing it (60 s to a day, the Prefect server's range): a job
+    that is gone without giving its slot back (SIGKILL, a lost host, a cancelled Slurm job) frees it at most this long, plus
+    the server's 15 s sweep, after its last renewal, and the next training goes on"""
     # The hosts the pipeline's training stage spans: each serves its part with
     # `dlrm serve --trainer-node R` (docs/cluster.md); node 0 hosts the rendezvous at
     # `rdzv_endpoint` (HOST:PORT). 1: training runs on the flow's host.
@@ -161,6 +167,9 @@ class OrchestrationConfig:
             raise ValueError("trainer_hosts: several hosts need rdzv_endpoint, node 0's HOST:PORT (e.g. 10.0.0.1:29400)")
         if self.trainer_slots < 0:
             raise ValueError(f"trainer_slots: must be ≥ 0 (0: no limit), got {self.trainer_slots}")
+        if not 60 <= self.trainer_slot_lease_s <= 86_400:
+            raise ValueError(f"trainer_slot_lease_s: the Prefect server takes leases of 60 s to a day (86400), "
+                             f"got {self.trainer_slot_lease_s}")
         if self.max_workers < 1:
             raise ValueError(f"max_workers: must be at least 1, got {self.max_workers}")
         if self.task_runner == "dask" and not self.dask_address:

@@ -57,7 +57,7 @@ def temporary_server() -> LocalServer:
     port = _free_port()
     command = [
         sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent),
-        "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+        "--factory", "flows.stages.prefect_app:create_app", "--host", "127.0.0.1", "--port", str(port),
         "--log-level", "error", "--lifespan", "on",
     ]  # fmt: skip
     env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
@@ -99,8 +99,15 @@ def prefect_api(server: LocalServer | None = None) -> Iterator[str]:
         stop_group(process, grace_s=10.0)
 
 
+# Leases in files under PREFECT_HOME, not in the server's memory: a trainer slot's lease then
+# outlives the server it was taken on (a temporary one ends with its command, `dlrm serve
+# --with-server` stops its own), and whichever server runs next on that home revokes it once
+# it expires, instead of the slot staying counted in the database for ever.
+LEASE_STORAGE = {"PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect.server.concurrency.lease_storage.filesystem"}
+
+
 def _start(server: LocalServer, timeout_s: float) -> subprocess.Popen:
-    env = {**os.environ, **server.env}
+    env = {**LEASE_STORAGE, **os.environ, **server.env}
     env.pop("PREFECT_API_URL", None)
     home = os.environ.get("PREFECT_HOME", "~/.prefect")
     if server.kind == "temporary":

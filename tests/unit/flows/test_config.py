@@ -67,6 +67,8 @@ def test_int_is_accepted_for_float(tmp_path: Path) -> None:
         ("[data]\ntrain_days = [0, 1]\neval_days = [1]\n", "data.eval_days: [1] also in train_days"),
         ('[data]\nsource = "files"\n', "data.files: source = 'files' needs a list"),
         ("[data.synthetic]\nrows_per_day = -5\n", "data.synthetic.rows_per_day: must be positive"),
+        ("[orchestration]\ntrainer_slot_lease_s = 5\n",
+         "orchestration.trainer_slot_lease_s: the Prefect server takes leases of 60 s to a day (86400), got 5"),
     ],
 )
 def test_impossible_values_name_the_key(tmp_path: Path, text: str, expected: str) -> None:

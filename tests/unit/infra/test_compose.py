@@ -44,6 +44,15 @@ def test_prefect_server_is_the_client_version_on_postgres() -> None:
     assert server["command"] == ["/infra/prefect-server.sh"]
 
 
+def test_prefect_server_keeps_its_concurrency_leases_on_a_volume() -> None:
+    """The trainer slots' leases outlive a restart of the server (flows/stages/trainer_slots.py)."""
+    server = SERVICES["prefect-server"]
+    home = server["environment"]["PREFECT_HOME"]
+    assert f"prefect-home:{home}" in server["volumes"] and "prefect-home" in COMPOSE["volumes"]
+    script = (ROOT / "infra" / "prefect-server.sh").read_text()
+    assert "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE:-prefect.server.concurrency.lease_storage.filesystem}" in script
+
+
 def test_mlflow_uses_postgres_served_artifacts_and_allowed_hosts() -> None:
     mlflow = SERVICES["mlflow"]
     env = mlflow["environment"]
