@@ -93,16 +93,18 @@ def test_without_the_lock_both_read_a_stale_champion(registry) -> None:
 
 def test_postgres_advisory_lock_is_exclusive() -> None:
     events: list[str] = []
+    inside = threading.Event()
 
     def hold(name: str, seconds: float) -> None:
         with promotion_lock("http://mlflow:5000", POSTGRES, "ctr"):
             events.append(f"{name} in")
+            inside.set()
             time.sleep(seconds)
             events.append(f"{name} out")
 
     first = threading.Thread(target=hold, args=("a", 0.5))
     first.start()
-    time.sleep(0.2)
+    assert inside.wait(timeout=30), "the first holder took the lock"  # however loaded the machine
     second = threading.Thread(target=hold, args=("b", 0.0))
     second.start()
     first.join()
