@@ -88,7 +88,7 @@ class RunSummary(Checked):
     epochs_trained: int = 0
     epochs_kept: int = 0
     run_length: str = ""
-    refit: bool = False  # no calibrator was kept: a fresh model trained on every row (held-out ones included)
+    refit: bool = False  # no calibrator was kept: the held-out rows trained the served model too
     # the port workflow's figures (training/tuning/port.py): the hardware's batch, the NE gap
     # against the nearest tuned key at its own batch, the time to reach that key's NE
     port: dict[str, Any] | None = None
@@ -152,7 +152,7 @@ class TrainReport(Checked):
     epochs_trained: int = 0
     epochs_kept: int = 0
     run_length: str = ""
-    refit: bool = False  # no calibrator was kept: a fresh model trained on every row (held-out ones included)
+    refit: bool = False  # no calibrator was kept: the held-out rows trained the served model too
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,10 @@ class TrainingRows:
     calibration_rows: int = 0
     calibration_days: tuple[int, ...] = ()
     # every training day's whole files, for a fresh run that chooses its length: where its
-    # held-out rows fit no calibrator worth serving, a fresh model trains on all of these
-    # for that length (training/worker.py). Empty: no second training (a continuing night)
+    # held-out rows fit no calibrator worth serving, the kept model trains on them too, so
+    # the served model has trained on all of these (training/worker.py); a wide model kept
+    # at its start is the regression fitted on them. Empty: held-out rows that never train
+    # (a continuing night)
     refit_files: tuple[str, ...] = ()
 
     def model_files(self, refit: bool) -> tuple[str, ...]:
@@ -110,8 +112,8 @@ def progressive_rows(config: PipelineConfig, features: Features) -> TrainingRows
     the earlier days and is scored on the newest,
     as the next day will score it (users and items drift; a hash slice of the same days
     shares theirs). The newest day chooses the length and fits the calibrator, on
-    predictions of a model that never saw it; where no calibrator is kept, a fresh model
-    trains on every day for that length (`refit_files`)."""
+    predictions of a model that never saw it; where no calibrator is kept, the kept model
+    then trains a pass over it (and the references train on `refit_files`, every day)."""
     days = sorted(config.data.train_days)
     newest = tuple(features.files[days[-1]])
     rows = sum(pq.ParquetFile(path).metadata.num_rows for path in newest)

@@ -3,9 +3,9 @@ judge, both ways of holding rows out:
 
 - `training.validation_rows = "newest_day"`: day 3 chooses the length and is scored by a
   model that never trained on it; a calibrator worth serving is fitted on those scores and
-  served with that model, and where none is, a fresh model trains on every day;
+  served with that model, and where none is, the kept model trains a pass over day 3;
 - the default, a hash slice of every day, with no calibrator (`evaluation.calibration =
-  "none"`): the held-out rows choose the length, then train a fresh model with the rest.
+  "none"`): the held-out rows choose the length, then the kept model trains a pass over them.
 
 The single-day case is tests/integration/test_small_real_data.py.
 """
@@ -82,29 +82,36 @@ def test_the_held_out_rows_choose_the_length_on_a_model_that_never_trained_on_th
     assert _ne(held_out.labels, held_out.predictions) == pytest.approx(scores[kept], rel=1e-4)
     assert f"kept epoch {kept}'s model" in summary["run_length"]
     final = Path(job["checkpoint"])
-    assert (final / "meta.json").is_file() and json.loads((final / "meta.json").read_text())["position"]["step"] == job["steps"]
+    # after a pass over the held-out rows, the served checkpoint is that pass's (its own steps)
+    last_pass = -(-summary["calibration_rows"] // job["global_batch_size"]) if job["refit"] else 0
+    assert (final / "meta.json").is_file() and ("refit" in final.parts) == job["refit"]
+    assert json.loads((final / "meta.json").read_text())["position"]["step"] == (last_pass or job["steps"])
     if not job["refit"]:
         assert [p.name for p in final.parent.glob("step-*")] == [final.name], "nothing past the kept epoch is left"
 
 
-def test_without_a_calibrator_a_fresh_model_trains_on_every_day_for_the_chosen_length(uncalibrated) -> None:
+def test_without_a_calibrator_the_kept_model_trains_a_pass_over_the_held_out_rows(uncalibrated) -> None:
+    """Every row trains the served model: the kept epochs over the rest, then one pass over
+    the held-out rows, continuing the kept model (its predictions of them above)."""
     config, summary = uncalibrated
-    kept, every_row = summary["epochs_kept"], _day_rows(config, range(4))
+    kept, every_row, held_out = summary["epochs_kept"], _day_rows(config, range(4)), summary["calibration_rows"]
     assert _job_summary(config)["refit"] and summary["calibrator"] == "none"
-    assert summary["rows_trained"] == kept * every_row
-    assert summary["steps"] == kept * -(-every_row // summary["global_batch_size"])
-    assert f"a fresh model trained on every training row (the held-out ones included) for {kept}" in summary["run_length"]
+    assert summary["rows_trained"] == kept * (every_row - held_out) + held_out
+    batch = summary["global_batch_size"]
+    assert summary["steps"] == kept * -(-(every_row - held_out) // batch) + -(-held_out // batch)
+    assert "the kept model trained one more pass, over the held-out rows that chose it" in summary["run_length"]
 
 
 def test_a_kept_calibrator_serves_the_model_its_rows_scored(newest_day) -> None:
     """Whichever way the rule went, the served pair is consistent: a kept calibrator comes with
-    the model that scored its rows (trained on days 0–2 only); none kept, with the refit."""
+    the model that scored its rows (trained on days 0–2 only); none kept, with that model
+    after a pass over day 3."""
     config, summary = newest_day
     refit = _job_summary(config)["refit"]
     calibrator = json.loads(JobFolder(config.path("train")).calibrator_file.read_text())
     assert refit == (calibrator["method"] == "none"), (refit, calibrator)
-    days = range(4) if refit else range(3)
-    assert summary["rows_trained"] == summary["epochs_kept"] * _day_rows(config, days)
+    newest = _day_rows(config, range(3, 4)) if refit else 0
+    assert summary["rows_trained"] == summary["epochs_kept"] * _day_rows(config, range(3)) + newest
 
 
 def test_mlflow_has_the_validation_ne_by_epoch(newest_day) -> None:
