@@ -80,13 +80,13 @@ def _logged_step(metrics: str) -> int:
     return max(steps)
 
 
-def _kill_one_worker_after(job: TrainJob, step: int) -> threading.Thread:
-    """SIGKILL rank 1's process once the run has logged `step`."""
+def _kill_one_worker_after(job: TrainJob, step: int, metrics: Path | None = None) -> threading.Thread:
+    """SIGKILL rank 1's process once the run has logged `step` (in `metrics`: by default the job's)."""
     def watch() -> None:
-        metrics = job.folder.metrics
+        metrics_file = metrics or job.folder.metrics
         deadline = time.time() + 120
         while time.time() < deadline:
-            if metrics.is_file() and _logged_step(metrics.read_text()) >= step:
+            if metrics_file.is_file() and _logged_step(metrics_file.read_text()) >= step:
                 pid = _worker_of_rank(job.folder.job_file(), rank=1)
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
@@ -205,3 +205,43 @@ def test_this_projects_embedding_updates_train_what_fbgemms_kernel_trains(tiny_f
     for name, value in runs["fbgemm"].items():
         for kernel in ("vectorized", "native"):
             assert torch.allclose(runs[kernel][name], value, rtol=0, atol=1e-6), (kernel, name)
+
+
+def _chosen_length_job(features, out: Path) -> TrainJob:
+    """A run that chooses its length on day 1 and keeps no calibrator (`calibration = "none"`),
+    so the kept model then trains a pass over day 1 (training/worker.py), checkpointing as it goes."""
+    _, files = features
+    job = _job(features, out, epochs="auto", max_epochs=3, patience=1, warmup_steps=0, lr_decay="none",
+               checkpoint_every=4, keep_checkpoints=2)  # fmt: skip
+    return replace(job, train_files=tuple(files[0]), calibration_files=tuple(files[1]),
+                   validation_files=tuple(files[1]), refit_files=tuple(files[0] + files[1]),
+                   evaluation=replace(job.evaluation, calibration="none"))  # fmt: skip
+
+
+def test_a_run_killed_in_its_pass_over_the_held_out_rows_resumes_it(tiny_features, tmp_path: Path) -> None:
+    """Killed in the pass that follows the chosen epochs, the relaunch resumes the pass from its
+    own checkpoint, on the kept model it reloads: the same rows, the same parameters."""
+    expected_job = _chosen_length_job(tiny_features, tmp_path / "whole")
+    launch(expected_job, on_line=lambda line: None)
+    expected = encode(expected_job.folder.read_summary())
+    assert expected["refit"] and "one more pass, over the held-out rows" in expected["run_length"]
+
+    job = _chosen_length_job(tiny_features, tmp_path / "killed")
+    last_pass = replace(job, out_dir=str(job.out / "refit"))  # where the pass logs and checkpoints
+    watcher = _kill_one_worker_after(job, step=9, metrics=last_pass.folder.metrics)
+    with pytest.raises(TrainingFailed):
+        launch(job, on_line=lambda line: None)
+    watcher.join()
+    survived = latest_checkpoint(last_pass.checkpoint_root)
+    assert survived is not None, "killed in the pass, after one of its checkpoints"
+    lines: list[str] = []
+    launch(job, on_line=lines.append)
+    resumed = encode(job.folder.read_summary())
+    assert any(f"resuming from {survived}" in line for line in lines), "the pass resumes from its own checkpoint"
+    assert (resumed["steps"], resumed["rows_trained"]) == (expected["steps"], expected["rows_trained"])
+    assert resumed["rows_fingerprint"] == expected["rows_fingerprint"]
+    assert resumed["rows_trained"] == expected["epochs_kept"] * _rows_given(job) + \
+        sum(pq.ParquetFile(f).metadata.num_rows for f in job.validation_files)  # fmt: skip
+    served = export_model(job, Path(resumed["checkpoint"])).state_dict()
+    for name, value in export_model(expected_job, Path(expected["checkpoint"])).state_dict().items():
+        assert torch.allclose(served[name], value, atol=1e-6), name
