@@ -104,7 +104,8 @@ def run(job: TrainJob, device: torch.device) -> None:
                                  "rows that chose it")  # fmt: skip
     elif refit:
         del built
-        built, stats, checkpoint, start = _refit(job, device, 0)
+        built, stats, checkpoint = _regression_on_every_row(job, device)
+        start = None
         chosen["run_length"] += ("; no calibrator was kept, so the regression it started from was fitted again on every "
                                  "training row (the held-out ones included)")  # fmt: skip
     rows_trained, fingerprint = _all_reduce_ledger(stats.ledger, device)
@@ -128,32 +129,22 @@ def run(job: TrainJob, device: torch.device) -> None:
               f"{stats.samples_per_s:,.0f} samples/s", flush=True)
 
 
-def _refit(job: TrainJob, device: torch.device,
-           epochs: int) -> tuple[BuiltModel, TrainStats, Path, TrainPosition | None]:  # fmt: skip
-    """A fresh model trained on every training row (`refit_files`) for `epochs` epochs, in
-    its own folder; 0 epochs (what `run` asks for): the kept model was the start of a wide
-    part, so the start is fitted again on every row and not trained. Returns the model, its figures, its final
-    checkpoint and the position a relaunch resumed it from."""
-    rank = dist.get_rank()
-    refit_job = job.refit_job(max(epochs, 1))
-    if rank == 0:
+def _regression_on_every_row(job: TrainJob, device: torch.device) -> tuple[BuiltModel, TrainStats, Path]:
+    """A wide model kept at its start, the fitted regression, with no calibrator kept: the
+    regression fitted again on every training row (`refit_files`), in the refit folder, and
+    not trained. Returns the model, its figures (no step) and its checkpoint."""
+    refit_job = job.refit_job(1)
+    if dist.get_rank() == 0:
         refit_job.out.mkdir(parents=True, exist_ok=True)
-        print(f"[train] no calibrator is kept: training a fresh model on every training row for the chosen "
-              f"{epochs} epoch(s)", flush=True)  # fmt: skip
+        print("[train] no calibrator is kept: the regression the model kept is fitted again on every training row",
+              flush=True)  # fmt: skip
     built = build(refit_job, device, write_plan=False)
-    start: TrainPosition | None = None
-    if epochs == 0:
-        built.optimizer.init_state()  # type: ignore[attr-defined]  # a checkpoint carries the optimizer's state
-        stats = TrainStats(steps=0, samples=0, seconds=0.0, first_step_seconds=0.0, ledger=RowLedger(),
-                           position=TrainPosition(0, 0, 0))  # fmt: skip
-    else:
-        start, ledger = _restore(built.model, built.optimizer, refit_job)
-        if rank == 0:
-            _keep_metrics_up_to(refit_job.folder.metrics, start.step if start else 0)
-        stats = train(built.model, built.optimizer, refit_job, device, built.schedule, start, ledger)
+    built.optimizer.init_state()  # type: ignore[attr-defined]  # a checkpoint carries the optimizer's state
+    stats = TrainStats(steps=0, samples=0, seconds=0.0, first_step_seconds=0.0, ledger=RowLedger(),
+                       position=TrainPosition(0, 0, 0))  # fmt: skip
     checkpoint = save_checkpoint(built.model, built.optimizer, refit_job.checkpoint_root, stats.position,
                                  stats.ledger, job.training.keep_checkpoints)  # fmt: skip
-    return built, stats, checkpoint, start
+    return built, stats, checkpoint
 
 
 def _train_on_the_held_out_rows(job: TrainJob, device: torch.device, built: BuiltModel,
