@@ -93,7 +93,7 @@ def run(job: TrainJob, device: torch.device) -> None:
     scored_calibration = refit = False
     if job.refit_files and stats.validation is not None:
         # the held-out rows chose the length; if they fit no calibrator worth serving, they
-        # train the served model instead (a fresh one, on every row, for that length)
+        # train the served model too (below)
         predict(built.model, dataclasses.replace(job, eval_files={}), device)
         scored_calibration, refit = True, not _calibrator_kept(job)
     if refit and stats.validation is not None and stats.validation.scores.best_epochs:
