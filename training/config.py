@@ -23,6 +23,13 @@ class ModelConfig:
     """the dense features' MLP; must end with `embedding_dim`"""
     top_mlp: tuple[int, ...] = (512, 256, 1)
     """the MLP over the interaction; must end with 1 (the logit)"""
+    # How the training rows size the MLPs (training/model/width.py): the configured widths are
+    # the ceiling, and few rows scale them down so that a seed's first epoch cannot overfit.
+    mlp_width: Literal["auto", "configured"] = "auto"
+    """`auto`: a fresh run with few training rows scales every hidden layer of both MLPs by one factor, so that the first
+    layer is at most one unit per 512 training rows (a power of two, never below 128, never above the configured width; the
+    output widths stay): 8,000 rows train 512-256 MLPs as 128-64. The change is said in the log and the run's resolved
+    changes; a warm start keeps its champion's widths. `configured`: train the widths exactly as configured"""
     dcn_num_layers: int = 3
     """DCN-v2 cross layers (`dlrm_dcn` only)"""
     dcn_low_rank_dim: int = 64

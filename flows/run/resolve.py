@@ -5,12 +5,15 @@ reason:
 
 1. the night (`dlrm run --as-of N`): its training days, day N as the evaluation day, and no
    second warm-up for a warm start (flows/run/nights.py);
-2. the hyperparameters the tuning decision chose (flows/tuning/hyperparameters.py);
-3. the champion's model shape and preprocessing mode (`preprocess.categorical_mode`), which a
+2. on a fresh run with the preprocessing state known, the MLP widths the training rows
+   support (`model.mlp_width = "auto"`, training/model/width.py), before the tuner's width
+   factor applies to them;
+3. the hyperparameters the tuning decision chose (flows/tuning/hyperparameters.py);
+4. the champion's model shape and preprocessing mode (`preprocess.categorical_mode`), which a
    warm start keeps whatever the config or the tuner say;
-4. the run length, fitted last so that it sees any tuned batch: the global batch is halved
+5. the run length, fitted last so that it sees any tuned batch: the global batch is halved
    until the run has `training.min_steps` steps (training/loop/run_length.py);
-5. with that length known, a study's batch sizes (`tuning.batch_sizes = "auto"`): the
+6. with that length known, a study's batch sizes (`tuning.batch_sizes = "auto"`): the
    run's batch, its half and its quarter (training/tuning/space.py, `search_batches`).
 
 The tuning key is then taken from the result, so the key, the training job, the summary and
@@ -30,6 +33,7 @@ from flows.run.nights import Night, night_config, with_champion_preprocessing, w
 from ingestion.preprocess import PreprocessState
 from training.config import Workers
 from training.loop.run_length import fit_run_length
+from training.model.width import fit_mlp_width
 from training.tuning.key import TuningKey, tuning_key
 from training.tuning.space import apply_params, search_batches
 from training.tuning.trigger import TuningDecision
@@ -39,7 +43,7 @@ from training.tuning.trigger import TuningDecision
 class Change:
     """One rewrite of the configured run: which step made it, and what it changed and why."""
 
-    step: str  # "night", "tuning", "champion shape", "champion preprocessing", "run length", "tuning key"
+    step: str  # "night", "model width", "tuning", "champion shape", "champion preprocessing", "run length", "tuning key"
     note: str
 
 
@@ -74,6 +78,9 @@ def resolve_run(config: PipelineConfig, night: Night | None = None, state: Prepr
         return result
 
     config = apply("night", night_config(config, night))
+    if state is not None and night.warm_start is None:
+        model, note = fit_mlp_width(config.model, state.train_rows)
+        config = apply("model width", (dataclasses.replace(config, model=model), note))
     if tuning is not None:
         config = apply("tuning", _with_tuned(config, tuning))
     if night.warm_start is not None:

@@ -2,6 +2,7 @@
 signal, most ids seen once, 8,000 training rows. The references must mean what they say and
 the gate must refuse a model that is worse than one of them."""
 
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -130,3 +131,16 @@ def test_the_logistic_regression_reference_is_within_1_percent_of_scikit_learns(
     reference = fit(np.ones(len(y), dtype=bool), min(by_c, key=by_c.get))
     sklearn_ne = compute_ne(binary_state(test["label"], reference.predict_proba(_one_hot(test, sizes, train))[:, 1]))
     assert summary["logistic_regression_ne"] == pytest.approx(sklearn_ne, rel=0.01)
+
+
+def test_the_configured_mlps_are_narrowed_to_what_8000_rows_support_and_mlflow_records_what_trained(small_run) -> None:
+    """`model.mlp_width = "auto"` (the default): the configured 512-256 MLPs train as 128-64
+    on 8,000 rows; the parameters and the resolved changes in MLflow say so."""
+    config, summary = small_run
+    assert config.model.bottom_mlp == (512, 256, 16) and config.model.mlp_width == "auto"
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.params["model.bottom_mlp"] == "[128, 64, 16]" and run.data.params["model.top_mlp"] == "[128, 64, 1]"
+    changes = client.download_artifacts(run.info.run_id, "config/resolved_changes.json")
+    width = [change for change in json.loads(Path(changes).read_text()) if change["step"] == "model width"]
+    assert len(width) == 1 and "8,000 training rows" in width[0]["note"]

@@ -108,3 +108,22 @@ def test_auto_batch_sizes_are_resolved_from_the_batch_the_run_trains_at(tmp_path
     assert resolve_run(auto).config.tuning.batch_sizes == "auto", "not before the rows are known"
     listed = load_config(TINY, [f'run_dir="{tmp_path}"', "tuning.batch_sizes=[64, 256]"])
     assert resolve_run(listed, state=STATE).config.tuning.batch_sizes == (64, 256)
+
+
+def test_few_rows_narrow_the_mlps_before_the_tuners_width_factor_and_a_warm_start_keeps_its_champions(tmp_path: Path) -> None:
+    """`model.mlp_width = "auto"`: the rows size the configured MLPs first (said as a change),
+    the tuner's factor then scales what the rows allow; a night keeps the champion's shape."""
+    config = load_config(TINY, [f'run_dir="{tmp_path}"', "model.bottom_mlp=[512, 256, 8]", "model.top_mlp=[512, 1]"])
+    run = resolve_run(config, state=STATE)  # 12,000 rows: a first layer of 128
+    assert run.config.model.bottom_mlp == (128, 64, 8) and run.config.model.top_mlp == (128, 1)
+    assert [change.step for change in run.changes] == ["model width"] and "12,000 training rows" in run.changes[0].note
+    assert resolve_run(config).config.model == config.model, "not before the rows are known"
+    tuned = TuningDecision("use_tuned", "tuned", run.key, {"model.mlp_width_factor": 2.0})
+    assert resolve_run(config, state=STATE, tuning=tuned).config.model.bottom_mlp == (256, 128, 8)
+    kept = load_config(TINY, [f'run_dir="{tmp_path}"', "model.bottom_mlp=[512, 256, 8]", "model.top_mlp=[512, 1]",
+                              'model.mlp_width="configured"'])  # fmt: skip
+    assert resolve_run(kept, state=STATE).config.model.bottom_mlp == (512, 256, 8)
+    champion = dataclasses.replace(config.model, bottom_mlp=(256, 8), top_mlp=(64, 1))
+    night = Night(2, (0, 1), warm_start=WarmStart("3", "r", "/c", (0, 1), champion, STATE))
+    warm = resolve_run(config, night, STATE)
+    assert warm.config.model == champion and "model width" not in [change.step for change in warm.changes]
