@@ -1,7 +1,7 @@
 """The shipped defaults on real public data: the model against its logistic regression, per seed.
 
     .venv/bin/python bench/real_data.py --folder DIR [--seeds 0,1,2] [--only avazu,movielens]
-        [--set KEY=VALUE ...] [--keep SCRATCH]
+        [--set KEY=VALUE ...] [--keep SCRATCH] [--nights]
 
 DIR holds data the user brought, kept outside the repository (their terms forbid
 redistribution; no test needs them):
@@ -45,6 +45,7 @@ AVAZU_IDS = ("C1", "banner_pos", "site_id", "site_domain", "site_category", "app
              "C18", "C19", "C20", "C21")  # fmt: skip
 WEEK_S = 7 * 86_400
 MOVIELENS_TRAIN_WEEKS, MOVIELENS_EVAL_WEEK = range(7, 27), 27
+NIGHTS_FROM = 19  # --nights: the first model trains weeks 7–18 and is judged on 19
 
 
 def avazu_warehouse(csv_file: Path, out: Path) -> dict:
@@ -105,8 +106,8 @@ def config_text(name: str, run_dir: Path, data: dict) -> str:
     return "\n".join([*lines, "", "[evaluation]", f'slice_feature = "{slice_feature}"', ""])
 
 
-def run(config: Path, overrides: list[str], home: Path) -> dict:
-    arguments = [a for o in overrides for a in ("--set", o)]
+def run(config: Path, overrides: list[str], home: Path, as_of: int | None = None) -> dict:
+    arguments = [a for o in overrides for a in ("--set", o)] + (["--as-of", str(as_of)] if as_of is not None else [])
     done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--config", str(config), *arguments, "--json"],
                           cwd=ROOT, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "PREFECT_HOME": str(home), "HOME": str(home),
@@ -123,7 +124,12 @@ def main() -> None:
     parser.add_argument("--only", default="avazu,movielens")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     parser.add_argument("--keep", type=Path, help="keep the warehouses and run folders here (default: a temporary folder)")
+    parser.add_argument("--nights", action="store_true",
+                        help="MovieLens as recurring nights instead: weeks 7–18 from scratch (as of 19), then one "
+                             "`dlrm run --as-of W` a week to 27, each continuing the newest model")  # fmt: skip
     args = parser.parse_args()
+    if args.nights:
+        return nights(args)
     builders = {"avazu": (args.folder / "avazu-10k.csv", avazu_warehouse),
                 "movielens": (args.folder / "ml-100k", movielens_warehouse)}  # fmt: skip
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -144,6 +150,43 @@ def main() -> None:
             results[name] = summarise(runs, seeds)
             show(name, results[name])
     print(json.dumps({"datasets": results, "overrides": args.overrides, "seconds": round(time.perf_counter() - started, 1)}))
+
+
+def nights(args: argparse.Namespace) -> None:
+    """MovieLens's weeks as nights (`--nights`): what each night trained and served, per seed;
+    last, one JSON line with every night and, per seed, the mean NE of the nights that trained
+    and the last night's (week 27, the single run's judged week)."""
+    seeds, results, started = [int(s) for s in args.seeds.split(",")], {}, time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="real-nights-") as temporary:
+        root = Path(args.keep or temporary) / "movielens-nights"
+        root.mkdir(parents=True, exist_ok=True)
+        data = movielens_warehouse(args.folder / "ml-100k", root / "warehouse")
+        data.update(train_days=list(range(MOVIELENS_TRAIN_WEEKS.start, NIGHTS_FROM)), eval_days=[NIGHTS_FROM])
+        config = root / "config.toml"
+        config.write_text(config_text("movielens-nights", root / "run", data))
+        for seed in seeds:
+            overrides = [f'run_dir="{root}/run-{seed}"', f"training.seed={seed}", 'orchestration.continue_from="latest"',
+                         *args.overrides]  # fmt: skip
+            chain = [night_row(run(config, overrides, root / "home", week))
+                     for week in range(NIGHTS_FROM, MOVIELENS_EVAL_WEEK + 1)]  # fmt: skip
+            trained = [n["eval_ne"] for n in chain if n["trained"]]
+            refused = sum(n["trained"] and not n["promoted"] for n in chain)
+            results[seed] = {"nights": chain, "trained_nights": len(trained), "mean_ne_trained": statistics.fmean(trained),
+                             "last_ne": chain[-1]["eval_ne"], "refused": refused}  # fmt: skip
+            for n in chain:
+                print(f"seed {seed} week {n['as_of']}: " + (f"NE {n['eval_ne']:.4f} calibration {n['calibration']:.3f} "
+                      f"{n['rows_trained']:,} rows {n['steps']} steps {'promoted' if n['promoted'] else 'refused'}"
+                      if n["trained"] else n["skip_reason"][:90]), flush=True)  # fmt: skip
+    print(json.dumps({"nights": results, "overrides": args.overrides, "seconds": round(time.perf_counter() - started, 1)}))
+
+
+def night_row(summary: dict) -> dict:
+    if summary.get("skipped"):
+        return {"as_of": summary["as_of"], "trained": False, "skip_reason": summary["skip_reason"],
+                "eval_ne": summary.get("eval_ne"), "promoted": False}  # fmt: skip
+    return {"as_of": summary["as_of"], "trained": True, "days": summary["days_trained"], "eval_ne": summary["eval_ne"],
+            "calibration": summary["eval_calibration"], "rows_trained": summary["rows_trained"], "steps": summary["steps"],
+            "promoted": summary["promoted"], "logistic_regression_ne": summary["logistic_regression_ne"]}  # fmt: skip
 
 
 def summarise(runs: list[dict], seeds: list[int]) -> dict:

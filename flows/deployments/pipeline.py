@@ -11,6 +11,7 @@ calibrate → evaluate → track → promote.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -33,7 +34,7 @@ from flows.run.config import (
 )
 from flows.run.feature_files import Features
 from flows.run.job import TrainedModel
-from flows.run.nights import Night
+from flows.run.nights import Night, waits_for_rows
 from flows.run.reports import RunSummary, SkippedNight
 from flows.run.resolve import ResolvedRun, resolve_run
 from flows.run.rows import training_rows
@@ -118,6 +119,11 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
         logger.info("as of day %s: %s", config.data.shown(night.as_of), night.skipped)
         return skipped_summary(night, tracking_client(config.tracking_uri), config)
     features = prepare_features(resolve_run(config, night).config, night.warm_start.state if night.warm_start else None)
+    waiting = waits_for_rows(config, night, features.state.train_rows)
+    if waiting:  # the new days stay ingested; the next night trains them with its own
+        logger.info("as of day %s: %s", config.data.shown(night.as_of), waiting)
+        covered = dataclasses.replace(night, skipped=waiting, earlier_version=night.warm_start.version)
+        return skipped_summary(covered, tracking_client(config.tracking_uri), config)
     decision = choose_hyperparameters(resolve_run(config, night, features.state), features, source,
                                       lambda batch: resolve_run(with_batch(config, batch), night, features.state))  # fmt: skip
     run = resolve_run(config, night, features.state, decision)

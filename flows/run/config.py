@@ -140,6 +140,13 @@ class OrchestrationConfig:
     max_catch_up_days: int = 0
     """a recurring night (`--as-of`) trains the days before it that the champion has not seen; after refused nights they add up.
     More than this many stops the night with one line naming the days and what to do (the flow run ends Failed). `0`: no bound"""
+    # A night with too few new rows to train well waits: the champion keeps serving and the
+    # next night trains these days with its own (flows/run/nights.py: waits_for_rows).
+    min_night_rows: int | Literal["auto"] = "auto"
+    """a recurring night whose new days hold fewer rows than this trains nothing and says so ("waiting for more rows"); the
+    champion keeps serving and the next night trains these days with its own. `"auto"`: the rows that give
+    `training.min_steps` optimizer steps at the smallest batch the run-length rule allows (32 rows a process), after the
+    held-out rows (3,556 rows on 2 processes at the defaults); `0`: every night trains, however few its rows"""
     # What a recurring night continues: "champion" (the promoted version), or "latest" (the
     # newest version trained, promoted or not: one new day a night even after refusals,
     # while the alias stays on the best judged model).
@@ -159,6 +166,8 @@ class OrchestrationConfig:
     def __post_init__(self) -> None:
         if self.stale_after_nights < 0:
             raise ValueError(f"stale_after_nights: must be ≥ 0 (0: never), got {self.stale_after_nights}")
+        if self.min_night_rows != "auto" and (isinstance(self.min_night_rows, bool) or self.min_night_rows < 0):
+            raise ValueError(f"min_night_rows: must be \"auto\" or ≥ 0 (0: every night trains), got {self.min_night_rows!r}")
         if self.max_catch_up_days < 0:
             raise ValueError(f"max_catch_up_days: must be ≥ 0 (0: no bound), got {self.max_catch_up_days}")
         if self.trainer_hosts < 1:

@@ -6,12 +6,14 @@ registry is tracking's (flows/tracking/lineage.py); this module only computes.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from flows.run.config import PipelineConfig
 from ingestion.days import parse_day
 from ingestion.preprocess import PreprocessState
 from training.config import ModelConfig
+from training.loop.run_length import SMALLEST_PER_PROCESS
 
 
 @dataclass(frozen=True)
@@ -127,3 +129,28 @@ def tagged_day(value: str | None) -> int | None:
 
 def tagged_days(value: str) -> tuple[int, ...]:
     return tuple(parse_day(day) for day in value.split(",") if day)
+
+
+def night_min_rows(config: PipelineConfig) -> int:
+    """The fewest new rows a night continuing the champion trains on (`orchestration.min_night_rows`;
+    "auto": `training.min_steps` steps at the smallest batch the run-length rule allows, counted
+    after the night's held-out rows)."""
+    configured = config.orchestration.min_night_rows
+    if configured != "auto":
+        return int(configured)
+    held_out = config.evaluation.calibration_percent / 100 if config.evaluation.calibration != "none" else 0.0
+    smallest_batch = SMALLEST_PER_PROCESS * config.workers.world_size
+    return math.ceil(config.training.min_steps * smallest_batch / (1.0 - held_out))
+
+
+def waits_for_rows(config: PipelineConfig, night: Night, new_rows: int) -> str:
+    """Why a night continuing the champion waits for more rows ("" when it trains): fewer new
+    rows than `night_min_rows` train too few steps to improve it, and its few held-out rows
+    choose the run length and fit the calibrator by chance."""
+    least = night_min_rows(config)
+    if night.warm_start is None or new_rows >= least:
+        return ""
+    days = config.data.shown_days(night.train_days)
+    return (f"waiting for more rows: days {days} hold {new_rows:,} new rows, fewer than orchestration.min_night_rows "
+            f"({least:,}); version {night.warm_start.version} keeps serving and the next night trains these days with "
+            f"its own (set orchestration.min_night_rows = 0 to train every night)")  # fmt: skip

@@ -13,7 +13,7 @@ from flows.run.reports import SkippedNight, run_report
 from flows.tracking.lineage import TAG_AS_OF, TAG_CHECKPOINT, TAG_DAYS, TAG_PARENT, TAG_STATE
 
 # the module fixture runs four nights, their rerun and a scratch run before the first test: 4–6 minutes on 2
-# cores, near the suite's 600 s a test
+# cores, near the suite's 600 s a test (a waiting night and the one after it add about a minute)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "tiny.toml")
@@ -138,6 +138,28 @@ def test_the_registry_shows_the_chain(nights) -> None:
     assert str(champion.version) == summaries[5]["model_version"]
     kept = [p for p in config.path("lineage").iterdir() if not p.name.startswith(".")]
     assert [str(p) for p in kept] == [champion.tags[TAG_CHECKPOINT]], "only the champion's checkpoint is kept"
+
+
+def test_a_night_with_too_few_new_rows_waits_and_the_next_trains_its_days_with_its_own(nights) -> None:
+    """`orchestration.min_night_rows` above a day's rows: the night as of day 6 ingests day 5,
+    trains nothing, registers nothing and says why; the night as of day 7 continues the same
+    champion on days 5 and 6 together."""
+    from flows.deployments.pipeline import run_pipeline
+
+    config, summaries, _ = nights
+    overrides = [f'run_dir="{config.run_dir}"', *COMMON, "tracking.registered_model=dlrm-recurring",
+                 f"orchestration.min_night_rows={ROWS_PER_DAY + 1}"]  # fmt: skip
+    champion = summaries[5]["model_version"]
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    versions = len(client.search_model_versions(f"name='{config.tracking.registered_model}'"))
+    waited = run_report(run_pipeline(TINY, overrides, "6"))
+    assert isinstance(waited, SkippedNight) and waited.rows_trained == 0 and waited.model_version == champion
+    assert waited.skip_reason.startswith(f"waiting for more rows: days [5] hold {ROWS_PER_DAY:,} new rows"), waited
+    assert len(client.search_model_versions(f"name='{config.tracking.registered_model}'")) == versions
+    night = run_pipeline(TINY, overrides, "7")
+    assert night["skipped"] is False and night["days_trained"] == [5, 6] and night["eval_days"] == [7]
+    assert night["warm_start_version"] == champion and night["lineage_days"] == list(range(7))
+    assert 1.7 * ROWS_PER_DAY < night["rows_trained"] < 2 * ROWS_PER_DAY, "both days, less their held-out rows"
 
 
 def test_a_nightly_run_takes_the_newest_complete_day(prefect_server, tmp_path: Path) -> None:
