@@ -74,7 +74,8 @@ def train_task(config: PipelineConfig, features: Features, warm_start: str = "",
     slurm_job_id = ""
     with trainer_slot(config, logger):
         if hosts.launcher == "slurm":
-            slurm_job_id = train_on_slurm(job, hosts.slurm, config.name, config.path("slurm"), logger.info)
+            slurm_job_id = train_on_slurm(job, hosts.slurm, config.name, config.path("slurm"), logger.info,
+                                          on_progress=on_progress)
         elif hosts.trainer_hosts > 1:
             train_on_hosts(job, hosts.rdzv_endpoint, logger.info)
         else:

@@ -19,10 +19,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from flows.run.config import SlurmJobConfig
+from flows.run.config import PipelineConfig, SlurmJobConfig
 from training.job import TrainJob
-from training.launch.launcher import TrainingFailed
+from training.launch.launcher import TrainingFailed, launch
 from training.launch.slurm_jobs import BatchRequest, Run, SlurmJobError, cancel, follow, run_slurm, submit, write_script
+from training.loop.progress import MetricsFollower, MetricsRecord
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -34,10 +35,24 @@ def batch_request(job_file: Path, hosts: int, name: str, slurm: SlurmJobConfig) 
                         slurm.gpus_per_node, tuple(slurm.sbatch_args), "the pipeline's training stage")  # fmt: skip
 
 
+def train_where_configured(config: PipelineConfig, job: TrainJob, name: str, say: Callable[[str], None],
+                           on_progress: Callable[[MetricsRecord], None] | None = None) -> str:  # fmt: skip
+    """Run `job` where `orchestration.launcher` says: on this host, or as a Slurm batch job
+    named `name` (a study's trials and comparison runs train where the pipeline's run does).
+    What `on_progress` raises stops the job (a pruned trial: the Slurm job is cancelled).
+    The Slurm job id, or "" on this host."""
+    if config.orchestration.launcher == "slurm":
+        return train_on_slurm(job, config.orchestration.slurm, name, config.path("slurm"), say, on_progress=on_progress)
+    launch(job, on_line=say, on_progress=on_progress)
+    return ""
+
+
 def train_on_slurm(job: TrainJob, slurm: SlurmJobConfig, name: str, scripts: Path, say: Callable[[str], None],
-                   run: Run = run_slurm) -> str:  # fmt: skip
+                   run: Run = run_slurm, on_progress: Callable[[MetricsRecord], None] | None = None) -> str:  # fmt: skip
     """Run `job` as a Slurm batch job and wait for it; its job id once it completed. `run`
-    runs Slurm's commands (sbatch, scontrol, scancel)."""
+    runs Slurm's commands (sbatch, scontrol, scancel); `on_progress` gets each record of the
+    job's metrics file (in the shared run folder) as it is written, while the job runs and
+    once more when it has completed."""
     job.out.mkdir(parents=True, exist_ok=True)
     job_file = job.folder.hosts_job_file  # in the shared run folder: every node reads this one job
     job.save(job_file)
@@ -49,8 +64,17 @@ def train_on_slurm(job: TrainJob, slurm: SlurmJobConfig, name: str, scripts: Pat
     node0_log = scripts / f"{job_id}-node0.out"
     say(f"[train] Slurm job {job_id} submitted ({job.hosts} node(s), {script}); node logs {scripts}/{job_id}-node*.out")
 
+    metrics = MetricsFollower(job.folder.metrics)
+
+    def read_progress() -> None:
+        for record in metrics.read_new() if on_progress is not None else ():
+            on_progress(record)
+
     try:
-        final = follow(job_id, lambda state: say(f"[train] Slurm job {job_id}: {state.said()}"), poll_s=slurm.poll_s, run=run)
+        final = follow(job_id, lambda state: say(f"[train] Slurm job {job_id}: {state.said()}"), poll_s=slurm.poll_s,
+                       run=run, on_tick=read_progress)  # fmt: skip
+        if final.state == "COMPLETED":
+            read_progress()  # what the job wrote since the last poll
     except BaseException:  # a stop of the stage, or Slurm no longer answering: no job left running
         with contextlib.suppress(SlurmJobError):
             cancel(job_id, run)

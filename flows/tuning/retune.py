@@ -29,6 +29,7 @@ from flows.run.reports import RetuneReport
 from flows.run.resolve import ResolvedRun, resolve_run
 from flows.stages.features import prepare_features, run_logger
 from flows.stages.stopped_runs import cancel_when_stopped
+from flows.stages.train_slurm import train_where_configured
 from flows.stages.trainer_slots import trainer_slot
 from flows.tracking.studies import BestTrial, StudyRuns
 from flows.tuning.trials import (
@@ -39,7 +40,6 @@ from flows.tuning.trials import (
     validation_job,
 )
 from training.codec import encode
-from training.launch.launcher import launch
 from training.locking import exclusive
 from training.tuning.config import TuningConfig, budget_overrides
 from training.tuning.decision import paired_gain
@@ -169,7 +169,7 @@ def judge_against_configured(config: PipelineConfig, folds: list[TuningData], st
         for fold, data in enumerate(folds):
             job = validation_job(config, data, params, folder / name / (f"fold-{fold}" if len(folds) > 1 else ""), seed)
             if not (job.folder.summary_file.is_file() and job.folder.read_predictions().labels.size):
-                launch(job, on_line=lambda line: None)
+                train_where_configured(config, job, f"{config.name}-decision-{name}-fold{fold}", lambda line: None)
             parts.append(job.folder.read_predictions())
         scores[name] = Scores.concat(parts)
     first, second = scores.values()

@@ -22,10 +22,10 @@ from flows.run.config import ConfigError, PipelineConfig
 from flows.run.feature_files import Features
 from flows.run.job import build_job
 from flows.run.rows import holdout_of
+from flows.stages.train_slurm import train_where_configured
 from flows.stages.trainer_slots import trainer_slot
 from flows.tracking.studies import StudyRuns, TrialRun
 from training.job import JobFolder, TrainJob
-from training.launch.launcher import launch
 from training.loop.progress import HeldoutRecord, MetricsRecord
 from training.tuning.key import TuningKey
 from training.tuning.space import Params, apply_params, suggest
@@ -162,7 +162,8 @@ class TrainingTrial:
             watch = functools.partial(self._on_progress, trial, run, metric=metric, prune=first,
                                       epochs=epochs)  # fmt: skip
             try:
-                launch(job, on_line=lambda line: None, on_progress=watch)
+                train_where_configured(self.config, job, f"{self.config.name}-{_job_name(out, seed, fold)}",
+                                       lambda line: None, on_progress=watch)  # fmt: skip
             except StopEarly:
                 pass  # the job is stopped; its best epoch's NE is the run's score
             if epochs.early_stopping:
@@ -279,10 +280,15 @@ def train_and_score(config: PipelineConfig, features: Features, params: Params, 
     """Training runs with fixed parameters, one per trial seed and fold; their mean NE on
     the validation rows, comparable with the study's trial values."""
     scores = []
-    for _, _, job in trial_jobs(config, tuning_folds(config, features), params, out):
-        launch(job, on_line=lambda line: None)
+    for seed, fold, job in trial_jobs(config, tuning_folds(config, features), params, out):
+        train_where_configured(config, job, f"{config.name}-{_job_name(out, seed, fold)}", lambda line: None)
         scores.append(validation_ne(job.folder))
     return statistics.fmean(scores)
+
+
+def _job_name(out: Path, seed: int, fold: int) -> str:
+    """A trial run's name in the scheduler's queue: its folder, seed and fold."""
+    return f"{out.name}-seed{seed}-fold{fold}"
 
 
 def validation_ne(folder: JobFolder) -> float:

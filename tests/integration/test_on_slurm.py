@@ -4,7 +4,7 @@ trains what `dlrm train` trains on one host with as many processes, every row on
 from its checkpoint when Slurm requeues it; what Slurm refuses is one line; Ctrl-C on `--wait`
 cancels the job and ends its processes on both nodes; and a retrain from the served
 deployment with `orchestration.launcher = "slurm"` trains the same model as a batch job over
-both nodes, its MLflow run naming the job."""
+both nodes, its MLflow run naming the job; and a retune's trials train as batch jobs too."""
 
 from __future__ import annotations
 
@@ -267,3 +267,31 @@ def test_a_retrain_from_the_dashboard_trains_as_a_slurm_job_over_both_nodes(slur
     assert run.data.metrics["eval_ne"] == pytest.approx(direct["eval_ne"], abs=1e-6), "the model `dlrm train` trains"
     versions = client.search_model_versions(f"name='{config.tracking.registered_model}'")
     assert run.info.run_id in {version.run_id for version in versions}, "the retrain registered its model"
+
+
+def test_a_retunes_trials_and_its_comparison_train_as_slurm_jobs_over_both_nodes(slurm: SlurmCluster, prepared,
+                                                                                 tmp_path: Path) -> None:  # fmt: skip
+    """`dlrm retune` with `orchestration.launcher = "slurm"` on the head node: every trial, and
+    the runs that judge the best trial against the configured values, is a batch job over both
+    nodes that the study follows (its held-out NE reaches the trial's MLflow run)."""
+    overrides, _ = prepared
+    on_slurm = [*overrides, *ONE_A_NODE, "training.epochs=1", 'orchestration.launcher="slurm"',
+                "orchestration.trainer_hosts=2", "orchestration.slurm.poll_s=1"]  # fmt: skip
+    env = {key: value for key, value in slurm.env.items() if not key.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    done = subprocess.run(slurm.command(sys.executable, "-m", "flows.cli", "retune", "--config", TINY, *sets(on_slurm),
+                                        "--trials", "2", "--json"),
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["trials_run_here"] == [0, 1] and report["best_ne"] is not None and report["decision"], report
+    config = load_config(TINY, on_slurm)
+    scripts = sorted(config.path("slurm").glob("dlrm-tiny-trial-*.sbatch"))
+    assert [path.name.split("-seed")[0] for path in scripts] == ["dlrm-tiny-trial-0000", "dlrm-tiny-trial-0001"]
+    assert all("--nodes=2" in path.read_text() for path in scripts)
+    assert sorted(config.path("slurm").glob("dlrm-tiny-decision-*.sbatch")), "the comparison runs on Slurm too"
+    assert all("node 1 of 2: rendezvous at" in log.read_text() for log in config.path("slurm").glob("*-node1.out"))
+    client = MlflowClient(config.tracking_uri)
+    trials = client.search_runs([client.get_experiment_by_name(config.tracking.experiment).experiment_id],
+                                "tags.`tuning.trial` != ''")  # fmt: skip
+    assert len(trials) == 2 and all(client.get_metric_history(run.info.run_id, "heldout_ne") for run in trials)

@@ -162,9 +162,12 @@ def lost_nodes(nodelist: str, run: Run = run_slurm) -> tuple[str, ...]:
     return tuple(lost)
 
 
-def follow(job_id: str, on_change: Callable[[JobState], None], poll_s: float = 2.0, run: Run = run_slurm) -> JobState:
+def follow(job_id: str, on_change: Callable[[JobState], None], poll_s: float = 2.0, run: Run = run_slurm,
+           on_tick: Callable[[], None] | None = None) -> JobState:  # fmt: skip
     """Wait for the job to end, telling each change of state; its last state. After a
-    requeue, or a job ended by a node failure, the state names the nodes Slurm lost."""
+    requeue, or a job ended by a node failure, the state names the nodes Slurm lost.
+    `on_tick` is called at every poll while the job has not ended (what it raises ends the
+    wait: the caller cancels the job)."""
     seen: tuple[str, int] | None = None
     held = ""  # the nodes the job last held: after a requeue Slurm no longer says which
     while True:
@@ -177,4 +180,6 @@ def follow(job_id: str, on_change: Callable[[JobState], None], poll_s: float = 2
         held = state.nodes or held
         if state.ended:
             return state
+        if on_tick is not None:
+            on_tick()
         time.sleep(poll_s)

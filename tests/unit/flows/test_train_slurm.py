@@ -21,6 +21,7 @@ from training.job import TrainJob
 from training.launch.launcher import TrainingFailed
 from training.launch.slurm import SlurmError
 from training.launch.slurm_node import node_role
+from training.loop.progress import HeldoutRecord, record_line
 
 SHOW = "JobId=77 JobState={state} Reason={reason} Restarts=0 ExitCode={exit} NodeList=n[0-1]\n"
 
@@ -95,6 +96,41 @@ def test_a_stop_while_waiting_cancels_the_job_with_recorded_answers(tmp_path: Pa
         train_on_slurm(_job(tmp_path), SlurmJobConfig(poll_s=0.01), "tiny", tmp_path / "slurm", lambda _: None,
                        stopped_while_running)  # fmt: skip
     assert calls[-1] == ["scancel", "79"]
+
+
+def test_the_jobs_progress_is_read_from_the_shared_folder_and_a_raising_reader_cancels_it_with_recorded_answers(
+        tmp_path: Path) -> None:  # fmt: skip
+    """A study's trial on Slurm: the records the job writes reach `on_progress` while it runs
+    (and the last ones once it has completed); a pruned trial's exception cancels the job."""
+    job = _job(tmp_path)
+    job.folder.metrics.parent.mkdir(parents=True, exist_ok=True)
+    running = (0, SHOW.format(state="RUNNING", reason="None", exit="0:0"), "")
+    run, calls = _slurm((0, "80\n", ""), running, running, (0, SHOW.format(state="COMPLETED", reason="None", exit="0:0"), ""))
+    seen: list[HeldoutRecord] = []
+
+    def writes_as_it_runs(argv):
+        done = run(argv)
+        if argv[:2] == ["scontrol", "show"]:  # the job writes one record between polls
+            with job.folder.metrics.open("a") as metrics:
+                metrics.write(record_line(HeldoutRecord(len(calls), 10, 0, 0.9, steps_per_epoch=10)))
+        return done
+
+    train_on_slurm(job, SlurmJobConfig(poll_s=0.01), "tiny", tmp_path / "slurm", lambda _: None, writes_as_it_runs,
+                   on_progress=seen.append)  # fmt: skip
+    assert [record.step for record in seen] == [2, 3, 4], "every record, the last one after COMPLETED"
+
+    class Pruned(Exception):
+        pass
+
+    def prune(record: HeldoutRecord) -> None:
+        raise Pruned
+
+    run, calls = _slurm((0, "81\n", ""), running, (0, "", ""))
+    job.folder.metrics.unlink()
+    with pytest.raises(Pruned):
+        train_on_slurm(job, SlurmJobConfig(poll_s=0.01), "tiny", tmp_path / "slurm", lambda _: None, writes_as_it_runs,
+                       on_progress=prune)  # fmt: skip
+    assert calls[-1] == ["scancel", "81"]
 
 
 def test_each_node_takes_its_place_from_the_allocation_and_a_wrong_node_count_is_one_line(tmp_path: Path) -> None:
