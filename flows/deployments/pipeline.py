@@ -40,7 +40,7 @@ from flows.run.resolve import ResolvedRun, resolve_run
 from flows.run.rows import training_rows
 from flows.run.sources import resolve_as_of
 from flows.stages.calibrate import calibrate_task
-from flows.stages.evaluate import DayScores, evaluate_model, export_task, promote_task
+from flows.stages.evaluate import DayScores, champion_ne, evaluate_model, export_task, promote_task
 from flows.stages.features import prepare_features
 from flows.stages.stopped_runs import cancel_when_stopped
 from flows.stages.train import train_model
@@ -122,8 +122,7 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
     waiting = waits_for_rows(config, night, features.state.train_rows)
     if waiting:  # the new days stay ingested; the next night trains them with its own
         logger.info("as of day %s: %s", config.data.shown(night.as_of), waiting)
-        covered = dataclasses.replace(night, skipped=waiting, earlier_version=night.warm_start.version)
-        return skipped_summary(covered, tracking_client(config.tracking_uri), config)
+        return _waiting_night(resolve_run(config, night).config, night, waiting)
     decision = choose_hyperparameters(resolve_run(config, night, features.state), features, source,
                                       lambda batch: resolve_run(with_batch(config, batch), night, features.state))  # fmt: skip
     run = resolve_run(config, night, features.state, decision)
@@ -149,6 +148,20 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
         _judge_staleness(config)
     logger.info("pipeline finished in %.0f s; MLflow run %s", time.perf_counter() - started, tracked.run_id)
     return summary
+
+
+def _waiting_night(config: PipelineConfig, night: Night, reason: str) -> SkippedNight:
+    """The summary of a night that waits for more rows: the model that keeps serving (the
+    champion) judged on the night's day, as every night judges what it serves."""
+    client = tracking_client(config.tracking_uri)
+    champion = current_champion(client, config.tracking.registered_model)
+    serving = str(champion.version) if champion else night.warm_start.version if night.warm_start else None
+    summary = skipped_summary(dataclasses.replace(night, skipped=reason, earlier_version=serving), client, config)
+    served_ne = champion_ne(config, champion) if champion else None
+    if served_ne is not None:
+        get_run_logger().info("as of day %s: champion version %s, which keeps serving, scores NE %.5f on it",
+                              config.data.shown(night.as_of), serving, served_ne)  # fmt: skip
+    return dataclasses.replace(summary, eval_ne=served_ne)
 
 
 def _judge_staleness(config: PipelineConfig) -> None:

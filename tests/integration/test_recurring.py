@@ -155,6 +155,8 @@ def test_a_night_with_too_few_new_rows_waits_and_the_next_trains_its_days_with_i
     waited = run_report(run_pipeline(TINY, overrides, "6"))
     assert isinstance(waited, SkippedNight) and waited.rows_trained == 0 and waited.model_version == champion
     assert waited.skip_reason.startswith(f"waiting for more rows: days [5] hold {ROWS_PER_DAY:,} new rows"), waited
+    # the champion that keeps serving is judged on day 6, as a night judges what it serves
+    assert waited.eval_ne is not None and 0.5 < waited.eval_ne < summaries[5]["baseline_constant_ne"]
     assert len(client.search_model_versions(f"name='{config.tracking.registered_model}'")) == versions
     night = run_pipeline(TINY, overrides, "7")
     assert night["skipped"] is False and night["days_trained"] == [5, 6] and night["eval_days"] == [7]
