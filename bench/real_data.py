@@ -15,6 +15,11 @@ redistribution; no test needs them):
   judges (8,684). Ids: user, movie, gender, occupation, ZIP prefix, genres (a list); counts:
   the user's age and the movie's release year.
 
+`--nights` replays MovieLens as a recurring lineage instead: a first model on weeks 7–18
+judged on week 19, then `dlrm run --as-of W` for weeks 20–27, each night continuing the newest
+model (`orchestration.continue_from = "latest"`); per night what it trained, its NE and
+calibration, and the NE on that week of the model served after it (`served_ne`).
+
 Each dataset becomes a hive-partitioned Parquet warehouse and a config that sets only
 `[data]` (and the run folder): what a new user writes. `dlrm run` trains it once per seed
 (`training.seed`), `--set` overrides applying to every run. It prints a table; last, one JSON
@@ -171,22 +176,29 @@ def nights(args: argparse.Namespace) -> None:
                      for week in range(NIGHTS_FROM, MOVIELENS_EVAL_WEEK + 1)]  # fmt: skip
             trained = [n["eval_ne"] for n in chain if n["trained"]]
             refused = sum(n["trained"] and not n["promoted"] for n in chain)
+            served = [n["served_ne"] for n in chain[1:] if n["served_ne"] is not None]  # after the first model
             results[seed] = {"nights": chain, "trained_nights": len(trained), "mean_ne_trained": statistics.fmean(trained),
+                             "mean_served_ne": statistics.fmean(served) if served else None, "served_weeks": len(served),
                              "last_ne": chain[-1]["eval_ne"], "refused": refused}  # fmt: skip
             for n in chain:
+                served = f"; served NE {n['served_ne']:.4f}" if n["served_ne"] is not None else ""
                 print(f"seed {seed} week {n['as_of']}: " + (f"NE {n['eval_ne']:.4f} calibration {n['calibration']:.3f} "
                       f"{n['rows_trained']:,} rows {n['steps']} steps {'promoted' if n['promoted'] else 'refused'}"
-                      if n["trained"] else n["skip_reason"][:90]), flush=True)  # fmt: skip
+                      if n["trained"] else n["skip_reason"][:60]) + served, flush=True)  # fmt: skip
     print(json.dumps({"nights": results, "overrides": args.overrides, "seconds": round(time.perf_counter() - started, 1)}))
 
 
 def night_row(summary: dict) -> dict:
+    """One night: what it trained, and `served_ne`, the NE on its day of the model served after
+    it (the new model if promoted, else the champion; a waiting night's is the champion's)."""
     if summary.get("skipped"):
         return {"as_of": summary["as_of"], "trained": False, "skip_reason": summary["skip_reason"],
-                "eval_ne": summary.get("eval_ne"), "promoted": False}  # fmt: skip
+                "eval_ne": summary.get("eval_ne"), "served_ne": summary.get("eval_ne"), "promoted": False}  # fmt: skip
+    served = summary["eval_ne"] if summary["promoted"] else summary.get("champion_ne_same_days")
     return {"as_of": summary["as_of"], "trained": True, "days": summary["days_trained"], "eval_ne": summary["eval_ne"],
-            "calibration": summary["eval_calibration"], "rows_trained": summary["rows_trained"], "steps": summary["steps"],
-            "promoted": summary["promoted"], "logistic_regression_ne": summary["logistic_regression_ne"]}  # fmt: skip
+            "served_ne": served, "calibration": summary["eval_calibration"], "rows_trained": summary["rows_trained"],
+            "steps": summary["steps"], "promoted": summary["promoted"],
+            "logistic_regression_ne": summary["logistic_regression_ne"]}  # fmt: skip
 
 
 def summarise(runs: list[dict], seeds: list[int]) -> dict:
