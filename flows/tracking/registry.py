@@ -68,18 +68,19 @@ def promote_if_better(
     """Compare with the champion on the same days and move the alias, all under `lock`.
 
     A candidate that fails the quality gate (`evidence`: its references on the same rows)
-    is refused before any comparison; it stays registered, without the alias.
+    is refused whatever the champion scores; it stays registered, without the alias, and
+    the decision still records the champion's NE on the same days (what kept serving them).
     `champion_ne_on_days` scores the champion on `days`; None means it cannot be scored
     there, and then the candidate is not promoted (no comparison, no promotion).
     """
     refused = evidence is not None and quality_failure(candidate_ne, evidence, gate) is not None
     with lock:
         champion = current_champion(client, model_name)
-        if refused or champion is None or str(champion.version) == str(candidate_version):
+        if champion is None or str(champion.version) == str(candidate_version):
             decision = decide_promotion(candidate_ne, None, margin, days, evidence=evidence, gate=gate)
         else:
             champion_ne = champion_ne_on_days(champion)
-            if champion_ne is None:
+            if champion_ne is None and not refused:
                 decision = PromotionDecision(
                     False, f"champion version {champion.version} cannot be scored on days {list(days)}",
                     candidate_ne, None, margin, days, str(champion.version),

@@ -119,3 +119,21 @@ def test_a_tracking_server_without_a_shared_lock_is_a_config_error() -> None:
 
 def test_alias_name() -> None:
     assert CHAMPION_ALIAS == "champion"
+
+
+def test_a_refused_candidate_records_the_champions_ne_on_the_same_days(registry) -> None:
+    """The quality gate refuses whatever the champion scores, and the decision still says
+    what the champion, which keeps serving, scored on those days."""
+    from evaluation.promotion import QualityEvidence
+
+    uri, client, (v1, v2, _, _) = registry
+    _promote(client, uri, v1, 0.8, {})
+    behind_the_regression = QualityEvidence(constant_ne=1.0, reference_ne=0.7, calibration=1.0)
+    decision = promote_if_better(client, "ctr", v2, 0.75, (2,), 0.0, lambda champion: 0.8,
+                                 promotion_lock(uri, "", "ctr"), evidence=behind_the_regression)  # fmt: skip
+    assert not decision.promote and "logistic regression" in decision.reason and decision.champion_ne == 0.8
+    assert client.get_model_version("ctr", v2).tags["promotion.decision"] == "refused"
+    assert str(current_champion(client, "ctr").version) == v1
+    unscorable = promote_if_better(client, "ctr", v2, 0.75, (2,), 0.0, lambda champion: None,
+                                   promotion_lock(uri, "", "ctr"), evidence=behind_the_regression)  # fmt: skip
+    assert not unscorable.promote and "logistic regression" in unscorable.reason and unscorable.champion_ne is None
