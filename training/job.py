@@ -163,6 +163,7 @@ class TrainSummary:
     backend: str  # "gloo" or "nccl"
     pipeline: str  # how steps ran: "plain" or "sparse_dist" (TorchRec's TrainPipelineSparseDist)
     checkpoint: str  # the final checkpoint's folder
+    checkpoint_bytes: int = field(default=0, kw_only=True)  # what it holds on disk (every rank's files)
     eval_rows_rank0: int  # evaluation rows rank 0 scored into predictions/
     # managed ids (training/loop/admission.py): this launch's admission rounds, the rows they
     # restarted for new ids, and the ids with a row of their own at the end (0: not managed)

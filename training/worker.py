@@ -24,6 +24,7 @@ from training.loop.admission import AdmissionLedger
 from training.loop.checkpoint import (
     RowLedger,
     TrainPosition,
+    checkpoint_bytes,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -122,7 +123,8 @@ def run(job: TrainJob, device: torch.device) -> None:
             cpu=built.cpu, rows_trained=rows_trained, rows_fingerprint=fingerprint,
             resumed_from_step=start.step if start else 0, world_size=world, global_batch_size=config.batch_size,
             device=device.type, backend=backend_for(device), pipeline=pipeline_kind(config, device, job.managed_ids is not None),
-            checkpoint=str(checkpoint), eval_rows_rank0=rows, **_managed_figures(built.model, stats.admissions, job.table_sizes),
+            checkpoint=str(checkpoint), checkpoint_bytes=checkpoint_bytes(checkpoint), eval_rows_rank0=rows,
+            **_managed_figures(built.model, stats.admissions, job.table_sizes),
             refit=bool(refit), **chosen,
         ))  # fmt: skip
         print(f"[train] done: {stats.steps} steps, {rows_trained:,} rows trained, "

@@ -205,7 +205,8 @@ def run_summary(run: ResolvedRun, features: Features, report: EvalReport, traine
         days_already_ingested=[data.shown(r.day) for r in features.ingest if r.skipped],
         metrics=report.flat_metrics(),
         train_samples_per_s=job.samples_per_s, samples_per_s=job.samples_per_s,
-        rows_trained=job.rows_trained, resumed_from_step=job.resumed_from_step, steps=job.steps,
+        rows_trained=job.rows_trained, checkpoint_bytes=job.checkpoint_bytes, resumed_from_step=job.resumed_from_step,
+        steps=job.steps,
         world_size=job.world_size, global_batch_size=job.global_batch_size,
         mlflow_run_id=tracked.run_id,
         mlflow_run_url=run_url(ui_address(run.config.tracking_uri), tracked.experiment_id, tracked.run_id)
@@ -240,6 +241,7 @@ def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: Day
             "train_samples_per_s_overall": summary.samples_per_s,
             "train_steps": float(summary.steps),
             "train_seconds": summary.seconds,
+            "checkpoint_bytes": float(summary.checkpoint_bytes),
             **({"managed_ids_rounds": float(summary.managed_rounds),
                 "managed_ids_restarted_rows": float(summary.managed_restarted_rows),
                 "managed_ids_resident": float(summary.managed_resident_ids),

@@ -66,6 +66,7 @@ class RunSummary(Checked):
     train_samples_per_s: float = 0.0  # the pipeline's name for samples_per_s, kept for scripts
     samples_per_s: float = 0.0  # the name `dlrm train --json` reports it by
     rows_trained: int = 0
+    checkpoint_bytes: int = 0  # the served model's final checkpoint on disk (every rank's files)
     resumed_from_step: int = 0
     steps: int = 0
     world_size: int = 0

@@ -88,6 +88,12 @@ def test_the_summary_reports_the_training_job_as_dlrm_train_does(pipeline_run) -
     assert trained + held_out == 12_000 and 0.07 < held_out / 12_000 < 0.13, "10 % held out for the calibrator"
     assert summary["steps"] == -(-trained // 256), "every other row once, in batches of 256"
     assert summary["samples_per_s"] == summary["train_samples_per_s"] > 0
+    # what the served model's checkpoint holds on disk: at least every table's rows, as floats
+    checkpoint = JobFolder(config.path("train")).read_summary().checkpoint
+    on_disk = sum(os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(checkpoint) for name in names)
+    buckets = json.loads(next(config.path("features").glob("*/state.json")).read_text())["buckets"]
+    table_rows = sum(count + 1 for count in buckets.values())  # hash mode: row 0 is the missing value
+    assert summary["checkpoint_bytes"] == on_disk > table_rows * config.model.embedding_dim * 4
 
 
 def test_mlflow_run_has_metrics_params_plan_and_plots(pipeline_run) -> None:
@@ -100,6 +106,7 @@ def test_mlflow_run_has_metrics_params_plan_and_plots(pipeline_run) -> None:
                 "eval_ne_slice_rank_1"):  # fmt: skip
         assert key in metrics, key
     assert metrics["eval_ne"] == pytest.approx(summary["eval_ne"]) == pytest.approx(metrics["eval_ne_day_2"])
+    assert metrics["checkpoint_bytes"] == summary["checkpoint_bytes"] > 0
     # the served model is judged calibrated; what the raw model read stays beside it
     assert 0.9 < metrics["eval_calibration"] < 1.1 and "eval_calibration_uncalibrated" in metrics
     calibrator = json.loads(Path(client.download_artifacts(run.info.run_id, "evaluation/calibrator.json")).read_text())

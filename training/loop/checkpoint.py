@@ -101,6 +101,11 @@ def load_checkpoint(model: nn.Module, optimizer: Optimizer | None, checkpoint: P
     return TrainPosition(**meta["position"]), ledger
 
 
+def checkpoint_bytes(checkpoint: Path) -> int:
+    """What a checkpoint holds on disk: every rank's shards, its RNG and ledger files and meta."""
+    return sum(path.stat().st_size for path in checkpoint.rglob("*") if path.is_file())
+
+
 def latest_checkpoint(root: Path) -> Path | None:
     complete = _complete(root)
     return max(complete, key=_step_of) if complete else None
