@@ -1,18 +1,19 @@
 """What a night's full checkpoint writes, and what a checkpoint of only the rows it touched would.
 
     .venv/bin/python bench/checkpoint_delta.py [--nights 4] [--rows-per-day 100000]
-        [--table-rows 1000000] [--keep SCRATCH]
+        [--table-rows 1000000] [--cardinality-scale 1.0] [--keep SCRATCH]
 
-A recurring lineage on generated days (the demo's config, 26 tables of `--table-rows` rows
-each): a first model on days 0–1, then one `dlrm run --as-of N` a night, each continuing the
-champion on one new day. For each night it reads the bytes of the served model's final
-checkpoint on disk (`checkpoint_bytes` of the summary: every table, its row-wise optimizer
-state, the MLPs and Adam's moments) and counts, with DuckDB over the night's feature files,
-the distinct rows of each table that the night's rows look up. From those it projects the
-bytes of a differential checkpoint (the dense part and its optimizer state as they are, plus
-each touched row's floats, its optimizer state and its index): the Check-N-Run ratio, full ÷
-delta. The projection is an upper bound on the delta's size (the night's held-out rows are
-counted as touched) and a projection, not a measurement: a delta mode is not built yet.
+A recurring lineage on generated days (the demo's config; 26 tables, each of twice the ids
+the first days hold, at most `--table-rows`): a first model on days 0–1, then one
+`dlrm run --as-of N` a night, each continuing the champion on one new day. For each night it
+reads the bytes of the served model's final checkpoint on disk (`checkpoint_bytes` of the
+summary: every table, its row-wise optimizer state, the MLPs and Adam's moments) and counts,
+with DuckDB over the night's feature files, the distinct rows of each table that the night's
+rows look up. From those it projects the bytes of a differential checkpoint (the dense part
+and its optimizer state as they are, plus each touched row's floats, its optimizer state and
+its index): the Check-N-Run ratio, full ÷ delta. The projection is an upper bound on the
+delta's size (the night's held-out rows are counted as touched) and a projection, not a
+measurement: a delta mode is not built yet.
 
 Prints a table; last, one JSON line: per night the bytes written, the touched share, the
 projected delta bytes and the ratio, and their means.
@@ -54,7 +55,8 @@ def touched_rows(features: Path, days: list[int]) -> int:
     """Distinct rows of every table that the days' feature rows look up (row ids per table)."""
     files = [str(path) for day in days for path in sorted(features.glob(f"*/day={day}/*.parquet"))]
     counts = ", ".join(f"count(DISTINCT {column})" for column in CATEGORICAL)
-    return int(sum(duckdb.sql(f"SELECT {counts} FROM read_parquet({files!r})").fetchone()))
+    found = duckdb.connect().execute(f"SELECT {counts} FROM read_parquet({files!r})").fetchone()
+    return int(sum(found or ()))
 
 
 def table_rows(features: Path) -> int:
@@ -67,16 +69,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nights", type=int, default=4, help="nights after the first model")
     parser.add_argument("--rows-per-day", type=int, default=100_000)
-    parser.add_argument("--table-rows", type=int, default=1_000_000, help="preprocess.hash_size: rows of each table")
+    parser.add_argument("--table-rows", type=int, default=1_000_000,
+                        help="preprocess.hash_size: the most rows a table has (hash mode sizes each at twice its ids)")
+    parser.add_argument("--cardinality-scale", type=float, default=1.0,
+                        help="data.synthetic.cardinality_scale: 1.0 gives the generated features Criteo's id counts")
     parser.add_argument("--keep", type=Path, help="keep the run folder here (default: a temporary folder)")
     args = parser.parse_args()
     started, nights = time.perf_counter(), []
     with tempfile.TemporaryDirectory(prefix="checkpoint-delta-") as temporary:
         root = Path(args.keep or temporary)
         root.mkdir(parents=True, exist_ok=True)
-        # the demo's generator with ids spread over every table's rows (cardinality_scale 0.05
-        # gives the widest Criteo features millions of ids); one checkpoint kept beside the lineage's
+        # the demo's generator, at Criteo's id counts by default (hash mode gives each table twice
+        # the ids the first days hold, at most --table-rows); one checkpoint kept beside the lineage's
         overrides = [f'run_dir="{root / "run"}"', f"data.synthetic.rows_per_day={args.rows_per_day}",
+                     f"data.synthetic.cardinality_scale={args.cardinality_scale}",
                      f"preprocess.hash_size={args.table_rows}", "training.keep_checkpoints=1",
                      'tuning.policy="off"']  # fmt: skip
         features = root / "run" / "features"
