@@ -279,6 +279,7 @@ def test_a_retunes_trials_and_its_comparison_train_as_slurm_jobs_over_both_nodes
                 "orchestration.trainer_hosts=2", "orchestration.slurm.poll_s=1"]  # fmt: skip
     env = {key: value for key, value in slurm.env.items() if not key.startswith("PREFECT_API")}
     env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    started = time.time()
     done = subprocess.run(slurm.command(sys.executable, "-m", "flows.cli", "retune", "--config", TINY, *sets(on_slurm),
                                         "--trials", "2", "--json"),
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
@@ -290,7 +291,9 @@ def test_a_retunes_trials_and_its_comparison_train_as_slurm_jobs_over_both_nodes
     assert [path.name.split("-seed")[0] for path in scripts] == ["dlrm-tiny-trial-0000", "dlrm-tiny-trial-0001"]
     assert all("--nodes=2" in path.read_text() for path in scripts)
     assert sorted(config.path("slurm").glob("dlrm-tiny-decision-*.sbatch")), "the comparison runs on Slurm too"
-    assert all("node 1 of 2: rendezvous at" in log.read_text() for log in config.path("slurm").glob("*-node1.out"))
+    # node 1's log of each of the four jobs (the earlier tests' jobs left theirs in the same folder)
+    logs = [log for log in config.path("slurm").glob("*-node1.out") if log.stat().st_mtime >= started]
+    assert len(logs) == 4 and all("node 1 of 2: rendezvous at" in log.read_text() for log in logs)
     client = MlflowClient(config.tracking_uri)
     trials = client.search_runs([client.get_experiment_by_name(config.tracking.experiment).experiment_id],
                                 "tags.`tuning.trial` != ''")  # fmt: skip
