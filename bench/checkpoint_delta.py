@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from flows.run.config import load_config
+from ingestion.preprocess import PreprocessState
 
 FLOAT_BYTES, INDEX_BYTES = 4, 8
 CATEGORICAL = [f"C{i}" for i in range(1, 27)]
@@ -60,9 +61,8 @@ def touched_rows(features: Path, days: list[int]) -> int:
 
 
 def table_rows(features: Path) -> int:
-    """Rows of every table together (hash mode: the buckets and the missing value's row)."""
-    state = json.loads(next(features.glob("*/state.json")).read_text())
-    return sum(buckets + 1 for buckets in state["buckets"].values())
+    """Rows of every table together, as the fitted preprocessing state sizes them."""
+    return sum(PreprocessState.load(next(features.glob("*/state.json"))).table_sizes.values())
 
 
 def main() -> None:

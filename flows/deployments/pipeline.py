@@ -118,11 +118,12 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
     if night.skipped:
         logger.info("as of day %s: %s", config.data.shown(night.as_of), night.skipped)
         return skipped_summary(night, tracking_client(config.tracking_uri), config)
-    features = prepare_features(resolve_run(config, night).config, night.warm_start.state if night.warm_start else None)
-    waiting = waits_for_rows(config, night, features.state.train_rows)
+    nightly = resolve_run(config, night).config  # the night's days, before the data is known
+    features = prepare_features(nightly, night.warm_start.state if night.warm_start else None)
+    waiting = waits_for_rows(nightly, night, features.state.train_rows)
     if waiting:  # the new days stay ingested; the next night trains them with its own
         logger.info("as of day %s: %s", config.data.shown(night.as_of), waiting)
-        return _waiting_night(resolve_run(config, night).config, night, waiting)
+        return _waiting_night(nightly, night, waiting)
     decision = choose_hyperparameters(resolve_run(config, night, features.state), features, source,
                                       lambda batch: resolve_run(with_batch(config, batch), night, features.state))  # fmt: skip
     run = resolve_run(config, night, features.state, decision)

@@ -1,4 +1,5 @@
-"""The pipeline's training stage as a Slurm batch job (`orchestration.launcher = "slurm"`).
+"""The pipeline's training stage as a Slurm batch job (`orchestration.launcher = "slurm"`), and
+a study's validation runs the same way (`train_where_configured`).
 
 The flow runs on a head (login) node; the stage writes the job into the shared run folder,
 submits a batch script of `orchestration.trainer_hosts` nodes to `<run_dir>/slurm/` (one
@@ -28,11 +29,13 @@ from training.loop.progress import MetricsFollower, MetricsRecord
 PROJECT = Path(__file__).resolve().parents[2]
 
 
-def batch_request(job_file: Path, hosts: int, name: str, slurm: SlurmJobConfig) -> BatchRequest:
-    """The batch job that runs `job_file` on `hosts` nodes, as `slurm` asks."""
+def batch_request(job_file: Path, hosts: int, name: str, slurm: SlurmJobConfig,
+                  what: str = "the pipeline's training stage") -> BatchRequest:  # fmt: skip
+    """The batch job that runs `job_file` on `hosts` nodes, as `slurm` asks; `what` says in the
+    script what submitted it."""
     command = (sys.executable, "-m", "training.launch.slurm_node", str(job_file))
     return BatchRequest(f"dlrm-{name}", command, str(PROJECT), hosts, slurm.partition, slurm.time_limit,
-                        slurm.gpus_per_node, tuple(slurm.sbatch_args), "the pipeline's training stage")  # fmt: skip
+                        slurm.gpus_per_node, tuple(slurm.sbatch_args), what)  # fmt: skip
 
 
 def train_where_configured(config: PipelineConfig, job: TrainJob, name: str, say: Callable[[str], None],
@@ -42,13 +45,15 @@ def train_where_configured(config: PipelineConfig, job: TrainJob, name: str, say
     What `on_progress` raises stops the job (a pruned trial: the Slurm job is cancelled).
     The Slurm job id, or "" on this host."""
     if config.orchestration.launcher == "slurm":
-        return train_on_slurm(job, config.orchestration.slurm, name, config.path("slurm"), say, on_progress=on_progress)
+        return train_on_slurm(job, config.orchestration.slurm, name, config.path("slurm"), say, on_progress=on_progress,
+                              what="a study's validation run (dlrm retune)")  # fmt: skip
     launch(job, on_line=say, on_progress=on_progress)
     return ""
 
 
 def train_on_slurm(job: TrainJob, slurm: SlurmJobConfig, name: str, scripts: Path, say: Callable[[str], None],
-                   run: Run = run_slurm, on_progress: Callable[[MetricsRecord], None] | None = None) -> str:  # fmt: skip
+                   run: Run = run_slurm, on_progress: Callable[[MetricsRecord], None] | None = None,
+                   what: str = "the pipeline's training stage") -> str:  # fmt: skip
     """Run `job` as a Slurm batch job and wait for it; its job id once it completed. `run`
     runs Slurm's commands (sbatch, scontrol, scancel); `on_progress` gets each record of the
     job's metrics file (in the shared run folder) as it is written, while the job runs and
@@ -56,7 +61,7 @@ def train_on_slurm(job: TrainJob, slurm: SlurmJobConfig, name: str, scripts: Pat
     job.out.mkdir(parents=True, exist_ok=True)
     job_file = job.folder.hosts_job_file  # in the shared run folder: every node reads this one job
     job.save(job_file)
-    script = write_script(batch_request(job_file, job.hosts, name, slurm), scripts)
+    script = write_script(batch_request(job_file, job.hosts, name, slurm, what), scripts)
     try:
         job_id = submit(script, run)
     except SlurmJobError as refused:

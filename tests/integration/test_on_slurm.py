@@ -289,7 +289,7 @@ def test_a_retunes_trials_and_its_comparison_train_as_slurm_jobs_over_both_nodes
     config = load_config(TINY, on_slurm)
     scripts = sorted(config.path("slurm").glob("dlrm-tiny-trial-*.sbatch"))
     assert [path.name.split("-seed")[0] for path in scripts] == ["dlrm-tiny-trial-0000", "dlrm-tiny-trial-0001"]
-    assert all("--nodes=2" in path.read_text() for path in scripts)
+    assert all("--nodes=2" in path.read_text() and "a study's validation run" in path.read_text() for path in scripts)
     assert sorted(config.path("slurm").glob("dlrm-tiny-decision-*.sbatch")), "the comparison runs on Slurm too"
     # node 1's log of each of the four jobs (the earlier tests' jobs left theirs in the same folder)
     logs = [log for log in config.path("slurm").glob("*-node1.out") if log.stat().st_mtime >= started]
