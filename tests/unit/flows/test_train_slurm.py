@@ -120,7 +120,7 @@ def test_the_jobs_progress_is_read_from_the_shared_folder_and_a_raising_reader_c
     assert [record.step for record in seen] == [2, 3, 4], "every record, the last one after COMPLETED"
 
     class Pruned(Exception):
-        pass
+        """What the study's reader raises for a pruned trial."""
 
     def prune(record: HeldoutRecord) -> None:
         raise Pruned
