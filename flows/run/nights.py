@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from flows.run.config import PipelineConfig
+from flows.run.rows import holds_out_rows
 from ingestion.days import parse_day
 from ingestion.preprocess import PreprocessState
 from training.config import ModelConfig
@@ -138,7 +139,7 @@ def night_min_rows(config: PipelineConfig) -> int:
     configured = config.orchestration.min_night_rows
     if configured != "auto":
         return int(configured)
-    held_out = config.evaluation.calibration_percent / 100 if config.evaluation.calibration != "none" else 0.0
+    held_out = config.evaluation.calibration_percent / 100 if holds_out_rows(config) else 0.0
     smallest_batch = SMALLEST_PER_PROCESS * config.workers.world_size
     return math.ceil(config.training.min_steps * smallest_batch / (1.0 - held_out))
 

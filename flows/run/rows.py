@@ -72,6 +72,12 @@ def holdout_of(config: PipelineConfig, state_id: str, day_files: dict[int, Seque
     return joined(list(split_days(config, state_id, day_files, percent, fold).values()))
 
 
+def holds_out_rows(config: PipelineConfig) -> bool:
+    """Whether a run puts `evaluation.calibration_percent` % of its training rows aside: when
+    it calibrates or chooses its length (`training_rows`)."""
+    return config.evaluation.calibration != "none" or config.training.chooses_epochs
+
+
 def training_rows(config: PipelineConfig, features: Features, lineage_days: Sequence[int] = (),
                   continues: bool = False) -> TrainingRows:  # fmt: skip
     """The run's training days, less the held-out rows when it calibrates or chooses its length
@@ -84,7 +90,7 @@ def training_rows(config: PipelineConfig, features: Features, lineage_days: Sequ
     their held-out rows, as long as its runs held out the same share: each trains on the fit
     side only)."""
     data, evaluation = config.data, config.evaluation
-    if (evaluation.calibration == "none" and not config.training.chooses_epochs) or not data.train_days:
+    if not holds_out_rows(config) or not data.train_days:
         return TrainingRows(features.train_files(data.train_days))
     fresh_and_choosing = config.training.chooses_epochs and not continues
     newest_day = config.training.validation_rows == "newest_day"
