@@ -186,6 +186,8 @@ def _remove_namespaces() -> None:
     for namespace in NAMESPACES.values():
         subprocess.run(["ip", "netns", "del", namespace], capture_output=True, check=False)
         shutil.rmtree(Path("/etc/netns", namespace), ignore_errors=True)
+    # a pair left in this namespace by a run stopped between making it and moving its ends
+    subprocess.run(["ip", "link", "del", VETH[0]], capture_output=True, check=False)
 
 
 def _start_munge() -> None:
