@@ -1,22 +1,26 @@
-"""What a night's full checkpoint writes, and what a checkpoint of only the rows it touched would.
+"""What a night's checkpoint writes in full mode and in delta mode, measured.
 
     .venv/bin/python bench/checkpoint_delta.py [--nights 4] [--rows-per-day 100000]
         [--table-rows 1000000] [--cardinality-scale 1.0] [--keep SCRATCH]
 
 A recurring lineage on generated days (the demo's config; 26 tables, each of twice the ids
 the first days hold, at most `--table-rows`): a first model on days 0–1, then one
-`dlrm run --as-of N` a night, each continuing the champion on one new day. For each night it
-reads the bytes of the served model's final checkpoint on disk (`checkpoint_bytes` of the
-summary: every table, its row-wise optimizer state, the MLPs and Adam's moments) and counts,
-with DuckDB over the night's feature files, the distinct rows of each table that the night's
-rows look up. From those it projects the bytes of a differential checkpoint (the dense part
-and its optimizer state as they are, plus each touched row's floats, its optimizer state and
-its index): the Check-N-Run ratio, full ÷ delta. The projection is an upper bound on the
-delta's size (the night's held-out rows are counted as touched) and a projection, not a
-measurement: a delta mode is not built yet.
+`dlrm run --as-of N` a night, each continuing the newest version on one new day
+(`orchestration.continue_from = "latest"`, so that the lineage does not hang on the gate). The same lineage
+runs twice on the same days, with `training.checkpoint_mode = "full"` and `"delta"` (a night's
+checkpoint is then a delta on the checkpoint of the version it continues). For each night: the bytes of the night's
+final checkpoint on disk (`checkpoint_bytes` of the summary: every rank's files and the
+metadata), the rows the delta wrote, and, counted with DuckDB over the night's feature
+files, the distinct rows of each table that the night's rows look up (an upper bound on the
+rows it trained: the night's held-out rows are counted too). `touched_bytes_per_night` is
+those rows with their row-wise optimizer state, plus the dense part (the full checkpoint's
+bytes less every table and its optimizer state). Last, the delta lineage's newest kept
+checkpoint is loaded through its chain and compared with the full lineage's, bit for bit
+(both lineages train the same parameters: training is deterministic).
 
-Prints a table; last, one JSON line: per night the bytes written, the touched share, the
-projected delta bytes and the ratio, and their means.
+Prints a line a night; last, one JSON line: per night the figures, and their means
+(`full_bytes_per_night`, `delta_bytes_per_night`, `touched_bytes_per_night`, `ratio`),
+`restore_bit_exact`, and `served_delta_max_abs_diff` (null: `dlrm export-delta` is not built).
 """
 
 from __future__ import annotations
@@ -35,10 +39,13 @@ import duckdb
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import torch
+
 from flows.run.config import load_config
 from ingestion.preprocess import PreprocessState
+from training.loop.delta_checkpoint import flat_leaves, read_meta, whole_state
 
-FLOAT_BYTES, INDEX_BYTES = 4, 8
+FLOAT_BYTES = 4
 CATEGORICAL = [f"C{i}" for i in range(1, 27)]
 
 
@@ -50,6 +57,39 @@ def dlrm_run(overrides: list[str], home: Path, as_of: int) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"dlrm run --as-of {as_of} failed ({done.returncode}): {done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def newest_kept(run_dir: Path) -> Path:
+    """The lineage's newest kept checkpoint (the last night's)."""
+    return max((path for path in (run_dir / "lineage").iterdir() if (path / "meta.json").is_file()),
+               key=lambda path: (path / "meta.json").stat().st_mtime)  # fmt: skip
+
+
+def delta_rows(checkpoint: Path) -> int:
+    """The table rows a delta checkpoint wrote (each rank's; 0 for a full one)."""
+    if read_meta(checkpoint)["kind"] != "delta":
+        return 0
+    return sum(len(piece["rows"]) for rows_file in checkpoint.glob("rows-rank-*.pt")
+               for path, pieces in torch.load(rows_file, weights_only=True).items() if path.startswith("model/")
+               for piece in pieces)  # fmt: skip
+
+
+def same_bits(a: dict, b: dict) -> bool:
+    """Every leaf of two nested states equal, floats compared by their bits."""
+    left, right = flat_leaves(a), flat_leaves(b)
+    if left.keys() != right.keys():
+        return False
+    for path, value in left.items():
+        other = right[path]
+        if isinstance(value, torch.Tensor):
+            if not isinstance(other, torch.Tensor) or value.dtype != other.dtype or value.shape != other.shape:
+                return False
+            if not torch.equal(value.contiguous().reshape(-1).view(torch.uint8),
+                               other.contiguous().reshape(-1).view(torch.uint8)):  # fmt: skip
+                return False
+        elif value != other:
+            return False
+    return True
 
 
 def touched_rows(features: Path, days: list[int]) -> int:
@@ -73,7 +113,7 @@ def main() -> None:
                         help="preprocess.hash_size: the most rows a table has (hash mode sizes each at twice its ids)")
     parser.add_argument("--cardinality-scale", type=float, default=1.0,
                         help="data.synthetic.cardinality_scale: 1.0 gives the generated features Criteo's id counts")
-    parser.add_argument("--keep", type=Path, help="keep the run folder here (default: a temporary folder)")
+    parser.add_argument("--keep", type=Path, help="keep the run folders here (default: a temporary folder)")
     args = parser.parse_args()
     started, nights = time.perf_counter(), []
     with tempfile.TemporaryDirectory(prefix="checkpoint-delta-") as temporary:
@@ -81,29 +121,46 @@ def main() -> None:
         root.mkdir(parents=True, exist_ok=True)
         # the demo's generator, at Criteo's id counts by default (hash mode gives each table twice
         # the ids the first days hold, at most --table-rows); one checkpoint kept beside the lineage's
-        overrides = [f'run_dir="{root / "run"}"', f"data.synthetic.rows_per_day={args.rows_per_day}",
-                     f"data.synthetic.cardinality_scale={args.cardinality_scale}",
-                     f"preprocess.hash_size={args.table_rows}", "training.keep_checkpoints=1",
-                     'tuning.policy="off"']  # fmt: skip
-        features = root / "run" / "features"
-        dim = load_config(ROOT / "configs" / "demo.toml", overrides).model.embedding_dim
-        first = dlrm_run(overrides, root / "home", 2)
-        print(f"first model (days 0–1): {first['checkpoint_bytes']:,} bytes", flush=True)
+        common = [f"data.synthetic.rows_per_day={args.rows_per_day}",
+                  f"data.synthetic.cardinality_scale={args.cardinality_scale}",
+                  f"preprocess.hash_size={args.table_rows}", "training.keep_checkpoints=1", 'tuning.policy="off"',
+                  # each night continues the newest version, promoted or not: a lineage whatever the gate says
+                  'orchestration.continue_from="latest"']  # fmt: skip
+        modes = {mode: [f'run_dir="{root / mode}"', f'training.checkpoint_mode="{mode}"', *common]
+                 for mode in ("full", "delta")}  # fmt: skip
+        dim = load_config(ROOT / "configs" / "demo.toml", modes["full"]).model.embedding_dim
+        for mode, overrides in modes.items():
+            first = dlrm_run(overrides, root / f"home-{mode}", 2)
+            print(f"{mode}: first model (days 0–1): {first['checkpoint_bytes']:,} bytes", flush=True)
         for as_of in range(3, 3 + args.nights):
-            summary = dlrm_run(overrides, root / "home", as_of)
-            full, rows = summary["checkpoint_bytes"], table_rows(features)
-            embedding = rows * (dim + 1) * FLOAT_BYTES  # each row's floats and its row-wise Adagrad state
-            touched = touched_rows(features, summary["days_trained"])
-            delta = (full - embedding) + touched * ((dim + 1) * FLOAT_BYTES + INDEX_BYTES)
-            nights.append({"as_of": as_of, "days_trained": summary["days_trained"], "rows_trained": summary["rows_trained"],
-                           "full_bytes": full, "table_rows": rows, "touched_rows": touched, "touched_share": touched / rows,
-                           "projected_delta_bytes": delta, "ratio": full / delta, "eval_ne": summary["eval_ne"]})  # fmt: skip
+            summaries = {mode: dlrm_run(overrides, root / f"home-{mode}", as_of) for mode, overrides in modes.items()}
+            full, delta = summaries["full"]["checkpoint_bytes"], summaries["delta"]["checkpoint_bytes"]
+            features, rows = root / "full" / "features", table_rows(root / "full" / "features")
+            dense = full - rows * (dim + 1) * FLOAT_BYTES  # the MLPs, Adam's moments, the metadata
+            touched = touched_rows(features, summaries["full"]["days_trained"])
+            kept = newest_kept(root / "delta")
+            nights.append({"as_of": as_of, "days_trained": summaries["full"]["days_trained"],
+                           "rows_trained": summaries["full"]["rows_trained"], "full_bytes": full, "delta_bytes": delta,
+                           "delta_kind": read_meta(kept)["kind"], "delta_rows": delta_rows(kept), "table_rows": rows,
+                           "touched_rows": touched, "touched_share": touched / rows,
+                           "touched_bytes": dense + touched * (dim + 1) * FLOAT_BYTES, "ratio": full / delta,
+                           "eval_ne": {mode: summary["eval_ne"] for mode, summary in summaries.items()}})  # fmt: skip
             night = nights[-1]
-            print(f"night {as_of}: {night['rows_trained']:,} rows trained; full checkpoint {full / 2**20:,.0f} MiB; "
-                  f"touched {touched:,} of {rows:,} table rows ({100 * night['touched_share']:.2f} %); a delta would "
-                  f"write {delta / 2**20:,.1f} MiB: {night['ratio']:.1f}× less", flush=True)  # fmt: skip
-    print(json.dumps({"nights": nights, "mean_touched_share": statistics.fmean(n["touched_share"] for n in nights),
-                      "mean_ratio": statistics.fmean(n["ratio"] for n in nights), "projected": True,
+            print(f"night {as_of}: {night['rows_trained']:,} rows trained; full checkpoint {full / 2**20:,.1f} MiB, "
+                  f"{night['delta_kind']} {delta / 2**20:,.1f} MiB ({night['ratio']:.2f}× less; {night['delta_rows']:,} "
+                  f"rows written); {touched:,} of {rows:,} table rows touched ({100 * night['touched_share']:.2f} %), "
+                  f"{night['touched_bytes'] / 2**20:,.1f} MiB with the dense part", flush=True)  # fmt: skip
+        load_started = time.perf_counter()
+        restored = whole_state(newest_kept(root / "delta"), root)
+        load_s = time.perf_counter() - load_started
+        bit_exact = same_bits(restored, whole_state(newest_kept(root / "full"), root))
+    mean = lambda key: statistics.fmean(n[key] for n in nights)
+    print(json.dumps({"nights": nights, "full_bytes_per_night": mean("full_bytes"),
+                      "delta_bytes_per_night": mean("delta_bytes"), "touched_bytes_per_night": mean("touched_bytes"),
+                      "ratio": mean("full_bytes") / mean("delta_bytes"),
+                      "delta_over_touched": mean("delta_bytes") / mean("touched_bytes"),
+                      "mean_touched_share": mean("touched_share"), "restore_bit_exact": bit_exact,
+                      "chain_load_s": round(load_s, 2), "served_delta_max_abs_diff": None,
                       "rows_per_day": args.rows_per_day, "table_rows": args.table_rows,
                       "seconds": round(time.perf_counter() - started, 1)}))  # fmt: skip
 

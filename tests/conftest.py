@@ -90,7 +90,7 @@ MODULE_SECONDS = {
     "test_sharded_training.py": 150, "test_checkpoint_recovery.py": 175, "test_characterize.py": 120,
     "test_chosen_run_length.py": 110, "test_pipeline_flow.py": 100, "test_on_slurm.py": 400, "test_bundle_round_trip.py": 60,
     "test_cli.py": 45, "test_dask_runner.py": 40, "test_small_real_data.py": 40, "test_trainer_slots.py": 110,
-    "test_tuning_study.py": 20,
+    "test_tuning_study.py": 20, "test_delta_checkpoints.py": 100,
 }  # fmt: skip
 
 

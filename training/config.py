@@ -358,7 +358,15 @@ class TrainingConfig:
     checkpoint_every: int = 0
     """sharded checkpoints every this many steps; `0`: only at the end"""
     keep_checkpoints: int = 2
-    """the newest this many checkpoints are kept"""
+    """the newest this many checkpoints are kept (with the checkpoints their delta chains need)"""
+    # "delta": a checkpoint holds the table rows changed since the one before it (and the
+    # dense part); a full one starts each chain (training/loop/delta_checkpoint.py).
+    checkpoint_mode: Literal["full", "delta"] = "full"
+    """`full`: every checkpoint holds every table; `delta`: a checkpoint holds the dense part and only the table rows (with their
+    optimizer state) changed since the checkpoint before it, in this run or, for a night continuing the champion, the champion's;
+    a chain loads bit for bit as a full checkpoint, into any world size ([performance.md](performance.md))"""
+    full_checkpoint_every: int = 8
+    """in delta mode, a chain has at most this many checkpoints: every this many, a full one (also after a world size change)"""
     # A failed launch is relaunched this many times; each relaunch resumes from a checkpoint.
     max_restarts: int = 0
     """a failed launch is relaunched this many times, each resuming from the last checkpoint"""
@@ -373,6 +381,11 @@ class TrainingConfig:
     def chooses_epochs(self) -> bool:
         """The run chooses its length by validation (`epochs = "auto"`)."""
         return self.epochs == "auto"
+
+    @property
+    def delta_every(self) -> int:
+        """`save_checkpoint`'s `full_every`: the chain length in delta mode, 0 in full mode."""
+        return self.full_checkpoint_every if self.checkpoint_mode == "delta" else 0
 
     @property
     def most_epochs(self) -> int:
@@ -417,6 +430,8 @@ class TrainingConfig:
             raise ValueError(f"warmup_fraction: must be in [0, 1), got {self.warmup_fraction}")
         if not 0.0 <= self.min_lr_fraction <= 1.0:
             raise ValueError(f"min_lr_fraction: must be in [0, 1], got {self.min_lr_fraction}")
+        if self.full_checkpoint_every < 1:
+            raise ValueError(f"full_checkpoint_every: must be at least 1, got {self.full_checkpoint_every}")
         if self.checkpoint_every < 0 or self.keep_checkpoints < 1:
             raise ValueError("checkpoint_every: must be ≥ 0, with keep_checkpoints ≥ 1")
         if self.max_restarts < 0:

@@ -161,4 +161,4 @@ def maybe_checkpoint(model: nn.Module, optimizer: CombinedOptimizer, job: TrainJ
         with timer.paused():
             ne.flush()  # every record up to the step a resume starts from is written
             save_checkpoint(model, optimizer, job.checkpoint_root, batches.position(step),
-                            ledger, job.training.keep_checkpoints)  # fmt: skip
+                            ledger, job.training.keep_checkpoints, job.training.delta_every)  # fmt: skip

@@ -27,6 +27,7 @@ from training.loop.checkpoint import (
     checkpoint_bytes,
     latest_checkpoint,
     load_checkpoint,
+    refused_checkpoints,
     save_checkpoint,
 )
 from training.loop.heldout import predict
@@ -89,7 +90,7 @@ def run(job: TrainJob, device: torch.device) -> None:
     stats = train(built.model, built.optimizer, job, device, built.schedule, start, ledger,
                   started_from_model=bool(job.init_checkpoint) or built.started_as_regression)  # fmt: skip
     checkpoint = save_checkpoint(built.model, built.optimizer, job.checkpoint_root, stats.position, stats.ledger,
-                                 config.keep_checkpoints)  # fmt: skip
+                                 config.keep_checkpoints, config.delta_every)  # fmt: skip
     chosen = stats.validation.summary() if stats.validation else {}
     scored_calibration = refit = False
     if job.refit_files and stats.validation is not None:
@@ -145,7 +146,7 @@ def _regression_on_every_row(job: TrainJob, device: torch.device) -> tuple[Built
     stats = TrainStats(steps=0, samples=0, seconds=0.0, first_step_seconds=0.0, ledger=RowLedger(),
                        position=TrainPosition(0, 0, 0))  # fmt: skip
     checkpoint = save_checkpoint(built.model, built.optimizer, refit_job.checkpoint_root, stats.position,
-                                 stats.ledger, job.training.keep_checkpoints)  # fmt: skip
+                                 stats.ledger, job.training.keep_checkpoints, job.training.delta_every)  # fmt: skip
     return built, stats, checkpoint
 
 
@@ -170,7 +171,7 @@ def _train_on_the_held_out_rows(job: TrainJob, device: torch.device, built: Buil
         _keep_metrics_up_to(more.folder.metrics, start.step if start else 0)
     extra = train(built.model, built.optimizer, more, device, built.schedule, start, ledger)
     checkpoint = save_checkpoint(built.model, built.optimizer, more.checkpoint_root, extra.position, extra.ledger,
-                                 job.training.keep_checkpoints)  # fmt: skip
+                                 job.training.keep_checkpoints, job.training.delta_every)  # fmt: skip
     both = RowLedger()
     for part in (stats.ledger, extra.ledger):
         both.add(part.rows, part.fingerprint)
@@ -277,13 +278,18 @@ def _wide_start(job: TrainJob) -> WideStart | None:
 def _restore(model, optimizer, job: TrainJob) -> tuple[TrainPosition | None, RowLedger | None]:
     """Resume this run from its newest checkpoint, or start from `init_checkpoint` (a warm start)."""
     latest = latest_checkpoint(job.checkpoint_root)
+    track = job.training.checkpoint_mode == "delta"
+    if dist.get_rank() == 0:
+        for refused in refused_checkpoints(job.checkpoint_root):
+            print(f"[train] {refused}; {'resuming from ' + str(latest) if latest else 'starting afresh'}", flush=True)
     if latest is not None:
-        position, ledger = load_checkpoint(model, optimizer, latest)
+        position, ledger = load_checkpoint(model, optimizer, latest, track=track)
         if dist.get_rank() == 0:
             print(f"[train] resuming from {latest} (step {position.step})", flush=True)
         return position, ledger
     if job.init_checkpoint:
-        load_checkpoint(model, optimizer if job.init_optimizer else None, Path(job.init_checkpoint), same_run=False)
+        load_checkpoint(model, optimizer if job.init_optimizer else None, Path(job.init_checkpoint), same_run=False,
+                        track=track)  # fmt: skip
         if dist.get_rank() == 0:
             what = "weights and optimizer state" if job.init_optimizer else "weights"
             print(f"[train] starting from the {what} of {job.init_checkpoint}", flush=True)

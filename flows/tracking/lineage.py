@@ -39,6 +39,7 @@ from flows.tracking.runs import logged_state
 from ingestion.preprocess import PreprocessState
 from training.codec import decode
 from training.config import ModelConfig
+from training.loop.delta_checkpoint import BrokenChain, chain_of
 
 TAG_AS_OF = "lineage.as_of"
 TAG_DAYS = "lineage.days"
@@ -134,16 +135,35 @@ def lineage_tags(config: PipelineConfig, night: Night, state: PreprocessState, k
 
 def keep_checkpoint(config: PipelineConfig, checkpoint: str) -> str:
     """Hard-link the run's final checkpoint under `<run_dir>/lineage/` (copied where links
-    cannot be made), out of reach of the training folder's retention; returns its path."""
-    source = Path(checkpoint)
-    target = config.path("lineage") / f"{source.parent.name}-{source.name}"
-    if (target / "meta.json").is_file():
-        return str(target)
-    staging = target.with_name(f".{target.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(source, staging, copy_function=_link_or_copy)
-    staging.rename(target)
-    return str(target)
+    cannot be made), out of reach of the training folder's retention; returns its path. A
+    delta checkpoint is kept with the links of its chain not kept yet, each naming its
+    parent's kept copy."""
+    folder = config.path("lineage")
+    kept: Path | None = None
+    for link in chain_of(Path(checkpoint)):
+        if link.resolve().parent == folder.resolve():  # a champion's chain a night continued
+            kept = link
+            continue
+        target = folder / f"{link.parent.name}-{link.name}"
+        if not (target / "meta.json").is_file():
+            staging = target.with_name(f".{target.name}.partial")
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.copytree(link, staging, copy_function=_link_or_copy)
+            if kept is not None:
+                _name_parent(staging, os.path.relpath(kept, folder))
+            staging.rename(target)
+        kept = target
+    assert kept is not None, "a chain holds its checkpoint"
+    return str(kept)
+
+
+def _name_parent(checkpoint: Path, parent: str) -> None:
+    """Point a kept delta at its parent's kept copy: a new file, not the hard-linked one,
+    which the training folder's checkpoint still reads."""
+    meta_file = checkpoint / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta_file.unlink()
+    meta_file.write_text(json.dumps({**meta, "parent": parent}))
 
 
 def _link_or_copy(source: str, target: str) -> None:
@@ -159,11 +179,17 @@ def prune_lineage(config: PipelineConfig, client: MlflowClient) -> list[str]:
     folder = config.path("lineage")
     if not folder.is_dir():
         return []
-    keep = {v.tags.get(TAG_CHECKPOINT, "") for v in (current_champion(client, config.tracking.registered_model),
-                                                      continued_version(config, client)) if v is not None}  # fmt: skip
+    tagged = {v.tags.get(TAG_CHECKPOINT, "") for v in (current_champion(client, config.tracking.registered_model),
+                                                        continued_version(config, client)) if v is not None}  # fmt: skip
+    keep = set()
+    for checkpoint in filter(None, tagged):
+        try:  # a delta's chain, whole
+            keep.update(str(link.resolve()) for link in chain_of(Path(checkpoint)))
+        except BrokenChain:
+            keep.add(str(Path(checkpoint).resolve()))
     removed = []
     for kept in folder.iterdir():
-        if kept.is_dir() and str(kept) not in keep and not kept.name.startswith("."):
+        if kept.is_dir() and str(kept.resolve()) not in keep and not kept.name.startswith("."):
             shutil.rmtree(kept, ignore_errors=True)
             removed.append(str(kept))
     return removed

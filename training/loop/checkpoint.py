@@ -8,6 +8,11 @@ is always complete, then prunes all but the newest K.
 
 DCP stores shards with their global offsets, so a checkpoint loads into any world size:
 into 1 process from 2, into 2 from 1, and into a plain unsharded model (`load_unsharded`).
+
+In delta mode (`training.checkpoint_mode = "delta"`, loop/delta_checkpoint.py) a checkpoint
+may hold only the rows changed since its parent; every function here reads a checkpoint
+through its chain, so a delta loads, exports and warm-starts as a full one does. A checkpoint
+whose chain is broken is never the latest: `refused_checkpoints` says why.
 """
 
 from __future__ import annotations
@@ -25,6 +30,16 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.optim import Optimizer
+
+from training.loop.delta_checkpoint import (
+    META,
+    BrokenChain,
+    RowSignatures,
+    apply_rows,
+    chain_of,
+    read_meta,
+    save_delta,
+)
 
 
 @dataclass(frozen=True)
@@ -50,36 +65,98 @@ class RowLedger:
         self.fingerprint = (self.fingerprint + hash_sum) % 2**64
 
 
+# What this process's next delta builds on: the row signatures of the checkpoint it last wrote
+# or resumed from in delta mode. One model a process (a training worker). `_base`: those of
+# the chain's start in this process (the checkpoint it resumed or warm-started from, or its
+# newest full one), which a delta falls back to when a run that went back to an earlier
+# epoch drops its later checkpoints: 8 more bytes a row, while the two differ.
+_parent: RowSignatures | None = None
+_base: RowSignatures | None = None
+
+
 def save_checkpoint(
-    model: nn.Module, optimizer: Optimizer, root: Path, position: TrainPosition, ledger: RowLedger, keep: int
+    model: nn.Module, optimizer: Optimizer, root: Path, position: TrainPosition, ledger: RowLedger, keep: int,
+    full_every: int = 0,
 ) -> Path:
+    """Write `root/step-N`, then prune all but the newest `keep` (and what their chains need).
+
+    `full_every` > 0 (delta mode): a delta on the last checkpoint this process wrote or
+    resumed from, unless that chain already has `full_every` links or is gone: then a full
+    one. 0: a full checkpoint that leaves the delta parent as it was (a best-epoch copy)."""
+    global _parent, _base
     rank = dist.get_rank()
     target = root / f"step-{position.step}"
     staging = root / f".step-{position.step}.partial"
     if rank == 0:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-    dist.barrier()
-    dcp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint_id=str(staging))
+    parent = _delta_parent(full_every)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    if parent is not None:
+        meta, signatures = save_delta(state, staging, parent)
+    else:
+        dcp.save(state, checkpoint_id=str(staging))
+        meta = {"kind": "full", "links": 1}
+        signatures = RowSignatures.of(state, target, 1).signatures if full_every else {}
     torch.save({"rng": _rng_state(), "ledger": asdict(ledger)}, staging / f"rank-{rank:05d}.pt")
+    dist.barrier()  # every rank's files are written
     if rank == 0:
-        meta = {"position": asdict(position), "world_size": dist.get_world_size()}
-        (staging / "meta.json").write_text(json.dumps(meta))
+        files = {str(p.relative_to(staging)): p.stat().st_size for p in sorted(staging.rglob("*")) if p.is_file()}
+        meta = {"position": asdict(position), "world_size": dist.get_world_size(), **meta, "files": files}
+        (staging / META).write_text(json.dumps(meta))
     dist.barrier()
     if rank == 0:
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
-        for old in sorted(_complete(root), key=_step_of)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune_checkpoints(root, keep)
+        if full_every:
+            written = sum(meta["files"].values())
+            on = f" on {parent.checkpoint} (link {meta['links']} of at most {full_every})" if parent else ""
+            print(f"[train] checkpoint {target.name}: {meta['kind']}{on}, {written / 2**20:,.1f} MiB", flush=True)
     dist.barrier()
+    if full_every:
+        _parent = RowSignatures(target.resolve(), meta["links"], signatures)
+        if meta["kind"] == "full":
+            _base = _parent
     return target
 
 
+def _delta_parent(full_every: int) -> RowSignatures | None:
+    """The checkpoint the next one is a delta on, or None for a full one: rank 0's view
+    (the folder is shared), so that every rank writes the same kind. Every rank waits here
+    for rank 0 to have made the staging folder."""
+    if not full_every:
+        dist.barrier()  # the staging folder is made
+        return None
+    usable = _parent is not None and _parent.links < full_every
+    if usable and dist.get_rank() == 0:
+        usable = (_parent.checkpoint / META).is_file()  # type: ignore[union-attr]
+    decided = [usable]
+    dist.broadcast_object_list(decided, src=0)
+    return _parent if decided[0] else None
+
+
+def prune_checkpoints(root: Path, keep: int) -> None:
+    """Remove all but the newest `keep` checkpoints and the links their chains need."""
+    complete = sorted(_complete(root), key=_step_of)
+    needed: set[Path] = set()
+    for kept in complete[-keep:]:
+        try:
+            needed.update(link.resolve() for link in chain_of(kept))
+        except BrokenChain:
+            needed.add(kept.resolve())
+    for old in complete:
+        if old.resolve() not in needed:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def load_checkpoint(model: nn.Module, optimizer: Optimizer | None, checkpoint: Path,
-                    same_run: bool = True) -> tuple[TrainPosition, RowLedger]:  # fmt: skip
-    """Load into a sharded model (any world size). RNG and row ledger come back only for the
-    same run (`same_run`: a resume, not a warm start) at an unchanged world size; otherwise
-    each rank starts a fresh ledger."""
+                    same_run: bool = True, track: bool = False) -> tuple[TrainPosition, RowLedger]:  # fmt: skip
+    """Load into a sharded model (any world size), through the checkpoint's chain. RNG and
+    row ledger come back only for the same run (`same_run`: a resume, not a warm start) at
+    an unchanged world size; otherwise each rank starts a fresh ledger. `track` (delta mode):
+    the next checkpoint may be a delta on this one (at an unchanged world size)."""
+    global _parent, _base
     state: dict = {"model": model.state_dict()}
     if optimizer is not None:
         # Optimizer state (Adam's moments) is created lazily; DCP loads in place, so it must
@@ -87,11 +164,19 @@ def load_checkpoint(model: nn.Module, optimizer: Optimizer | None, checkpoint: P
         optimizer.init_state()  # type: ignore[attr-defined]
         optimizer.zero_grad(set_to_none=True)
         state["optimizer"] = optimizer.state_dict()
-    dcp.load(state, checkpoint_id=str(checkpoint))
+    chain = chain_of(checkpoint)
+    dcp.load(state, checkpoint_id=str(chain[0]))
+    for link in chain[1:]:
+        apply_rows(state, link)
     model.load_state_dict(state["model"])
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
-    meta = json.loads((checkpoint / "meta.json").read_text())
+    meta = read_meta(checkpoint)
+    if track and optimizer is not None and meta["world_size"] == dist.get_world_size():
+        live = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        _parent = _base = RowSignatures.of(live, checkpoint.resolve(), len(chain))
+    elif track:
+        _parent = _base = None  # another layout: the next checkpoint is a full one
     ledger = RowLedger()
     rank_file = checkpoint / f"rank-{dist.get_rank():05d}.pt"
     if same_run and meta["world_size"] == dist.get_world_size() and rank_file.is_file():
@@ -107,32 +192,62 @@ def checkpoint_bytes(checkpoint: Path) -> int:
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    complete = _complete(root)
-    return max(complete, key=_step_of) if complete else None
+    """The newest checkpoint under `root` whose chain loads (every checkpoint of full mode)."""
+    for checkpoint in sorted(_complete(root), key=_step_of, reverse=True):
+        try:
+            chain_of(checkpoint)
+        except BrokenChain:
+            continue
+        return checkpoint
+    return None
+
+
+def refused_checkpoints(root: Path) -> list[str]:
+    """Why each checkpoint newer than `latest_checkpoint(root)` cannot be loaded, a line each."""
+    refused = []
+    for checkpoint in sorted(_complete(root), key=_step_of, reverse=True):
+        try:
+            chain_of(checkpoint)
+        except BrokenChain as why:
+            refused.append(f"checkpoint {checkpoint} is refused: its chain is broken: {why}")
+            continue
+        break
+    return refused
 
 
 def drop_checkpoints_after(root: Path, step: int) -> None:
     """Remove the checkpoints past `step` (rank 0, then every rank waits): a run that went
     back to an earlier model must neither resume from them nor prune its final checkpoint
     as the oldest."""
+    global _parent, _base
+    later = [p for p in _complete(root) if _step_of(p) > step]
+    dropped = {p.resolve() for p in later}
+    if _base is not None and _base.checkpoint in dropped:
+        _base = None
+    if _parent is not None and _parent.checkpoint in dropped:
+        _parent = _base  # the next delta is on the chain's start, with every row changed since
+    dist.barrier()
     if dist.get_rank() == 0:
-        for later in [p for p in _complete(root) if _step_of(p) > step]:
-            shutil.rmtree(later, ignore_errors=True)
+        for checkpoint in later:
+            shutil.rmtree(checkpoint, ignore_errors=True)
     dist.barrier()
 
 
 def load_unsharded(model: nn.Module, checkpoint: Path) -> nn.Module:
     """Load a sharded checkpoint's model into a plain model in this one process."""
     state = {"model": model.state_dict()}
+    chain = chain_of(checkpoint)
     with warnings.catch_warnings():  # one process on purpose: DCP warns that no process group is up
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+        dcp.load(state, checkpoint_id=str(chain[0]), no_dist=True)
+        for link in chain[1:]:
+            apply_rows(state, link, no_dist=True)
     model.load_state_dict(state["model"])
     return model
 
 
 def _complete(root: Path) -> list[Path]:
-    return [p for p in root.glob("step-*") if p.is_dir() and (p / "meta.json").is_file()] if root.is_dir() else []
+    return [p for p in root.glob("step-*") if p.is_dir() and (p / META).is_file()] if root.is_dir() else []
 
 
 def _step_of(path: Path) -> int:
