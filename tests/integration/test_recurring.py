@@ -26,9 +26,11 @@ NIGHTS = (2, 3, 4, 5)
 # The dense part trains with Adam: with the config's Adagrad the warm-started nights lag a
 # model trained from scratch (1.8 % on day 5, measured), its accumulated state leaving them
 # little step size.
+# The nights write delta checkpoints (training.checkpoint_mode): night 3's is a delta on night
+# 2's kept checkpoint, which night 4 loads into one process through the chain.
 COMMON = [f"data.synthetic.rows_per_day={ROWS_PER_DAY}", "data.synthetic.cardinality_scale=0.004",
           "preprocess.hash_size=10000", 'training.dense_optimizer="adam"', "training.dense_lr=0.001",
-          "training.embedding_lr=0.05"]  # fmt: skip
+          "training.embedding_lr=0.05", 'training.checkpoint_mode="delta"']  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +140,16 @@ def test_the_registry_shows_the_chain(nights) -> None:
     assert str(champion.version) == summaries[5]["model_version"]
     kept = [p for p in config.path("lineage").iterdir() if not p.name.startswith(".")]
     assert [str(p) for p in kept] == [champion.tags[TAG_CHECKPOINT]], "only the champion's checkpoint is kept"
+
+
+def test_a_night_on_the_same_world_size_writes_a_delta_on_the_checkpoint_it_continued(nights) -> None:
+    """Night 3 continues night 2's model on two processes: its checkpoint holds the rows one day
+    changed. Night 4 runs on one process, so it and night 5 (two again) start new chains."""
+    _, summaries, _ = nights
+    written = {as_of: summaries[as_of]["checkpoint_bytes"] for as_of in NIGHTS}
+    assert written[3] < 0.8 * written[2], written
+    assert min(written[4], written[5]) > 0.9 * written[2], written
+    assert summaries[4]["warm_start_version"] == summaries[3]["model_version"], "night 4 loaded the delta's chain"
 
 
 def test_a_night_with_too_few_new_rows_waits_and_the_next_trains_its_days_with_its_own(nights) -> None:
