@@ -28,8 +28,10 @@ from training.loop.checkpoint import latest_checkpoint
 FINISHED = "FINISHED"
 FINGERPRINT_FILE = "fingerprint.json"  # what the fingerprint covers, kept beside the checkpoints
 FOOTER_BYTES = 65_536  # a Parquet file's footer: its schema, row groups and statistics
-# Settings that change how often a job saves or retries, not what it learns
-NOT_FINGERPRINTED = {"checkpoint_every", "keep_checkpoints", "max_restarts", "torchrun_args"}
+# Settings that change how often or how a job saves, or retries, not what it learns (either
+# checkpoint mode reads the other's checkpoints, so a run resumes across a change of mode)
+NOT_FINGERPRINTED = {"checkpoint_every", "keep_checkpoints", "max_restarts", "torchrun_args", "checkpoint_mode",
+                     "full_checkpoint_every"}  # fmt: skip
 
 
 def fingerprinted(job: TrainJob) -> dict[str, Any]:

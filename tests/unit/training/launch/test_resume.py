@@ -43,6 +43,7 @@ def test_the_fingerprint_covers_what_is_learned_not_how_often_it_is_saved(tmp_pa
     base = job_fingerprint(_job(tmp_path))
     assert job_fingerprint(_job(tmp_path)) == base
     assert job_fingerprint(_job(tmp_path, checkpoint_every=7, max_restarts=3)) == base
+    assert job_fingerprint(_job(tmp_path, checkpoint_mode="delta", full_checkpoint_every=3)) == base
     assert job_fingerprint(_job(tmp_path, embedding_lr=0.2)) != base
     pq.write_table(pa.table({"label": [1, 1, 0, 1]}), tmp_path / "day0.parquet")  # the data changed
     assert job_fingerprint(_job(tmp_path)) != base
