@@ -14,6 +14,7 @@
     dlrm characterize --config FILE [--sweep KEY=V1,V2 ...] [--max-batch N] [--own-features] [--json]
     dlrm port --config FILE [--cluster CLUSTER.toml] [--json]
     dlrm evaluate --predictions FILE.parquet [--json]
+    dlrm export-delta --config FILE --from-version A --to-version B --out DIR [--json]
 
 A problem the user can fix (a bad config, a missing file) ends with one line on stderr and
 exit code 2, never a traceback.
@@ -242,6 +243,15 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--predictions", required=True, help="Parquet with label, prediction[, weight]")
     evaluate.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     evaluate.set_defaults(handler=commands.evaluate)
+
+    export_delta = subcommands.add_parser("export-delta", help="the rows, dense part and calibration that take one "
+                                          "registered version's served model to another's (Parquet)")  # fmt: skip
+    _add_config_arguments(export_delta)
+    export_delta.add_argument("--from-version", required=True, help="the version serving now")
+    export_delta.add_argument("--to-version", required=True, help="the version to serve")
+    export_delta.add_argument("--out", required=True, help="the folder to write the delta into")
+    export_delta.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    export_delta.set_defaults(handler=commands.export_delta)
     return parser
 
 

@@ -398,3 +398,18 @@ def evaluate(args: argparse.Namespace) -> int:
     weights = table["weight"].to_numpy() if "weight" in table.column_names else None
     emit(EvaluateReport(**summarize(table["label"].to_numpy(), table["prediction"].to_numpy(), weights)), args.json)
     return 0
+
+
+def export_delta(args: argparse.Namespace) -> int:
+    from flows.tracking.model_delta import export_version_delta
+    from training.serving.model_delta import DeltaRefused
+
+    config = load(args)
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"{out}: not empty; pass a new folder for the delta")
+    try:
+        emit(export_version_delta(config, args.from_version, args.to_version, out), args.json)
+    except DeltaRefused as why:
+        raise UserError(f"versions {args.from_version} → {args.to_version}: {why}") from None
+    return 0

@@ -259,6 +259,20 @@ class EvaluateReport(Checked):
     count: float
 
 
+@dataclass(frozen=True)
+class DeltaReport(Checked):
+    """`dlrm export-delta`: what takes one version's served model to another's."""
+
+    model: str
+    from_version: str
+    to_version: str
+    out: str
+    rows_changed: int  # table rows whose floats differ
+    table_rows: int  # every table's rows
+    dense_tensors: int  # tensors written whole (the MLPs)
+    bytes: int  # the delta's files
+
+
 # -- for people ---------------------------------------------------------------------------
 
 
@@ -288,6 +302,16 @@ def _(report: CharacterizeReport, config: Any = None) -> str:
     if report.mlflow_run_id:
         lines.append(f"MLflow run {report.mlflow_run_id}: plots and the table under characterize/")
     return "\n".join(lines)
+
+
+@for_people.register
+def _(report: DeltaReport, config: Any = None) -> str:
+    share = 100.0 * report.rows_changed / report.table_rows if report.table_rows else 0.0
+    return (f"{report.model} version {report.from_version} → {report.to_version}: {report.rows_changed:,} of "
+            f"{report.table_rows:,} table rows changed ({share:.2f} %), {report.dense_tensors} dense tensors; "
+            f"{report.bytes / 2**20:,.2f} MiB in {report.out}\n"
+            f"apply it to the served version {report.from_version}: "
+            f"mlflow.pyfunc.load_model(uri).unwrap_python_model().apply_delta(\"{report.out}\")")
 
 
 @for_people.register

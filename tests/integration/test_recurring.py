@@ -2,10 +2,16 @@
 the days it has not seen, is judged on a day neither has trained on, and leaves its
 lineage in the registry; a night already run trains nothing."""
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from beside import ended_on_failure, start
+from foreign_python import make_foreign_python, raw_lines
 from mlflow.tracking import MlflowClient
 
 from flows.run.config import load_config
@@ -17,6 +23,15 @@ from flows.tracking.lineage import TAG_AS_OF, TAG_CHECKPOINT, TAG_DAYS, TAG_PARE
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "tiny.toml")
+
+
+def sets(overrides: list[str]) -> list[str]:
+    return [part for override in overrides for part in ("--set", override)]
+
+
+def dlrm_command(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *arguments], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
 ROWS_PER_DAY = 30_000
 NIGHTS = (2, 3, 4, 5)
 # The tiny config with more ids (every day still teaches something). At a constant rate its
@@ -150,6 +165,47 @@ def test_a_night_on_the_same_world_size_writes_a_delta_on_the_checkpoint_it_cont
     assert written[3] < 0.8 * written[2], written
     assert min(written[4], written[5]) > 0.9 * written[2], written
     assert summaries[4]["warm_start_version"] == summaries[3]["model_version"], "night 4 loaded the delta's chain"
+
+
+SCORE_WITH_DELTA = """
+import json, sys
+import mlflow, numpy as np, pandas as pd
+served, target = mlflow.pyfunc.load_model(sys.argv[1]), mlflow.pyfunc.load_model(sys.argv[2])
+frame = pd.DataFrame({"line": json.load(open(sys.argv[3]))})
+before = served.predict(frame)
+served.unwrap_python_model().apply_delta(sys.argv[4])
+np.save(sys.argv[5], np.stack([before, served.predict(frame), target.predict(frame)]))
+"""
+
+
+def test_the_served_model_of_one_night_plus_its_delta_scores_as_the_next_nights(nights, tmp_path: Path) -> None:
+    """`dlrm export-delta` from night 2's version to night 3's: the changed rows, the MLPs and
+    the calibration, which night 2's served model applies, in a Python that cannot import this
+    project, to score day 4's raw rows as night 3's served model does."""
+    config, summaries, _ = nights
+    overrides = [f'run_dir="{config.run_dir}"', *COMMON, "tracking.registered_model=dlrm-recurring"]
+    before, after = summaries[2]["model_version"], summaries[3]["model_version"]
+    delta = tmp_path / "delta"
+    done = dlrm_command("export-delta", "--config", TINY, *sets(overrides), "--from-version", before,
+                        "--to-version", after, "--out", str(delta), "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert 0 < report["rows_changed"] < report["table_rows"] and report["dense_tensors"] > 0, report
+    missing = dlrm_command("export-delta", "--config", TINY, *sets(overrides), "--from-version", "999",
+                           "--to-version", after, "--out", str(tmp_path / "other"))  # fmt: skip
+    assert missing.returncode == 2 and "version 999 of dlrm-recurring is not in the registry" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+
+    python = make_foreign_python(tmp_path / "venv")
+    (tmp_path / "lines.json").write_text(json.dumps(raw_lines(config, 4)[:3000]))
+    (tmp_path / "score.py").write_text(SCORE_WITH_DELTA)
+    name = config.tracking.registered_model
+    subprocess.run([python, "score.py", f"models:/{name}/{before}", f"models:/{name}/{after}", "lines.json", str(delta),
+                    "scores.npy"], cwd=tmp_path, check=True, timeout=300,
+                   env={**os.environ, "MLFLOW_TRACKING_URI": config.tracking_uri, "PYTHONPATH": ""})  # fmt: skip
+    served_before, served_with_delta, served_after = np.load(tmp_path / "scores.npy")
+    assert np.abs(served_with_delta - served_after).max() <= 1e-6
+    assert np.abs(served_before - served_after).max() > 1e-4, "the two versions score differently"
 
 
 def test_a_night_with_too_few_new_rows_waits_and_the_next_trains_its_days_with_its_own(nights) -> None:

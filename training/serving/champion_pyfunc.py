@@ -37,6 +37,9 @@ from typing import Any
 import mlflow
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -216,11 +219,55 @@ def serving_device(chosen_at_export: str) -> torch.device:
     return torch.device(wanted)
 
 
+# A served model's delta (`dlrm export-delta`, training/serving/model_delta.py writes it):
+# the changed rows of each table, every other tensor whole, and the new version's
+# `model.json` (calibration, preprocessing) and `vocabularies.npz` beside them.
+DELTA_FORMAT = 1
+DELTA_MANIFEST = "delta.json"
+DELTA_ROWS = "rows.parquet"  # table, row, values (the row's floats)
+DELTA_DENSE = "dense.parquet"  # name, dtype, shape, data (the tensor's bytes)
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+           "int64": torch.int64, "int32": torch.int32}  # fmt: skip
+
+
+def apply_model_delta(state: dict[str, torch.Tensor], folder: Path) -> None:
+    """Write a delta's rows and dense tensors into a served model's state dict, in place."""
+    rows = pq.read_table(folder / DELTA_ROWS)
+    tables = rows.column("table").cast(pa.string())
+    for table in pc.unique(tables).to_pylist():
+        part = rows.filter(pc.equal(tables, table))
+        target = state[table]
+        values = np.asarray(part.column("values").combine_chunks().flatten(), dtype=np.float32)
+        index = torch.tensor(part.column("row").to_numpy())  # a copy: Arrow's buffers are read-only
+        target[index] = torch.tensor(values.reshape(len(index), -1)).to(target.dtype)
+    for record in pq.read_table(folder / DELTA_DENSE).to_pylist():
+        tensor = torch.frombuffer(bytearray(record["data"]), dtype=_DTYPES[record["dtype"]]).reshape(record["shape"])
+        state[record["name"]] = tensor.clone()
+
+
 class ChampionModel(mlflow.pyfunc.PythonModel):
     """Raw Criteo rows → click probabilities, with the run's own preprocessing and weights."""
 
     def load_context(self, context: Any) -> None:
         folder = Path(context.artifacts["model"])
+        self._load(folder, torch.load(folder / "dlrm.pt", map_location="cpu", weights_only=True))
+
+    def apply_delta(self, folder: str | Path) -> None:
+        """Become the version a delta was exported to (`dlrm export-delta`): its changed table
+        rows, its dense part, calibration and preprocessing over this model's state. The
+        delta names the version it was taken against; it must be this one's shape."""
+        folder = Path(folder)
+        manifest = json.loads((folder / DELTA_MANIFEST).read_text())
+        if manifest.get("format") != DELTA_FORMAT:
+            raise ValueError(f"{folder}: delta format {manifest.get('format')} is not {DELTA_FORMAT}")
+        if manifest["dlrm"] != self.shape:
+            raise ValueError(f"{folder}: a delta of a model shaped {manifest['dlrm']}, not this model's {self.shape}")
+        state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.dlrm.state_dict().items()}
+        apply_model_delta(state, folder)
+        self._load(folder, state)
+
+    def _load(self, folder: Path, state: dict[str, torch.Tensor]) -> None:
+        """The model of `folder`'s description (`model.json`, `vocabularies.npz`) with `state`."""
         description = json.loads((folder / "model.json").read_text())
         if description.get("format") != SERVING_FORMAT:
             raise ValueError(f"model.json format {description.get('format')} is not {SERVING_FORMAT}: "
@@ -229,8 +276,9 @@ class ChampionModel(mlflow.pyfunc.PythonModel):
         vocabularies = dict(np.load(vocab_file)) if vocab_file.exists() else {}
         self.features = FeatureMap(description["preprocessing"], vocabularies)
         self.device = serving_device(description["device"])
+        self.shape = description["dlrm"]
         dlrm = build_stock_dlrm(description["dlrm"], torch.device("cpu"))
-        dlrm.load_state_dict(torch.load(folder / "dlrm.pt", map_location="cpu", weights_only=True))
+        dlrm.load_state_dict(state)
         self.dlrm = dlrm.to(self.device).eval()
         self.calibrator = Calibrator.from_dict(description.get("calibration"))  # none logged: the identity
 
