@@ -118,7 +118,8 @@ def _multipliers(width: int, device: torch.device) -> torch.Tensor:
     return _ODD[width].to(device)
 
 
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# The integer type of each element size: a tensor's bits, to compare or hash (-0.0 is not 0.0)
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def row_signatures(tensor: torch.Tensor) -> torch.Tensor:
@@ -129,7 +130,7 @@ def row_signatures(tensor: torch.Tensor) -> torch.Tensor:
     multipliers = _multipliers(flat.shape[1], flat.device)
     signatures = torch.empty(rows, dtype=torch.int64, device=flat.device)
     for start in range(0, rows, _ROWS_A_CHUNK):
-        chunk = flat[start : start + _ROWS_A_CHUNK].contiguous().view(_BITS[flat.element_size()]).to(torch.int64)
+        chunk = flat[start : start + _ROWS_A_CHUNK].contiguous().view(BITS[flat.element_size()]).to(torch.int64)
         signatures[start : start + _ROWS_A_CHUNK] = (chunk * multipliers).sum(dim=1)
     return signatures
 

@@ -24,9 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from training.loop.delta_checkpoint import BITS
 from training.serving.champion_pyfunc import DELTA_DENSE, DELTA_FORMAT, DELTA_MANIFEST, DELTA_ROWS
-
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class DeltaRefused(ValueError):
@@ -47,7 +46,7 @@ def _is_table(name: str) -> bool:
 
 def _changed_rows(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     """Rows whose bits differ (a float compared by value would take -0.0 for 0.0)."""
-    bits = _BITS[after.element_size()]
+    bits = BITS[after.element_size()]
     return torch.nonzero((before.contiguous().view(bits) != after.contiguous().view(bits)).any(dim=1)).flatten()
 
 
