@@ -12,10 +12,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
+from tiny_jobs import tiny_job
 
 from evaluation.config import EvaluationConfig
 from training.codec import encode
-from training.config import CpuConfig, ModelConfig, ShardingConfig, TrainingConfig
+from training.config import CpuConfig
 from training.job import TrainJob
 from training.launch.launcher import TrainingFailed, launch
 from training.loop.checkpoint import latest_checkpoint
@@ -26,21 +27,10 @@ pytestmark = pytest.mark.slow
 
 
 def _job(features, out: Path, cpu: CpuConfig | None = None, **training) -> TrainJob:
-    state, files = features
     training["cpu"] = cpu or CpuConfig()
     settings = {"nproc": 2, "batch_size": 256, "embedding_lr": 0.1, "dense_lr": 0.05, "dense_optimizer": "adam",
                 "warmup_steps": 5, "lr_decay": "cosine", "epochs": 3, "log_every": 5, "checkpoint_every": 10}
-    return TrainJob(
-        model=ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1)),
-        sharding=ShardingConfig(),
-        training=TrainingConfig(**{**settings, **training}),
-        evaluation=EvaluationConfig(batch_size=1024, ne_window=2048),
-        table_sizes=state.table_sizes,
-        train_files=tuple(files[0] + files[1]),
-        eval_files={"2": tuple(files[2])},
-        out_dir=str(out),
-        run_id="run-1",
-    )
+    return tiny_job(features, out, **{**settings, **training})
 
 
 HELDOUT = EvaluationConfig(batch_size=1024, ne_window=2048, heldout_every_steps=7, heldout_batches=1)

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_jobs import tiny_job
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from evaluation.config import EvaluationConfig
 from training.codec import encode
-from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.job import TrainJob
 from training.launch.launcher import launch
 from training.launch.resume import FINISHED
@@ -30,21 +29,10 @@ CHAIN = 3  # full_checkpoint_every: a full checkpoint, then two deltas
 
 
 def _job(features, out: Path, nproc: int = 2, **training) -> TrainJob:
-    state, files = features
     settings = {"nproc": nproc, "batch_size": 256, "embedding_lr": 0.1, "dense_lr": 0.05, "dense_optimizer": "adam",
                 "warmup_steps": 5, "epochs": 1, "log_every": 5, "checkpoint_every": 5, "keep_checkpoints": 50,
                 "pipeline": "plain"}  # fmt: skip
-    return TrainJob(
-        model=ModelConfig(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1)),
-        sharding=ShardingConfig(),
-        training=TrainingConfig(**{**settings, **training}),
-        evaluation=EvaluationConfig(batch_size=1024, ne_window=2048),
-        table_sizes=state.table_sizes,
-        train_files=tuple(files[0] + files[1]),
-        eval_files={"2": tuple(files[2])},
-        out_dir=str(out),
-        run_id="run-1",
-    )
+    return tiny_job(features, out, **{**settings, **training})
 
 
 @pytest.fixture(scope="module")
