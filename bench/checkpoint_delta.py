@@ -50,7 +50,7 @@ import torch
 
 from flows.run.config import load_config
 from ingestion.preprocess import PreprocessState
-from training.loop.delta_checkpoint import flat_leaves, read_meta, whole_state
+from training.loop.delta_checkpoint import META, flat_leaves, read_meta, whole_state
 
 FLOAT_BYTES = 4
 CATEGORICAL = [f"C{i}" for i in range(1, 27)]
@@ -68,8 +68,8 @@ def dlrm_run(overrides: list[str], home: Path, as_of: int) -> dict:
 
 def newest_kept(run_dir: Path) -> Path:
     """The lineage's newest kept checkpoint (the last night's)."""
-    return max((path for path in (run_dir / "lineage").iterdir() if (path / "meta.json").is_file()),
-               key=lambda path: (path / "meta.json").stat().st_mtime)  # fmt: skip
+    return max((path for path in (run_dir / "lineage").iterdir() if (path / META).is_file()),
+               key=lambda path: (path / META).stat().st_mtime)  # fmt: skip
 
 
 def delta_rows(checkpoint: Path) -> int:

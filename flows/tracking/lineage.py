@@ -39,7 +39,7 @@ from flows.tracking.runs import logged_state
 from ingestion.preprocess import PreprocessState
 from training.codec import decode
 from training.config import ModelConfig
-from training.loop.delta_checkpoint import BrokenChain, chain_of
+from training.loop.delta_checkpoint import META, BrokenChain, chain_of
 
 TAG_AS_OF = "lineage.as_of"
 TAG_DAYS = "lineage.days"
@@ -145,7 +145,7 @@ def keep_checkpoint(config: PipelineConfig, checkpoint: str) -> str:
             kept = link
             continue
         target = folder / f"{link.parent.name}-{link.name}"
-        if not (target / "meta.json").is_file():
+        if not (target / META).is_file():
             staging = target.with_name(f".{target.name}.partial")
             shutil.rmtree(staging, ignore_errors=True)
             shutil.copytree(link, staging, copy_function=_link_or_copy)
@@ -160,7 +160,7 @@ def keep_checkpoint(config: PipelineConfig, checkpoint: str) -> str:
 def _name_parent(checkpoint: Path, parent: str) -> None:
     """Point a kept delta at its parent's kept copy: a new file, not the hard-linked one,
     which the training folder's checkpoint still reads."""
-    meta_file = checkpoint / "meta.json"
+    meta_file = checkpoint / META
     meta = json.loads(meta_file.read_text())
     meta_file.unlink()
     meta_file.write_text(json.dumps({**meta, "parent": parent}))

@@ -170,11 +170,6 @@ class RowSignatures:
         return pieces, signatures
 
 
-def changed_bytes(pieces: dict[str, list[RowPiece]]) -> int:
-    """The bytes of the changed rows' values (without their row numbers)."""
-    return sum(piece.values.numel() * piece.values.element_size() for found in pieces.values() for piece in found)
-
-
 def save_delta(state: dict, staging: Path, previous: RowSignatures) -> tuple[dict, dict]:
     """Write the delta of `state` on `previous.checkpoint` into `staging` (every rank):
     the dense part by DCP, this rank's changed rows beside it. Returns the meta entries and
@@ -196,7 +191,7 @@ def save_delta(state: dict, staging: Path, previous: RowSignatures) -> tuple[dic
 def apply_rows(state: dict, link: Path, no_dist: bool = False) -> None:
     """Load one delta into `state`: its dense part (DCP, in place), then every rank's changed
     rows, each into the part of this process's shards it covers."""
-    meta = json.loads((link / META).read_text())
+    meta = read_meta(link)
     dense = without(state, set(meta["row_paths"]))
     with warnings.catch_warnings():  # one process on purpose: DCP warns that no process group is up
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
