@@ -1,10 +1,13 @@
 """What a night's checkpoint writes in full mode and in delta mode, measured.
 
     .venv/bin/python bench/checkpoint_delta.py [--nights 4] [--rows-per-day 100000]
-        [--table-rows 1000000] [--cardinality-scale 1.0] [--keep SCRATCH]
+        [--table-rows 1000000] [--tables-sized-by-ids] [--cardinality-scale 1.0] [--keep SCRATCH]
+        [--config configs/demo.toml]
 
-A recurring lineage on generated days (the demo's config; 26 tables, each of twice the ids
-the first days hold, at most `--table-rows`): a first model on days 0–1, then one
+A recurring lineage on generated days (the demo's config; 26 tables of `--table-rows` rows
+each, `preprocess.table_rows = "hash_size"`, as production hash tables are sized; with
+`--tables-sized-by-ids`, each of twice the ids the first days hold, at most `--table-rows`,
+hash mode's default): a first model on days 0–1, then one
 `dlrm run --as-of N` a night, each continuing the newest version on one new day
 (`orchestration.continue_from = "latest"`, so that the lineage does not hang on the gate). The same lineage
 runs twice on the same days, with `training.checkpoint_mode = "full"` and `"delta"` (a night's
@@ -16,7 +19,10 @@ rows it trained: the night's held-out rows are counted too). `touched_bytes_per_
 those rows with their row-wise optimizer state, plus the dense part (the full checkpoint's
 bytes less every table and its optimizer state). Last, the delta lineage's newest kept
 checkpoint is loaded through its chain and compared with the full lineage's, bit for bit
-(both lineages train the same parameters: training is deterministic).
+(both lineages train the same parameters: training is deterministic). With a managed-ids
+config (`--config configs/drifting-ids.toml`, with its own `--rows-per-day`,
+`--cardinality-scale` and `--table-rows`) the remappers' buffers are part of the dense state,
+and a night's distinct raw ids stand for the rows it touched (an upper bound again).
 
 Prints a line a night; last, one JSON line: per night the figures, and their means
 (`full_bytes_per_night`, `delta_bytes_per_night`, `touched_bytes_per_night`, `ratio`),
@@ -56,9 +62,9 @@ FLOAT_BYTES = 4
 CATEGORICAL = [f"C{i}" for i in range(1, 27)]
 
 
-def dlrm_run(overrides: list[str], home: Path, as_of: int) -> dict:
+def dlrm_run(config: Path, overrides: list[str], home: Path, as_of: int) -> dict:
     arguments = [part for override in overrides for part in ("--set", override)]
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--config", "configs/demo.toml", *arguments,
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--config", str(config), *arguments,
                            "--as-of", str(as_of), "--json"], cwd=ROOT, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "PREFECT_HOME": str(home), "HOME": str(home)}, check=False)  # fmt: skip
     if done.returncode != 0:
@@ -81,16 +87,16 @@ def delta_rows(checkpoint: Path) -> int:
                for piece in pieces)  # fmt: skip
 
 
-def served_delta(overrides: list[str], root: Path, newest_day: int) -> dict:
+def served_delta(config_file: Path, overrides: list[str], root: Path, newest_day: int) -> dict:
     """`dlrm export-delta` between the lineage's two newest versions, and the largest
     difference between the older served model with the delta applied and the newer one."""
-    config = load_config(ROOT / "configs" / "demo.toml", overrides)
+    config = load_config(config_file, overrides)
     name, uri = config.tracking.registered_model, config.tracking_uri
     versions = sorted(int(v.version) for v in MlflowClient(uri, uri).search_model_versions(f"name='{name}'"))
     before, after = str(versions[-2]), str(versions[-1])
     out = root / "served-delta"
     arguments = [part for override in overrides for part in ("--set", override)]
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "export-delta", "--config", "configs/demo.toml", *arguments,
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "export-delta", "--config", str(config_file), *arguments,
                            "--from-version", before, "--to-version", after, "--out", str(out), "--json"], cwd=ROOT,
                           capture_output=True, text=True, check=False)  # fmt: skip
     if done.returncode != 0:
@@ -141,10 +147,14 @@ def table_rows(features: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "demo.toml",
+                        help="the lineage's config (generated days): the demo's, or e.g. configs/drifting-ids.toml")
     parser.add_argument("--nights", type=int, default=4, help="nights after the first model")
     parser.add_argument("--rows-per-day", type=int, default=100_000)
     parser.add_argument("--table-rows", type=int, default=1_000_000,
                         help="preprocess.hash_size: the most rows a table has (hash mode sizes each at twice its ids)")
+    parser.add_argument("--tables-sized-by-ids", action="store_true",
+                        help="size each table at twice the ids the first days hold (hash mode's default), not --table-rows")
     parser.add_argument("--cardinality-scale", type=float, default=1.0,
                         help="data.synthetic.cardinality_scale: 1.0 gives the generated features Criteo's id counts")
     parser.add_argument("--keep", type=Path, help="keep the run folders here (default: a temporary folder)")
@@ -158,16 +168,18 @@ def main() -> None:
         common = [f"data.synthetic.rows_per_day={args.rows_per_day}",
                   f"data.synthetic.cardinality_scale={args.cardinality_scale}",
                   f"preprocess.hash_size={args.table_rows}", "training.keep_checkpoints=1", 'tuning.policy="off"',
+                  f'preprocess.table_rows="{"ids_seen" if args.tables_sized_by_ids else "hash_size"}"',
                   # each night continues the newest version, promoted or not: a lineage whatever the gate says
                   'orchestration.continue_from="latest"']  # fmt: skip
         modes = {mode: [f'run_dir="{root / mode}"', f'training.checkpoint_mode="{mode}"', *common]
                  for mode in ("full", "delta")}  # fmt: skip
-        dim = load_config(ROOT / "configs" / "demo.toml", modes["full"]).model.embedding_dim
+        dim = load_config(args.config, modes["full"]).model.embedding_dim
         for mode, overrides in modes.items():
-            first = dlrm_run(overrides, root / f"home-{mode}", 2)
+            first = dlrm_run(args.config, overrides, root / f"home-{mode}", 2)
             print(f"{mode}: first model (days 0–1): {first['checkpoint_bytes']:,} bytes", flush=True)
         for as_of in range(3, 3 + args.nights):
-            summaries = {mode: dlrm_run(overrides, root / f"home-{mode}", as_of) for mode, overrides in modes.items()}
+            summaries = {mode: dlrm_run(args.config, overrides, root / f"home-{mode}", as_of)
+                         for mode, overrides in modes.items()}  # fmt: skip
             full, delta = summaries["full"]["checkpoint_bytes"], summaries["delta"]["checkpoint_bytes"]
             features, rows = root / "full" / "features", table_rows(root / "full" / "features")
             dense = full - rows * (dim + 1) * FLOAT_BYTES  # the MLPs, Adam's moments, the metadata
@@ -188,7 +200,7 @@ def main() -> None:
         restored = whole_state(newest_kept(root / "delta"), root)
         load_s = time.perf_counter() - load_started
         bit_exact = same_bits(restored, whole_state(newest_kept(root / "full"), root))
-        served = served_delta(modes["delta"], root, 2 + args.nights)
+        served = served_delta(args.config, modes["delta"], root, 2 + args.nights)
     mean = lambda key: statistics.fmean(n[key] for n in nights)
     print(json.dumps({"nights": nights, "full_bytes_per_night": mean("full_bytes"),
                       "delta_bytes_per_night": mean("delta_bytes"), "touched_bytes_per_night": mean("touched_bytes"),
@@ -197,6 +209,7 @@ def main() -> None:
                       "mean_touched_share": mean("touched_share"), "restore_bit_exact": bit_exact,
                       "chain_load_s": round(load_s, 2), **served,
                       "rows_per_day": args.rows_per_day, "table_rows": args.table_rows,
+                      "tables_sized_by_ids": args.tables_sized_by_ids, "config": str(args.config),
                       "seconds": round(time.perf_counter() - started, 1)}))  # fmt: skip
 
 

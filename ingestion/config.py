@@ -279,6 +279,15 @@ class PreprocessConfig:
     """`vocab` mode: free table rows beyond the fitted vocabulary, as a fraction of it (at most `hash_size` rows in all). A
     recurring run (`--as-of`) puts the new days' frequent ids there, keeping every known id's row; once a table is full, new
     ids share the out-of-vocabulary row until a new lineage refits (docs/recurring.md)"""
+    # Hash and managed modes: how many rows each table gets. "ids_seen": room for twice the
+    # distinct ids the training days hold (at most hash_size), so small features don't pay
+    # for hash_size rows. "hash_size": every table hash_size rows, as a production hash table
+    # is sized: room for the ids later nights bring, fewer collisions as they come.
+    table_rows: Literal["ids_seen", "hash_size"] = "ids_seen"
+    """hash and managed modes: each table's rows. `ids_seen`: twice the distinct ids the training days hold, at most
+    `hash_size`, so small features don't pay for a full table; `hash_size`: every table `hash_size` rows, as a production hash
+    table is sized (room for the ids later nights bring: a recurring lineage keeps its first state's table sizes). Vocab mode
+    sizes its tables by `vocab_headroom`"""
     managed: ManagedIdsConfig = field(default_factory=ManagedIdsConfig)
     features_dir: str = "features"
     """where feature Parquet and the versioned preprocessing state go"""
@@ -298,6 +307,9 @@ class PreprocessConfig:
             raise ValueError(f"vocab_headroom: must be in [0, 100], got {self.vocab_headroom}")
         if self.min_count < 1:
             raise ValueError(f"min_count: must be at least 1, got {self.min_count}")
+        if self.table_rows == "hash_size" and self.categorical_mode == "vocab":
+            raise ValueError("table_rows: \"hash_size\" sizes hash and managed tables; vocab mode sizes its tables by "
+                             "vocab_headroom (set categorical_mode = \"hash\", or leave table_rows = \"ids_seen\")")
         if self.duckdb_threads < 1:
             raise ValueError(f"duckdb_threads: must be at least 1, got {self.duckdb_threads}")
         if self.row_group_size < 1024:

@@ -4,7 +4,8 @@ Dense: missing → 0, negative → 0, then ln(1 + x). Categorical: row 0 of each
 table is "missing". Then, by `categorical_mode`:
 - hash: a present value v maps to 1 + v mod buckets, where each feature gets
   `min(hash_size - 1, 2 × distinct values seen in the training days)` buckets, so small
-  features don't pay for a table of `hash_size` rows;
+  features don't pay for a table of `hash_size` rows (`table_rows = "hash_size"`: every
+  feature `hash_size - 1`);
 - vocab: values seen at least `min_count` times on the training days get rows 2, 3, … (the
   most frequent first, at most hash_size - 2); any other value maps to row 1, out of
   vocabulary. Each feature's vocabulary is a Parquet file (value, index) beside the state;
@@ -149,6 +150,14 @@ def _first_file(warehouse: Path, day: int) -> Path:
     return min(partition_dir(warehouse, day).glob("*.parquet"))
 
 
+def _seen_rows(config: PreprocessConfig, distinct_ids: int) -> int:
+    """A hash or managed table's rows beside its missing row: room for twice the ids seen
+    (`table_rows = "ids_seen"`), or all of `hash_size` less that row."""
+    if config.table_rows == "hash_size":
+        return config.hash_size - 1
+    return max(1, min(config.hash_size - 1, 2 * int(distinct_ids)))
+
+
 def state_id_for(config: PreprocessConfig, warehouse: Path, train_days: Sequence[int]) -> str:
     """Hash of what the fitted state depends on: the config and the training days' manifests."""
     manifests = [read_manifest(warehouse, day) for day in sorted(train_days)]
@@ -161,6 +170,7 @@ def state_id_for(config: PreprocessConfig, warehouse: Path, train_days: Sequence
         "mode": config.categorical_mode,
         "min_count": config.min_count if config.categorical_mode == "vocab" else None,
         **({"headroom": config.vocab_headroom} if config.categorical_mode == "vocab" else {}),
+        **({"table_rows": config.table_rows} if config.table_rows != "ids_seen" else {}),  # earlier states keep their ids
         "days": sorted(train_days),
         "sources": [m and [f["sha256"] for f in m["files"]] for m in manifests],
     }
@@ -197,10 +207,10 @@ def fit_state(config: PreprocessConfig, warehouse: Path, features_root: Path, tr
     elif config.categorical_mode == "managed":
         # as hash mode sizes its tables: room for twice the ids the training days hold, at most
         # hash_size rows (the last one every id without a row of its own shares)
-        table_rows = {name: max(2, min(config.hash_size, 2 * int(counts[name]) + 1)) for name in layout.sparse}
+        table_rows = {name: _seen_rows(config, counts[name]) + 1 for name in layout.sparse}
         buckets = dict(table_rows)
     else:
-        buckets = {name: max(1, min(config.hash_size - 1, 2 * int(counts[name]))) for name in layout.sparse}
+        buckets = {name: _seen_rows(config, counts[name]) for name in layout.sparse}
     state = PreprocessState(state_id, buckets, tuple(sorted(train_days)), rows, click_rate, config.categorical_mode,
                             mean_ids, table_rows, dense=layout.dense, id_types=dict(layout.id_types))  # fmt: skip
     state.save(state_path)  # written last: a state without its vocabularies is never seen

@@ -46,6 +46,7 @@ from flows.stages.stopped_runs import cancel_when_stopped
 from flows.stages.train import train_model
 from flows.tracking.deferred import track_or_defer, wait_for_tracking
 from flows.tracking.lineage import (
+    TAG_ROWS_CHANGED,
     StaleChampionError,
     champion_staleness,
     keep_checkpoint,
@@ -134,7 +135,7 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
     trained = train_model(config, features, night.warm_checkpoint, rows)
     calibrator = calibrate_task(config, trained.folder)
     report, scores = evaluate_model(config, features, trained.folder, rows.model_files(trained.summary.refit), calibrator)
-    model = export_task(config, features, trained, calibrator)
+    model = export_task(config, features, trained, calibrator, night.warm_checkpoint)
     lineage = lineage_tags(config, night, features.state, keep_checkpoint(config, trained.summary.checkpoint))
     tracked = _track(run, features, report, scores, trained, model, lineage, started_at_ms, calibrator)
     decision_ = promote_task(config, tracked.run_id, tracked.model_version, report) if tracked.model_version else None
@@ -143,7 +144,7 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
             prune_lineage(config, tracking_client(config.tracking_uri))
         except Exception as error:  # noqa: BLE001 - the registry went away after promotion
             logger.warning("kept checkpoints not pruned (%s); the next run prunes them", error)
-    summary = run_summary(run, features, report, trained, tracked, decision_, calibrator, rows.calibration_rows)
+    summary = run_summary(run, features, report, trained, tracked, decision_, calibrator, rows.calibration_rows, model)
     _publish_artifacts(run, summary, report, trained)
     if night.as_of is not None and tracked.model_version is not None:
         _judge_staleness(config)
@@ -190,7 +191,8 @@ def _plan(config: PipelineConfig, as_of: str | int | None) -> Night:
 
 
 def run_summary(run: ResolvedRun, features: Features, report: EvalReport, trained: TrainedModel, tracked: TrackedRun,
-                decision: PromotionDecision | None, calibrator: Calibrator, calibration_rows: int) -> RunSummary:  # fmt: skip
+                decision: PromotionDecision | None, calibrator: Calibrator, calibration_rows: int,
+                model: ServingModel) -> RunSummary:  # fmt: skip
     """What `dlrm run --json` prints: the resolved run's days, batch and key; the job's figures."""
     data, night, job = run.config.data, run.night, trained.summary
     assert run.tuning is not None, "a pipeline run is resolved with its tuning decision"
@@ -207,6 +209,7 @@ def run_summary(run: ResolvedRun, features: Features, report: EvalReport, traine
         metrics=report.flat_metrics(),
         train_samples_per_s=job.samples_per_s, samples_per_s=job.samples_per_s,
         rows_trained=job.rows_trained, checkpoint_bytes=job.checkpoint_bytes, resumed_from_step=job.resumed_from_step,
+        rows_changed=model.rows_changed, table_rows=sum(features.state.table_sizes.values()),
         steps=job.steps,
         world_size=job.world_size, global_batch_size=job.global_batch_size,
         mlflow_run_id=tracked.run_id,
@@ -243,6 +246,7 @@ def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: Day
             "train_steps": float(summary.steps),
             "train_seconds": summary.seconds,
             "checkpoint_bytes": float(summary.checkpoint_bytes),
+            **({"rows_changed": float(model.rows_changed)} if model.rows_changed is not None else {}),
             **({"managed_ids_rounds": float(summary.managed_rounds),
                 "managed_ids_restarted_rows": float(summary.managed_restarted_rows),
                 "managed_ids_resident": float(summary.managed_resident_ids),
@@ -276,6 +280,8 @@ def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: Day
             "evaluation.days": ",".join(config.data.day_label(day) for day in config.data.eval_days),
             "evaluation.calibration": calibrator.method,
             **run.key.as_tags(), **run.tuning.as_tags(), **lineage,
+            # on the registered version too: how many of its rows a serving tier must take
+            **({TAG_ROWS_CHANGED: str(model.rows_changed)} if model.rows_changed is not None else {}),
         },
         start_time_ms=started_at_ms,
     )

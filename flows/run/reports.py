@@ -67,6 +67,10 @@ class RunSummary(Checked):
     samples_per_s: float = 0.0  # the name `dlrm train --json` reports it by
     rows_trained: int = 0
     checkpoint_bytes: int = 0  # the served model's final checkpoint on disk (every rank's files)
+    # a night that continued a version: its table rows that differ from that version's (the
+    # registered model's rows_changed.parquet says which); None for a fresh model
+    rows_changed: int | None = None
+    table_rows: int = 0  # every table's rows together
     resumed_from_step: int = 0
     steps: int = 0
     world_size: int = 0
@@ -377,6 +381,9 @@ def _(report: RunSummary, config: Any = None) -> str:
         f"  held-out days        {report.eval_days}  ({int(metrics['eval_count']):,} examples)",
         *([(f"  lineage              trained days {report.days_trained} {lineage}; the model has seen days "
            f"{report.lineage_days}")] if report.as_of is not None else []),
+        *([(f"  rows changed         {report.rows_changed:,} of {report.table_rows:,} table rows differ from version "
+            f"{report.warm_start_version}'s (rows_changed.parquet in the registered model)")]
+          if report.rows_changed is not None and report.table_rows else []),
         f"  NE                   {ne:.4f}",
         *bayes, *reference("logistic_regression", "logistic regression"), *reference("baseline_constant", "constant click rate"),
         f"  AUC                  {metrics['eval_auc']:.4f}",

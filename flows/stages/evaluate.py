@@ -112,10 +112,12 @@ def _bayes_state(config: PipelineConfig) -> BinaryState | None:
 
 
 @task(name="export-model", **STAGE)
-def export_task(config: PipelineConfig, features: Features, trained: TrainedModel, calibrator: Calibrator) -> ServingModel:
+def export_task(config: PipelineConfig, features: Features, trained: TrainedModel, calibrator: Calibrator,
+                warm_start: str = "") -> ServingModel:  # fmt: skip
     """The registered model's files: weights, shape, preprocessing state and calibrator (the
-    job folder's `serving`)."""
-    return write_serving_model(build_job(config, features), Path(trained.summary.checkpoint), features.state,
+    job folder's `serving`); a run that continued `warm_start` (a checkpoint) also the rows
+    it changed in that model."""
+    return write_serving_model(build_job(config, features, warm_start), Path(trained.summary.checkpoint), features.state,
                                config.path(config.preprocess.features_dir), trained.folder.serving,
                                config.tracking.serving_device, calibrator)  # fmt: skip
 

@@ -3,7 +3,9 @@
 Every registered version carries its lineage as MLflow model-version tags: the days it
 has trained on (`lineage.days`, the parent's and its own), the version it continued
 (`lineage.parent_version`), the day it was judged on (`lineage.as_of`), its preprocessing
-state and where its final checkpoint is kept (`lineage.checkpoint`). A run as of day N:
+state, where its final checkpoint is kept (`lineage.checkpoint`) and how many of its table
+rows differ from the parent's (`lineage.rows_changed`; which: the model's
+`rows_changed.parquet`). A run as of day N:
 
 - with a champion: trains the days before N (from the first configured training day on)
   that the champion's lineage lacks, starting from the champion's checkpoint (weights and
@@ -46,6 +48,8 @@ TAG_DAYS = "lineage.days"
 TAG_PARENT = "lineage.parent_version"
 TAG_CHECKPOINT = "lineage.checkpoint"
 TAG_STATE = "preprocessing.state_id"
+# the table rows that differ from the parent version's (training/serving/export.ROWS_CHANGED)
+TAG_ROWS_CHANGED = "lineage.rows_changed"
 LINEAGE_TAGS = (TAG_AS_OF, TAG_DAYS, TAG_PARENT, TAG_CHECKPOINT, TAG_STATE)
 
 

@@ -208,6 +208,37 @@ def test_the_served_model_of_one_night_plus_its_delta_scores_as_the_next_nights(
     assert np.abs(served_before - served_after).max() > 1e-4, "the two versions score differently"
 
 
+def test_a_version_that_continued_another_records_the_rows_it_changed(nights, tmp_path: Path) -> None:
+    """Night 3's registered version says which table rows differ from night 2's (the version it
+    continued): the same rows as the served delta between them finds by comparing the two,
+    counted in its tag, its summary and its MLflow run. Night 2, a fresh model, records none."""
+    import mlflow
+    import pyarrow.parquet as pq
+
+    from flows.tracking.lineage import TAG_ROWS_CHANGED
+
+    config, summaries, _ = nights
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    name = config.tracking.registered_model
+    before, after = summaries[2]["model_version"], summaries[3]["model_version"]
+    assert summaries[3]["warm_start_version"] == before
+    assert summaries[2]["rows_changed"] is None and TAG_ROWS_CHANGED not in client.get_model_version(name, before).tags
+    version = client.get_model_version(name, after)
+    recorded = mlflow.artifacts.download_artifacts(artifact_uri=client.get_model_version_download_uri(name, after),
+                                                   dst_path=str(tmp_path / "v"), tracking_uri=config.tracking_uri)  # fmt: skip
+    rows = pq.read_table(next(Path(recorded).rglob("rows_changed.parquet"))).to_pylist()
+    delta = tmp_path / "delta"
+    overrides = [f'run_dir="{config.run_dir}"', *COMMON, "tracking.registered_model=dlrm-recurring"]
+    done = dlrm_command("export-delta", "--config", TINY, *sets(overrides), "--from-version", before,
+                        "--to-version", after, "--out", str(delta))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    compared = pq.read_table(delta / "rows.parquet", columns=["table", "row"]).to_pylist()
+    assert {(r["table"], r["row"]) for r in rows} == {(r["table"], r["row"]) for r in compared}
+    assert 0 < len(rows) == summaries[3]["rows_changed"] == int(version.tags[TAG_ROWS_CHANGED])
+    assert summaries[3]["rows_changed"] < summaries[3]["table_rows"]
+    assert client.get_run(version.run_id).data.metrics["rows_changed"] == len(rows)
+
+
 def test_a_night_with_too_few_new_rows_waits_and_the_next_trains_its_days_with_its_own(nights) -> None:
     """`orchestration.min_night_rows` above a day's rows: the night as of day 6 ingests day 5,
     trains nothing, registers nothing and says why; the night as of day 7 continues the same

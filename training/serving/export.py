@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torchrec.models.dlrm import DLRM
@@ -21,6 +22,7 @@ from training.model.build import build_train_model, dlrm_spec
 from training.model.managed_ids import ManagedIds
 from training.model.objective import RealRowsDLRMTrain, attach_managed_ids, managed_ids_of
 from training.model.stock_dlrm import SERVING_FORMAT
+from training.serving.model_delta import changed_rows, is_table
 from training.torch_range import matched_set
 
 # The pyfunc's code, and the file it imports (MLflow code_paths): loaded by MLflow, not here.
@@ -31,6 +33,9 @@ SERVING_DEVICES = ("cpu", "cuda")
 # vocab and managed modes: each feature's ids with a row of their own ("<feature>.values",
 # sorted) and their rows ("<feature>.rows"), beside the weights
 VOCABULARIES = "vocabularies.npz"
+# A warm start's record of what it changed in the model it continued: each table row whose
+# floats differ (table, row), and the counts; what a serving tier pushes to move to it
+ROWS_CHANGED, ROWS_CHANGED_RECORD = "rows_changed.parquet", "rows_changed.json"
 # fbgemm's CPU build serves on CPU hosts, its CUDA build on GPU hosts: one or the other.
 _FBGEMM = {"cpu": "fbgemm-gpu-cpu", "cuda": "fbgemm-gpu"}
 # torchrec's metadata asks for the CUDA fbgemm and an old torchmetrics: install it with
@@ -74,6 +79,8 @@ class ServingModel:
 
     folder: Path
     device: str  # the serving device its requirements are for: cpu | cuda
+    # a warm start's table rows that differ from the model it continued (ROWS_CHANGED); None: a fresh model
+    rows_changed: int | None = None
 
     @property
     def requirements(self) -> list[str]:
@@ -81,20 +88,25 @@ class ServingModel:
 
     @classmethod
     def load(cls, folder: Path) -> ServingModel:
-        return cls(folder, json.loads((folder / "model.json").read_text())["device"])
+        record = folder / ROWS_CHANGED_RECORD
+        changed = json.loads(record.read_text())["rows_changed"] if record.is_file() else None
+        return cls(folder, json.loads((folder / "model.json").read_text())["device"], changed)
 
 
-def write_serving_model(job: TrainJob, checkpoint: Path, state: PreprocessState, features_root: Path,
+def write_serving_model(job: TrainJob, checkpoint: Path, preprocessing: PreprocessState, features_root: Path,
                         folder: Path, device: str = "cpu", calibrator: Calibrator | None = None) -> ServingModel:  # fmt: skip
-    """The weights, shape, preprocessing state and calibrator the pyfunc scores raw rows with."""
+    """The weights, shape, preprocessing state and calibrator the pyfunc scores raw rows with;
+    a warm start's also the rows it changed in the model it continued (ROWS_CHANGED)."""
     if device not in SERVING_DEVICES:
         raise ValueError(f"tracking.serving_device: {device!r} is not one of {list(SERVING_DEVICES)}")
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     trained = _load_trained(job, checkpoint)
-    torch.save(trained.model.eval().state_dict(), folder / "dlrm.pt")
-    if state.mode == "vocab":
-        np.savez(folder / VOCABULARIES, **vocabulary_arrays(state, features_root))
+    state = trained.model.eval().state_dict()
+    torch.save(state, folder / "dlrm.pt")
+    changed = _record_rows_changed(job, state, folder) if job.init_checkpoint else None
+    if preprocessing.mode == "vocab":
+        np.savez(folder / VOCABULARIES, **vocabulary_arrays(preprocessing, features_root))
     managed = managed_ids_of(trained)
     if managed is not None:  # the ids' rows as training left them, in the vocabularies' form
         np.savez(folder / VOCABULARIES, **managed_id_arrays(managed))
@@ -102,12 +114,38 @@ def write_serving_model(job: TrainJob, checkpoint: Path, state: PreprocessState,
         "format": SERVING_FORMAT,
         "device": device,
         "dlrm": dlrm_spec(job.model, job.table_sizes, job.dense_features),
-        "preprocessing": {"state_id": state.state_id, "mode": state.mode, "buckets": state.buckets,
-                          "multi_hot": sorted(state.multi_hot), "dense": list(state.dense), "id_types": state.id_types},
+        "preprocessing": {"state_id": preprocessing.state_id, "mode": preprocessing.mode, "buckets": preprocessing.buckets,
+                          "multi_hot": sorted(preprocessing.multi_hot), "dense": list(preprocessing.dense),
+                          "id_types": preprocessing.id_types},
         "calibration": (calibrator or Calibrator()).as_dict(),
     }
     (folder / "model.json").write_text(json.dumps(description, indent=2))
-    return ServingModel(folder, device)
+    return ServingModel(folder, device, changed)
+
+
+def _record_rows_changed(job: TrainJob, state: dict[str, torch.Tensor], folder: Path) -> int | None:
+    """Write which table rows of `state` differ, bit for bit, from the model the job started
+    from (`init_checkpoint`): `rows_changed.parquet` (table, row) and the counts. None (no
+    record) when the two do not have the same tables."""
+    try:
+        before = _load_trained(job, Path(job.init_checkpoint)).model.state_dict()
+    except (RuntimeError, ValueError):  # a start of another shape (its tables do not load into these)
+        return None
+    tables = [name for name in state if is_table(name)]
+    if any(name not in before or before[name].shape != state[name].shape for name in tables):
+        return None
+    rows = {name: changed_rows(before[name], state[name]).numpy() for name in tables}
+    names = pa.array(tables, pa.string())
+    table_of = pa.DictionaryArray.from_arrays(pa.array(np.repeat(np.arange(len(tables)), [len(r) for r in rows.values()]),
+                                                       pa.int32()), names)  # fmt: skip
+    row_numbers = np.concatenate(list(rows.values())) if rows else np.empty(0, np.int64)
+    pq.write_table(pa.table({"table": table_of, "row": pa.array(row_numbers, pa.int64())}), folder / ROWS_CHANGED)
+    total = int(sum(len(r) for r in rows.values()))
+    (folder / ROWS_CHANGED_RECORD).write_text(json.dumps({
+        "since": "the model this one continued (its training started from that model's checkpoint)",
+        "rows_changed": total, "table_rows": int(sum(state[name].shape[0] for name in tables)),
+        "by_table": {name: len(r) for name, r in rows.items()}}, indent=1))  # fmt: skip
+    return total
 
 
 def served_ids(folder: Path, feature: str) -> np.ndarray:

@@ -40,11 +40,12 @@ class ModelDelta:
     bytes: int
 
 
-def _is_table(name: str) -> bool:
+def is_table(name: str) -> bool:
+    """A DLRM state's entry that is an embedding table."""
     return ".embedding_bags." in name and name.endswith(".weight")
 
 
-def _changed_rows(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+def changed_rows(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     """Rows whose bits differ (a float compared by value would take -0.0 for 0.0)."""
     bits = BITS[after.element_size()]
     return torch.nonzero((before.contiguous().view(bits) != after.contiguous().view(bits)).any(dim=1)).flatten()
@@ -64,8 +65,8 @@ def write_model_delta(served_a: Path, served_b: Path, out: Path, manifest: dict)
     rows, values, dense = [], [], []
     per_table: dict[str, int] = {}
     for name, after in b_state.items():
-        if _is_table(name):
-            changed = _changed_rows(a_state[name], after)
+        if is_table(name):
+            changed = changed_rows(a_state[name], after)
             per_table[name] = len(changed)
             rows.append(changed.numpy())
             values.append(after[changed].float().numpy())

@@ -19,6 +19,7 @@ from flows.run.rows import TrainingRows
 from flows.tracking.runs import TrackedRun
 from ingestion.preprocess import PreprocessState
 from training.job import JobFolder, TrainSummary
+from training.serving.export import ServingModel
 from training.tuning.key import tuning_key
 from training.tuning.trigger import TuningDecision
 
@@ -54,8 +55,10 @@ def test_a_tuned_batch_is_fitted_by_the_run_length_rule_and_the_key_job_and_summ
     # the worker writes the job's batch into its summary (training/worker.py); the run's summary reads it
     trained = TrainedModel(_summary(job.training.batch_size, job.workers.world_size), JobFolder(tmp_path))
     report = EvalReport({"ne": 0.9}, {2: {"ne": 0.9}}, [], {})
-    summary = run_summary(run, _features(run.config), report, trained, TrackedRun("r", "", "1"), None, Calibrator(), 0)
+    summary = run_summary(run, _features(run.config), report, trained, TrackedRun("r", "", "1"), None, Calibrator(), 0,
+                          ServingModel(tmp_path, "cpu"))  # fmt: skip
     assert summary.global_batch_size == 512 and summary.tuning_key == run.key.fingerprint
+    assert summary.rows_changed is None and summary.table_rows == sum(STATE.table_sizes.values()), "a fresh model"
 
 
 def test_the_champion_shape_wins_over_the_tuner_and_a_warm_start_skips_the_warm_up(tmp_path: Path) -> None:

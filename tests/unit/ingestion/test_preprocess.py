@@ -180,3 +180,33 @@ def test_managed_mode_keeps_raw_ids_with_the_missing_id_and_hash_sized_tables(ti
         expected = np.where(np.isnan(ids), MISSING_ID, np.nan_to_num(ids).astype(np.int64))
         assert features.schema.field(name).type == pa.int64()
         assert np.array_equal(features[name].to_numpy(), expected), name
+
+
+@pytest.mark.parametrize("mode", ["hash", "managed"])
+def test_tables_sized_at_hash_size_leave_every_feature_its_full_table(tiny_warehouse: Path, tmp_path: Path,
+                                                                      mode: str) -> None:  # fmt: skip
+    """`table_rows = "hash_size"`: every table `hash_size` rows, however few ids a feature
+    has (the default gives a 3-id feature a handful), and a state of its own; the ids still
+    map as hash mode maps them (1 + v mod buckets)."""
+    import dataclasses
+
+    config = dataclasses.replace(TINY_PREPROCESS, categorical_mode=mode, table_rows="hash_size")
+    state = fit_state(config, tiny_warehouse, tmp_path / "full", [0, 1])
+    seen = fit_state(dataclasses.replace(config, table_rows="ids_seen"), tiny_warehouse, tmp_path / "seen", [0, 1])
+    assert state.state_id != seen.state_id
+    assert set(state.table_sizes.values()) == {TINY_PREPROCESS.hash_size}
+    assert min(seen.table_sizes.values()) < TINY_PREPROCESS.hash_size, "the fixture has a feature with few ids"
+    if mode == "hash":
+        raw = pq.read_table(tiny_warehouse / "day=2")
+        features = pq.read_table(apply_state(config, state, tiny_warehouse, tmp_path / "full", 2), partitioning=None)
+        ids = raw["C1"].to_numpy(zero_copy_only=False).astype(np.float64)
+        present = ~np.isnan(ids)
+        expected = 1 + ids[present].astype(np.int64) % (TINY_PREPROCESS.hash_size - 1)
+        assert np.array_equal(features["C1"].to_numpy()[present], expected)
+
+
+def test_tables_sized_at_hash_size_are_not_a_vocab_mode_setting() -> None:
+    from ingestion.config import PreprocessConfig
+
+    with pytest.raises(ValueError, match="table_rows: .*vocab_headroom"):
+        PreprocessConfig(categorical_mode="vocab", table_rows="hash_size")
