@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torchrec.models.dlrm import DLRM
@@ -22,7 +21,7 @@ from training.model.build import build_train_model, dlrm_spec
 from training.model.managed_ids import ManagedIds
 from training.model.objective import RealRowsDLRMTrain, attach_managed_ids, managed_ids_of
 from training.model.stock_dlrm import SERVING_FORMAT
-from training.serving.model_delta import changed_rows, is_table
+from training.serving.model_delta import changed_rows, is_table, rows_table
 from training.torch_range import matched_set
 
 # The pyfunc's code, and the file it imports (MLflow code_paths): loaded by MLflow, not here.
@@ -135,11 +134,7 @@ def _record_rows_changed(job: TrainJob, state: dict[str, torch.Tensor], folder: 
     if any(name not in before or before[name].shape != state[name].shape for name in tables):
         return None
     rows = {name: changed_rows(before[name], state[name]).numpy() for name in tables}
-    names = pa.array(tables, pa.string())
-    table_of = pa.DictionaryArray.from_arrays(pa.array(np.repeat(np.arange(len(tables)), [len(r) for r in rows.values()]),
-                                                       pa.int32()), names)  # fmt: skip
-    row_numbers = np.concatenate(list(rows.values())) if rows else np.empty(0, np.int64)
-    pq.write_table(pa.table({"table": table_of, "row": pa.array(row_numbers, pa.int64())}), folder / ROWS_CHANGED)
+    pq.write_table(rows_table(rows), folder / ROWS_CHANGED)
     total = int(sum(len(r) for r in rows.values()))
     (folder / ROWS_CHANGED_RECORD).write_text(json.dumps({
         "since": "the model this one continued (its training started from that model's checkpoint)",

@@ -51,6 +51,16 @@ def changed_rows(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     return torch.nonzero((before.contiguous().view(bits) != after.contiguous().view(bits)).any(dim=1)).flatten()
 
 
+def rows_table(rows: dict[str, np.ndarray]) -> pa.Table:
+    """Table rows as columns `table` (each row's table: an index into the names, one string a
+    table, not a row) and `row`, the tables in `rows`' order."""
+    names = pa.array(list(rows), pa.string())
+    table_of = pa.DictionaryArray.from_arrays(pa.array(np.repeat(np.arange(len(rows)), [len(r) for r in rows.values()]),
+                                                       pa.int32()), names)  # fmt: skip
+    numbers = np.concatenate(list(rows.values())) if rows else np.empty(0, np.int64)
+    return pa.table({"table": table_of, "row": pa.array(numbers, pa.int64())})
+
+
 def write_model_delta(served_a: Path, served_b: Path, out: Path, manifest: dict) -> ModelDelta:
     """Write the delta that takes the served model in `served_a` to the one in `served_b`
     (folders holding `dlrm.pt` and `model.json`) into `out`; `manifest` names the versions."""
@@ -62,30 +72,24 @@ def write_model_delta(served_a: Path, served_b: Path, out: Path, manifest: dict)
     a_state = torch.load(served_a / "dlrm.pt", map_location="cpu", weights_only=True)
     b_state = torch.load(served_b / "dlrm.pt", map_location="cpu", weights_only=True)
     out.mkdir(parents=True, exist_ok=True)
-    rows, values, dense = [], [], []
-    per_table: dict[str, int] = {}
+    rows: dict[str, np.ndarray] = {}
+    values, dense = [], []
     for name, after in b_state.items():
         if is_table(name):
             changed = changed_rows(a_state[name], after)
-            per_table[name] = len(changed)
-            rows.append(changed.numpy())
+            rows[name] = changed.numpy()
             values.append(after[changed].float().numpy())
         else:
             data = after.contiguous().view(torch.uint8).numpy().tobytes()
             dense.append({"name": name, "dtype": str(after.dtype).removeprefix("torch."), "shape": list(after.shape),
                           "data": data})  # fmt: skip
+    per_table = {name: len(changed) for name, changed in rows.items()}
     widths = {int(b_state[name].shape[1]) for name in per_table}
     if len(widths) > 1:
         raise DeltaRefused(f"tables of several widths {sorted(widths)}: not a DLRM's")
     flat = pa.array(np.concatenate([block.reshape(-1) for block in values]) if values else [], pa.float32())
-    row_numbers = pa.array(np.concatenate(rows) if rows else [], pa.int64())
-    # each row's table as an index into the table names (one string a table, not a row)
-    names = pa.array(list(per_table), pa.string())
-    table_of = pa.DictionaryArray.from_arrays(pa.array(np.repeat(np.arange(len(per_table)), list(per_table.values())),
-                                                       pa.int32()), names)  # fmt: skip
-    pq.write_table(pa.table({"table": table_of, "row": row_numbers,
-                             "values": pa.FixedSizeListArray.from_arrays(flat, widths.pop() if widths else 1)}),
-                   out / DELTA_ROWS)  # fmt: skip
+    row_values = pa.FixedSizeListArray.from_arrays(flat, widths.pop() if widths else 1)
+    pq.write_table(rows_table(rows).append_column("values", row_values), out / DELTA_ROWS)
     pq.write_table(pa.Table.from_pylist(dense, schema=pa.schema([("name", pa.string()), ("dtype", pa.string()),
                                                                   ("shape", pa.list_(pa.int64())), ("data", pa.binary())])),
                    out / DELTA_DENSE)  # fmt: skip
