@@ -34,9 +34,7 @@ def _states() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[st
         rows = {0, 3 + k, int(after[name].shape[0]) - 1}
         after[name][sorted(rows)] += 0.5
         touched[name] = rows
-    for name in after:
-        if not is_table(name):
-            after[name] = after[name] * 1.5
+    after.update({name: tensor * 1.5 for name, tensor in after.items() if not is_table(name)})
     return before, after, touched
 
 
