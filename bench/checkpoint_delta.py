@@ -62,9 +62,13 @@ FLOAT_BYTES = 4
 CATEGORICAL = [f"C{i}" for i in range(1, 27)]
 
 
+def sets(overrides: list[str]) -> list[str]:
+    """The overrides as `dlrm` arguments."""
+    return [part for override in overrides for part in ("--set", override)]
+
+
 def dlrm_run(config: Path, overrides: list[str], home: Path, as_of: int) -> dict:
-    arguments = [part for override in overrides for part in ("--set", override)]
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--config", str(config), *arguments,
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--config", str(config), *sets(overrides),
                            "--as-of", str(as_of), "--json"], cwd=ROOT, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "PREFECT_HOME": str(home), "HOME": str(home)}, check=False)  # fmt: skip
     if done.returncode != 0:
@@ -95,8 +99,7 @@ def served_delta(config_file: Path, overrides: list[str], root: Path, newest_day
     versions = sorted(int(v.version) for v in MlflowClient(uri, uri).search_model_versions(f"name='{name}'"))
     before, after = str(versions[-2]), str(versions[-1])
     out = root / "served-delta"
-    arguments = [part for override in overrides for part in ("--set", override)]
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "export-delta", "--config", str(config_file), *arguments,
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "export-delta", "--config", str(config_file), *sets(overrides),
                            "--from-version", before, "--to-version", after, "--out", str(out), "--json"], cwd=ROOT,
                           capture_output=True, text=True, check=False)  # fmt: skip
     if done.returncode != 0:
