@@ -50,7 +50,15 @@ class ModelConfig:
     model starts as its DLRM; `"logistic_regression"`, as the fitted reference (the same fit as the run's logistic-regression
     reference: rows, seed, `evaluation.reference_max_rows`), with the top MLP's last layer at 0, so the deep part learns what
     the regression leaves. Rank 0 fits it and sends it to every rank. Small data: L-BFGS with a validated L2 finds the ids'
-    own weights better than a few epochs of SGD; keep `training.embedding_lr` small (≤ 0.001) or they drift from that optimum"""
+    own weights better than a few epochs of SGD; keep `training.embedding_lr` at 0.005 or less or they drift from that optimum"""
+    # Few rows start at the regression (training/model/small_data.py): measured better on
+    # Avazu's 8,000 rows, worse on MovieLens's 68,000.
+    regression_start: Literal["auto", "configured"] = "auto"
+    """`auto`: a fresh run with fewer than 32,768 training rows trains a wide DLRM started as the fitted logistic regression
+    (`wide = true`, `wide_start = "logistic_regression"`, `training.embedding_lr` at most 0.005), and a night continuing such a
+    model keeps that rate; measured ahead of the regression on Avazu's 8,000 rows where the plain DLRM stayed 0.8 % behind
+    ([run-length.md](run-length.md)). Said in the run's resolved changes. It leaves a config that sets `wide = true` itself,
+    `arch = "dlrm_dcn"` and managed ids as they are. `configured`: train the model as configured"""
     # Tables declared by shape, for planning a model without its data (empty: from the data).
     declared_tables: DeclaredTables = field(default_factory=lambda: DeclaredTables())
 

@@ -7,10 +7,13 @@ reason:
    second warm-up for a warm start (flows/run/nights.py);
 2. on a fresh run with the preprocessing state known, the MLP widths the training rows
    support (`model.mlp_width = "auto"`, training/model/width.py), before the tuner's width
-   factor applies to them;
+   factor applies to them; and on few rows, a start as the logistic regression
+   (`model.regression_start = "auto"`, training/model/small_data.py), before a tuned
+   embedding rate applies;
 3. the hyperparameters the tuning decision chose (flows/tuning/hyperparameters.py);
 4. the champion's model shape and preprocessing mode (`preprocess.categorical_mode`), which a
-   warm start keeps whatever the config or the tuner say;
+   warm start keeps whatever the config or the tuner say; and for a champion the rule of
+   step 2 started as the regression, its small embedding steps;
 5. the run length, fitted last so that it sees any tuned batch: the global batch is halved
    until the run has `training.min_steps` steps (training/loop/run_length.py);
 6. with that length known, a study's batch sizes (`tuning.batch_sizes = "auto"`): the
@@ -33,6 +36,7 @@ from flows.run.nights import Night, night_config, with_champion_preprocessing, w
 from ingestion.preprocess import PreprocessState
 from training.config import Workers
 from training.loop.run_length import fit_run_length
+from training.model.small_data import RunSettings, continue_regression_start, fit_regression_start
 from training.model.width import fit_mlp_width
 from training.tuning.key import TuningKey, tuning_key
 from training.tuning.space import apply_params, search_batches
@@ -43,7 +47,8 @@ from training.tuning.trigger import TuningDecision
 class Change:
     """One rewrite of the configured run: which step made it, and what it changed and why."""
 
-    step: str  # "night", "model width", "tuning", "champion shape", "champion preprocessing", "run length", "tuning key"
+    step: str  # "night", "model width", "regression start", "tuning", "champion shape", "champion preprocessing",
+    # "run length", "tuning key"
     note: str
 
 
@@ -81,11 +86,19 @@ def resolve_run(config: PipelineConfig, night: Night | None = None, state: Prepr
     if state is not None and night.warm_start is None:
         model, note = fit_mlp_width(config.model, state.train_rows)
         config = apply("model width", (dataclasses.replace(config, model=model), note))
+        settings, note = fit_regression_start(RunSettings(config.model, config.training, config.tuning), state.train_rows,
+                                              state.mode)  # fmt: skip
+        started = dataclasses.replace(config, model=settings.model, training=settings.training, tuning=settings.tuning)
+        config = apply("regression start", (started, note))
     if tuning is not None:
         config = apply("tuning", _with_tuned(config, tuning))
     if night.warm_start is not None:
+        configured = config.model
         config = apply("champion shape", with_champion_shape(config, night.warm_start))
         config = apply("champion preprocessing", with_champion_preprocessing(config, night.warm_start))
+        training, note = continue_regression_start(configured, config.model, config.training,
+                                                   config.preprocess.categorical_mode)  # fmt: skip
+        config = apply("regression start", (dataclasses.replace(config, training=training), note))
     steps = None
     if state is not None:
         fitted = fit_run_length(config.training, state.train_rows, config.workers)

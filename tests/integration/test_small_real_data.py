@@ -144,3 +144,18 @@ def test_the_configured_mlps_are_narrowed_to_what_8000_rows_support_and_mlflow_r
     changes = client.download_artifacts(run.info.run_id, "config/resolved_changes.json")
     width = [change for change in json.loads(Path(changes).read_text()) if change["step"] == "model width"]
     assert len(width) == 1 and "8,000 training rows" in width[0]["note"]
+
+
+def test_8000_rows_start_a_wide_model_as_the_regression_by_default(small_run) -> None:
+    """`model.regression_start = "auto"` (the default; the config asks for no wide part): the
+    model trained is wide, started as the fitted regression (its first score, epoch 0, is the
+    regression's), with the embeddings' steps capped; MLflow's parameters and changes say so."""
+    config, summary = small_run
+    assert not config.model.wide and config.model.regression_start == "auto" and config.training.embedding_lr == 0.05
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.params["model.wide"] == "True" and run.data.params["model.wide_start"] == "logistic_regression"
+    assert float(run.data.params["training.embedding_lr"]) == 0.005
+    changes = client.download_artifacts(run.info.run_id, "config/resolved_changes.json")
+    start = [change for change in json.loads(Path(changes).read_text()) if change["step"] == "regression start"]
+    assert len(start) == 1 and "8,000 training rows are fewer than 32,768" in start[0]["note"]

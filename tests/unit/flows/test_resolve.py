@@ -130,3 +130,27 @@ def test_few_rows_narrow_the_mlps_before_the_tuners_width_factor_and_a_warm_star
     night = Night(2, (0, 1), warm_start=WarmStart("3", "r", "/c", (0, 1), champion, STATE))
     warm = resolve_run(config, night, STATE)
     assert warm.config.model == champion and "model width" not in [change.step for change in warm.changes]
+
+
+def test_few_rows_start_at_the_regression_by_default_and_a_night_continuing_it_keeps_small_steps(tmp_path: Path) -> None:
+    """`model.regression_start = "auto"` (the default; the tiny config sets "configured"): a
+    fresh run on 12,000 rows trains a wide DLRM started as the regression, with the ceiling on
+    its embedding steps, said as a change; a tuned rate applies after it; a night continuing
+    that champion keeps the ceiling; a night continuing a plain champion does not get it."""
+    config = load_config(TINY, [f'run_dir="{tmp_path}"', 'model.regression_start="auto"'])  # embedding_lr 0.1
+    run = resolve_run(config, state=STATE)
+    assert run.config.model.wide and run.config.model.wide_start == "logistic_regression"
+    assert run.config.training.embedding_lr == 0.005
+    assert [change.step for change in run.changes] == ["regression start"]
+    assert "12,000 training rows" in run.changes[0].note and "training.embedding_lr 0.1 → 0.005" in run.changes[0].note
+    assert not resolve_run(config).config.model.wide, "not before the rows are known"
+    tuned = TuningDecision("use_tuned", "tuned", run.key, {"training.embedding_lr": 0.002})
+    assert resolve_run(config, state=STATE, tuning=tuned).config.training.embedding_lr == 0.002
+    many = PreprocessState("s", {"C1": 10, "C2": 5}, (0, 1), 68_000, 0.25)
+    assert not resolve_run(config, state=many).config.model.wide
+    night = Night(2, (0, 1), warm_start=WarmStart("3", "r", "/c", (0, 1), run.config.model, STATE))
+    warm = resolve_run(config, night, STATE)
+    assert warm.config.model == run.config.model and warm.config.training.embedding_lr == 0.005
+    assert "regression start" in [change.step for change in warm.changes]
+    plain = Night(2, (0, 1), warm_start=WarmStart("3", "r", "/c", (0, 1), config.model, STATE))
+    assert resolve_run(config, plain, STATE).config.training.embedding_lr == 0.1
