@@ -52,7 +52,7 @@ class ModelConfig:
     the regression leaves. Rank 0 fits it and sends it to every rank. Small data: L-BFGS with a validated L2 finds the ids'
     own weights better than a few epochs of SGD; keep `training.embedding_lr` at 0.005 or less or they drift from that optimum"""
     # Few rows start at the regression (training/model/small_data.py): measured better on
-    # Avazu's 8,000 rows, worse on MovieLens's 68,000.
+    # Avazu's 8,000 rows, worse on MovieLens's 66,000.
     regression_start: Literal["auto", "configured"] = "auto"
     """`auto`: a fresh run with fewer than 32,768 training rows trains a wide DLRM started as the fitted logistic regression
     (`wide = true`, `wide_start = "logistic_regression"`, `training.embedding_lr` at most 0.005), and a night continuing such a

@@ -96,9 +96,10 @@ def resolve_run(config: PipelineConfig, night: Night | None = None, state: Prepr
         configured = config.model
         config = apply("champion shape", with_champion_shape(config, night.warm_start))
         config = apply("champion preprocessing", with_champion_preprocessing(config, night.warm_start))
-        training, note = continue_regression_start(configured, config.model, config.training,
-                                                   config.preprocess.categorical_mode)  # fmt: skip
-        config = apply("regression start", (dataclasses.replace(config, training=training), note))
+        if tuning is None or "training.embedding_lr" not in tuning.params:  # a tuned rate wins, as on a fresh run
+            training, note = continue_regression_start(configured, config.model, config.training,
+                                                       config.preprocess.categorical_mode)  # fmt: skip
+            config = apply("regression start", (dataclasses.replace(config, training=training), note))
     steps = None
     if state is not None:
         fitted = fit_run_length(config.training, state.train_rows, config.workers)

@@ -6,7 +6,7 @@ ids' own weights of a logistic regression. Measured with three seeds (docs/run-l
 Avazu's 8,000 rows the plain DLRM stayed 0.8 % behind the fitted regression (NE 0.9127 mean,
 0.42 % seed spread), while a wide DLRM started at that regression, with small steps for the
 embeddings so that the ids' weights stay near the regression's optimum, finished ahead of it
-(0.8992, 0.29 % spread). On MovieLens's 68,000 rows the plain DLRM wins by 3 % and the
+(0.8992, 0.29 % spread). On MovieLens's 66,000 rows the plain DLRM wins by 3 % and the
 regression start only keeps the regression. So a run with fewer than `FEW_ROWS` training
 rows gets the regression start; more rows, the model as configured.
 
@@ -18,7 +18,8 @@ What it changes, each said in the run's resolved changes:
   than the click rate);
 - a night continuing a model that this rule started at the regression: the same
   `training.embedding_lr` ceiling (the ids' weights would otherwise drift from the
-  regression's optimum night after night); the shape is the champion's anyway.
+  regression's optimum night after night), unless a tuned rate is given; the shape is the
+  champion's anyway.
 
 It leaves alone a config that asks for a wide model itself (its own start and rates), another
 architecture (only the dot interaction has a wide part), and managed ids (their rows are
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from training.config import ModelConfig, TrainingConfig
 from training.tuning.config import TuningConfig
 
-FEW_ROWS = 32_768  # fewer training rows than this start at the regression (8,000 did better, 68,000 worse)
+FEW_ROWS = 32_768  # fewer training rows than this start at the regression (8,000 did better, 66,000 worse)
 EMBEDDING_LR = 0.005  # the embeddings' steps under a regression start (0.05 moved an id's weight off it in a step)
 # The tuner's range for that rate under a regression start: the one that tuned
 # configs/small-real.toml level with its regression

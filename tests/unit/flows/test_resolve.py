@@ -152,5 +152,6 @@ def test_few_rows_start_at_the_regression_by_default_and_a_night_continuing_it_k
     warm = resolve_run(config, night, STATE)
     assert warm.config.model == run.config.model and warm.config.training.embedding_lr == 0.005
     assert "regression start" in [change.step for change in warm.changes]
+    assert resolve_run(config, night, STATE, tuned).config.training.embedding_lr == 0.002, "a tuned rate wins on a night too"
     plain = Night(2, (0, 1), warm_start=WarmStart("3", "r", "/c", (0, 1), config.model, STATE))
     assert resolve_run(config, plain, STATE).config.training.embedding_lr == 0.1
