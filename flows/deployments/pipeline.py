@@ -196,6 +196,7 @@ def run_summary(run: ResolvedRun, features: Features, report: EvalReport, traine
     """What `dlrm run --json` prints: the resolved run's days, batch and key; the job's figures."""
     data, night, job = run.config.data, run.night, trained.summary
     assert run.tuning is not None, "a pipeline run is resolved with its tuning decision"
+    source = run.tuning.source  # the tuned key the parameters come from, if any
     return RunSummary(
         as_of=None if night.as_of is None else data.shown(night.as_of),
         eval_days=data.shown_days(data.eval_days),
@@ -220,6 +221,7 @@ def run_summary(run: ResolvedRun, features: Features, report: EvalReport, traine
         promotion_reason=decision.reason if decision else "no model registered",
         champion_ne_same_days=decision.champion_ne if decision else None,
         tuning_key=run.key.fingerprint, tuning_decision=run.tuning.action, tuning_reason=run.tuning.reason,
+        seed_spread=source.seed_spread if source else None, seed_spread_seeds=len(source.ne_per_seed) if source else 0,
         calibrator=calibrator.describe(), calibration_rows=calibration_rows, managed_churn=job.managed_churn,
         epochs_trained=job.epochs_trained, epochs_kept=job.epochs_kept, run_length=job.run_length, refit=job.refit,
         port=port_summary(run.config, run.tuning.port, trained.folder.metrics) if run.tuning.port else None,
@@ -247,6 +249,8 @@ def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: Day
             "train_seconds": summary.seconds,
             "checkpoint_bytes": float(summary.checkpoint_bytes),
             **({"rows_changed": float(model.rows_changed)} if model.rows_changed is not None else {}),
+            **({"seed_spread": run.tuning.source.seed_spread}
+               if run.tuning.source is not None and run.tuning.source.seed_spread is not None else {}),
             **({"managed_ids_rounds": float(summary.managed_rounds),
                 "managed_ids_restarted_rows": float(summary.managed_restarted_rows),
                 "managed_ids_resident": float(summary.managed_resident_ids),

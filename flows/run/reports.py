@@ -84,6 +84,10 @@ class RunSummary(Checked):
     tuning_key: str = ""  # the key of the batch and hardware the run trained at
     tuning_decision: str = ""
     tuning_reason: str = ""
+    # the seeds' spread, (max − min) / min NE, of the trial whose parameters the run trains
+    # with, where that trial trained several seeds (`tuning.seeds_per_trial`); None: not measured
+    seed_spread: float | None = None
+    seed_spread_seeds: int = 0
     skipped: bool = False
     calibrator: str = ""  # how the served probabilities are calibrated ("none": not)
     calibration_rows: int = 0  # training rows held out of training to fit it
@@ -394,6 +398,9 @@ def _(report: RunSummary, config: Any = None) -> str:
         (f"  training throughput  {report.samples_per_s:,.0f} samples/s ({report.world_size} processes, "
         f"{config.sharding.sharding_type})"),
         f"  hyperparameters      {report.tuning_decision}: {report.tuning_reason}",
+        *([(f"  seed spread          {100 * report.seed_spread:.2f} % of validation NE over {report.seed_spread_seeds} seeds "
+            "of the trial these parameters come from (a smaller gap to a reference or champion is within the seed's reach)")]
+          if report.seed_spread is not None else []),
         *([port_line(report.port)] if report.port else []),
         *([f"  run length           {report.run_length}"] if report.run_length else []),
         *([f"  tables churn         {report.managed_churn}"] if report.managed_churn else []),

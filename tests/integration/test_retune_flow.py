@@ -56,6 +56,15 @@ def test_retune_first_trains_with_the_best_trial(tuned_run) -> None:
         assert (float(logged) == pytest.approx(value)) if isinstance(value, float) else logged == str(value), name
     assert run.data.tags["tuning.key"] == tuning_key(config.training, config.workers).fingerprint
     assert run.data.tags["tuning.decision"] == "retune_first"
+    # the seeds' spread of the trial the parameters come from (2 seeds a trial), in the
+    # summary and MLflow; the configured values, when kept, were not measured over seeds
+    if decision["kept_configured"]:
+        assert summary["seed_spread"] is None and "seed_spread" not in run.data.metrics
+    else:
+        per_seed = list(study.best_trial.user_attrs["ne_per_seed"].values())
+        spread = (max(per_seed) - min(per_seed)) / min(per_seed)
+        assert summary["seed_spread"] == pytest.approx(spread) and summary["seed_spread_seeds"] == 2
+        assert run.data.metrics["seed_spread"] == pytest.approx(spread)
 
 
 def test_a_trial_scores_the_mean_ne_of_its_seeds(tuned_run) -> None:

@@ -45,6 +45,16 @@ class TunedParams:
     ne: float
     trial_number: int
     study_name: str
+    # the trial's validation NE per training seed, in seed order (`tuning.seeds_per_trial`);
+    # empty for one seed, and for the configured values a verdict kept
+    ne_per_seed: tuple[float, ...] = ()
+
+    @property
+    def seed_spread(self) -> float | None:
+        """(max − min) / min of the NE over the trial's seeds; None unless it trained several."""
+        if len(self.ne_per_seed) < 2:
+            return None
+        return (max(self.ne_per_seed) - min(self.ne_per_seed)) / min(self.ne_per_seed)
 
 
 def study_name(model: str, key: TuningKey) -> str:
@@ -212,7 +222,8 @@ def best_of(study: optuna.Study) -> TunedParams | None:
     if not complete:
         return None
     best = min(complete, key=lambda t: t.value)  # type: ignore[arg-type, return-value]
-    tuned = TunedParams(_key_of(study.user_attrs), trial_params(best), float(best.value), best.number, study.study_name)  # type: ignore[arg-type]
+    tuned = TunedParams(_key_of(study.user_attrs), trial_params(best), float(best.value), best.number, study.study_name,  # type: ignore[arg-type]
+                        trial_seeds_ne(best))  # fmt: skip
     return _as_judged(tuned, study.user_attrs)
 
 
@@ -223,6 +234,13 @@ def _as_judged(best: TunedParams, attrs: dict[str, Any]) -> TunedParams:
     if decision.get("trial") != best.trial_number or not decision.get("kept_configured"):
         return best
     return TunedParams(best.key, dict(decision["configured_params"]), float(decision["configured_ne"]), -1, best.study_name)
+
+
+def trial_seeds_ne(trial: FrozenTrial) -> tuple[float, ...]:
+    """A finished trial's validation NE per training seed, in seed order (flows/tuning/trials.py
+    records them); empty for a trial of one seed."""
+    per_seed = trial.user_attrs.get("ne_per_seed", {})
+    return tuple(float(per_seed[seed]) for seed in sorted(per_seed, key=int)) if len(per_seed) > 1 else ()
 
 
 def trial_params(trial: FrozenTrial) -> Params:
@@ -239,7 +257,8 @@ def tuned_keys(storage: RDBStorage, model: str) -> list[TunedParams]:
         best: FrozenTrial | None = summary.best_trial
         if attrs.get("model") != model or "tuning_key" not in attrs or best is None or best.value is None:
             continue
-        tuned = TunedParams(_key_of(attrs), trial_params(best), float(best.value), best.number, summary.study_name)
+        tuned = TunedParams(_key_of(attrs), trial_params(best), float(best.value), best.number, summary.study_name,
+                            trial_seeds_ne(best))  # fmt: skip
         found.append(_as_judged(tuned, attrs))
     return found
 

@@ -3,6 +3,7 @@ that cannot be read is one line naming the field."""
 
 import dataclasses
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +44,8 @@ def test_reports_read_back_from_their_json_form() -> None:
                          rows_ingested=10, rows_quarantined=0, files_failed=[], days_already_ingested=[],
                          metrics={"eval_ne": 0.8, "eval_ne_day_2": 0.79}, model_version="3")  # fmt: skip
     assert run_report(encode(summary)) == summary
+    spread = dataclasses.replace(summary, seed_spread=0.0041, seed_spread_seeds=3)
+    assert run_report(encode(spread)) == spread and summary.seed_spread is None
     with pytest.raises(SchemaError):
         dataclasses.replace(summary, metrics={"eval_ne": "high"})
 
@@ -54,3 +57,17 @@ def test_a_report_that_cannot_be_read_is_one_line_for_the_user() -> None:
     line = str(caught.value)
     assert line == "the pipeline's summary: champion_version: expected str, got int 4" and "\n" not in line
     assert _is_user_facing(caught.value) and "SchemaError" in commands.USER_FACING_ERRORS
+
+
+def test_the_report_shows_the_seed_spread_only_where_it_was_measured(tmp_path: Path) -> None:
+    from flows.run.config import load_config
+    from flows.run.reports import for_people
+
+    config = load_config(Path(__file__).resolve().parents[3] / "configs" / "tiny.toml", [f'run_dir="{tmp_path}"'])
+    metrics = {"eval_ne": 0.8, "eval_count": 100.0, "eval_auc": 0.7, "eval_calibration": 1.0, "eval_log_loss": 0.5}
+    summary = RunSummary(as_of=None, eval_days=[2], days_trained=[0, 1], lineage_days=[0, 1], warm_start_version=None,
+                         rows_ingested=10, rows_quarantined=0, files_failed=[], days_already_ingested=[], metrics=metrics,
+                         tuning_decision="use_tuned", tuning_reason="key k was tuned")  # fmt: skip
+    assert "seed spread" not in for_people(summary, config)
+    shown = for_people(dataclasses.replace(summary, seed_spread=0.0041, seed_spread_seeds=3), config)
+    assert "  seed spread          0.41 % of validation NE over 3 seeds of the trial these parameters come from" in shown

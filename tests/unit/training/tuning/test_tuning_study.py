@@ -74,6 +74,33 @@ def test_one_worker_runs_exactly_the_budget_and_finds_the_bowl(tmp_path: Path) -
     assert tuned_keys(open_storage(url, 10), "another-model") == []
 
 
+def test_the_best_trial_carries_its_ne_per_seed_and_their_spread(tmp_path: Path) -> None:
+    """What flows/tuning/trials.py records per seed comes back with the best trial, in seed
+    order (10 before 9 as text, not as numbers), for the run's summary; one seed: no spread."""
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = TuningConfig(n_trials=3, batch_sizes=(), sampler="tpe", seed=1)
+    study, worker = _study(url, space)
+
+    def seeded(trial: optuna.Trial) -> float:
+        value = bowl(trial)
+        per_seed = {"9": value * 0.99, "10": value * 1.01} if trial.number != 2 else {"9": value}
+        trial.set_user_attr("ne_per_seed", per_seed)
+        return value
+
+    run_worker(study, seeded, space, url, worker)
+    best = best_of(study)
+    assert best is not None
+    trial = study.trials[best.trial_number]
+    if best.trial_number == 2:
+        assert best.ne_per_seed == () and best.seed_spread is None
+    else:
+        assert best.ne_per_seed == pytest.approx((trial.value * 0.99, trial.value * 1.01))
+        assert best.seed_spread == pytest.approx(0.02 / 0.99)
+    (listed,) = tuned_keys(open_storage(url, 10), "m")
+    assert listed.ne_per_seed == best.ne_per_seed
+    assert TunedParams(KEY, {}, 0.9, 0, "s", (0.9,)).seed_spread is None
+
+
 def test_a_timeout_alone_runs_trials_until_the_time_is_up(tmp_path: Path) -> None:
     """`dlrm retune --timeout S` without `--trials`: the config's count is dropped (the
     command wins), and the study runs trials until S."""
