@@ -221,11 +221,17 @@ def run_summary(run: ResolvedRun, features: Features, report: EvalReport, traine
         promotion_reason=decision.reason if decision else "no model registered",
         champion_ne_same_days=decision.champion_ne if decision else None,
         tuning_key=run.key.fingerprint, tuning_decision=run.tuning.action, tuning_reason=run.tuning.reason,
-        seed_spread=source.seed_spread if source else None, seed_spread_seeds=len(source.ne_per_seed) if source else 0,
+        seed_spread=seed_spread(run), seed_spread_seeds=len(source.ne_per_seed) if source else 0,
         calibrator=calibrator.describe(), calibration_rows=calibration_rows, managed_churn=job.managed_churn,
         epochs_trained=job.epochs_trained, epochs_kept=job.epochs_kept, run_length=job.run_length, refit=job.refit,
         port=port_summary(run.config, run.tuning.port, trained.folder.metrics) if run.tuning.port else None,
     )  # fmt: skip
+
+
+def seed_spread(run: ResolvedRun) -> float | None:
+    """The seeds' spread of the trial the run's parameters come from; None where not measured."""
+    source = run.tuning.source if run.tuning is not None else None
+    return source.seed_spread if source is not None else None
 
 
 def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: DayScores, trained: TrainedModel,
@@ -249,8 +255,7 @@ def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: Day
             "train_seconds": summary.seconds,
             "checkpoint_bytes": float(summary.checkpoint_bytes),
             **({"rows_changed": float(model.rows_changed)} if model.rows_changed is not None else {}),
-            **({"seed_spread": run.tuning.source.seed_spread}
-               if run.tuning.source is not None and run.tuning.source.seed_spread is not None else {}),
+            **({"seed_spread": spread} if (spread := seed_spread(run)) is not None else {}),
             **({"managed_ids_rounds": float(summary.managed_rounds),
                 "managed_ids_restarted_rows": float(summary.managed_restarted_rows),
                 "managed_ids_resident": float(summary.managed_resident_ids),

@@ -222,9 +222,13 @@ def best_of(study: optuna.Study) -> TunedParams | None:
     if not complete:
         return None
     best = min(complete, key=lambda t: t.value)  # type: ignore[arg-type, return-value]
-    tuned = TunedParams(_key_of(study.user_attrs), trial_params(best), float(best.value), best.number, study.study_name,  # type: ignore[arg-type]
-                        trial_seeds_ne(best))  # fmt: skip
-    return _as_judged(tuned, study.user_attrs)
+    return _as_judged(_tuned(study.user_attrs, best, study.study_name), study.user_attrs)
+
+
+def _tuned(attrs: dict[str, Any], best: FrozenTrial, study: str) -> TunedParams:
+    """A study's best finished trial, as the parameters it tuned."""
+    return TunedParams(_key_of(attrs), trial_params(best), float(best.value), best.number, study,  # type: ignore[arg-type]
+                       trial_seeds_ne(best))  # fmt: skip
 
 
 def _as_judged(best: TunedParams, attrs: dict[str, Any]) -> TunedParams:
@@ -257,9 +261,7 @@ def tuned_keys(storage: RDBStorage, model: str) -> list[TunedParams]:
         best: FrozenTrial | None = summary.best_trial
         if attrs.get("model") != model or "tuning_key" not in attrs or best is None or best.value is None:
             continue
-        tuned = TunedParams(_key_of(attrs), trial_params(best), float(best.value), best.number, summary.study_name,
-                            trial_seeds_ne(best))  # fmt: skip
-        found.append(_as_judged(tuned, attrs))
+        found.append(_as_judged(_tuned(attrs, best, summary.study_name), attrs))
     return found
 
 
