@@ -37,7 +37,7 @@ from ingestion.preprocess import (
     feature_rows,
     fit_state,
 )
-from ingestion.synthetic import GroundTruth, existing_day, generate_day
+from ingestion.synthetic import existing_day, generate_day, shared_ground_truth
 from ingestion.warehouse import ingest_day
 
 # Work is skipped by the stages' own manifests (a day already ingested, features already
@@ -128,7 +128,8 @@ def generate_task(config: PipelineConfig, day: int) -> dict[str, Any]:
     if existing:
         get_run_logger().info("day %s: generated earlier with the same settings, reusing it", day)
         return asdict(existing)
-    stats = generate_day(config.data.synthetic, day, raw, GroundTruth(config.data.synthetic, config.data.multi_hot))
+    truth = shared_ground_truth(config.data.synthetic, tuple(config.data.multi_hot))
+    stats = generate_day(config.data.synthetic, day, raw, truth)
     get_run_logger().info("day %s: generated %s rows, Bayes-optimal NE %.4f", day, f"{stats.rows:,}", stats.bayes_ne)
     return asdict(stats)
 

@@ -1,8 +1,17 @@
-"""Integration fixtures: one temporary Prefect server for the whole session."""
+"""Integration fixtures: one temporary Prefect server and one warm-rank server for the session.
 
+Training jobs start from the warm-rank server (training/launch/warm_ranks.py: ranks forked
+from a process that imported the trainer once), except in the modules and tests marked
+`torchrun`: those test the launcher itself (recovery, stops, failure reports), and a
+launch across hosts always takes torchrun."""
+
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from training.launch.warm_ranks import ENVIRONMENT_KEY, start_server
 
 
 @pytest.fixture(scope="session")
@@ -14,3 +23,35 @@ def prefect_server() -> Iterator[str]:
 
     with prefect_test_harness(server_startup_timeout=120):
         yield prefect.settings.PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="session")
+def warm_rank_server() -> Iterator[Path]:
+    """This test process's warm-rank server; yields its socket (short: a Unix socket's path
+    has a limit of about 100 bytes)."""
+    socket_path = Path(tempfile.mkdtemp(prefix="warm-ranks-")) / "server.sock"
+    server = start_server(socket_path)
+    yield socket_path
+    server.kill()
+    server.wait()
+    socket_path.unlink(missing_ok=True)
+    socket_path.parent.rmdir()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_ranks_for_the_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """`DLRM_WARM_RANKS` for the module (its `dlrm` subprocesses too), unless it is marked `torchrun`."""
+    if request.node.get_closest_marker("torchrun") is not None:
+        yield
+        return
+    server = request.getfixturevalue("warm_rank_server")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ENVIRONMENT_KEY, str(server))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _torchrun_for_marked_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked `torchrun` in a module that is not: torchrun for that test."""
+    if request.node.get_closest_marker("torchrun") is not None:
+        monkeypatch.delenv(ENVIRONMENT_KEY, raising=False)

@@ -23,7 +23,7 @@ from training.loop.checkpoint import latest_checkpoint
 from training.loop.progress import read_records
 from training.serving.export import export_model
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torchrun]
 
 
 def _job(features, out: Path, cpu: CpuConfig | None = None, **training) -> TrainJob:

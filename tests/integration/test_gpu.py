@@ -40,6 +40,7 @@ from training.serving.scoring import score_files
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.slow,
+    pytest.mark.torchrun,  # on the GPU, the launch a deployment makes
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this host"),
 ]
 ROOT = Path(__file__).resolve().parents[2]

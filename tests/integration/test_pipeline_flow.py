@@ -27,7 +27,7 @@ from ingestion.warehouse import read_manifest
 from training.job import JobFolder
 from training.torch_range import matched_set
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torchrun]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -120,6 +120,7 @@ def test_exported_model_reproduces_the_sharded_predictions(table_wise) -> None:
     assert np.allclose(unsharded, sharded, atol=1e-5)
 
 
+@pytest.mark.torchrun  # the launcher's own report and stop; under warm ranks: test_warm_ranks.py
 def test_a_failing_rank_is_named_with_its_error(tiny_features, tmp_path: Path) -> None:
     job = replace(_job(tiny_features, tmp_path, ShardingConfig()), train_files=(str(tmp_path / "missing.parquet"),))
     with pytest.raises(TrainingFailed) as caught:
@@ -134,6 +135,7 @@ class _StopHere(Exception):
     """Raised from the progress callback, as a pruned trial does."""
 
 
+@pytest.mark.torchrun  # the launcher's own report and stop; under warm ranks: test_warm_ranks.py
 def test_a_caller_that_stops_the_job_leaves_no_worker_behind(tiny_features, tmp_path: Path) -> None:
     """A pruned trial raises from the progress callback: every torchrun process must go."""
     import subprocess

@@ -25,6 +25,7 @@ from training.launch.host_role import HostRole
 from training.launch.output import ConsoleFilter, TrainingFailed, failure_of
 from training.launch.processes import forget_group, raise_if_stopped, start_group, stop_group
 from training.launch.resume import mark_finished, prepare_checkpoints
+from training.launch.warm_ranks import client_command, server_socket
 from training.loop.checkpoint import latest_checkpoint
 from training.loop.progress import MetricsFollower, MetricsRecord
 
@@ -166,7 +167,7 @@ def _launch_once(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[
     # outright if this process dies first, since torchrun's SIGTERM shutdown without its
     # parent was seen to hang for good beside a defunct worker (its workers die with it:
     # training/worker.py).
-    process = start_group(torchrun_command(job, job_path, role), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    process = start_group(_command(job, job_path, role), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, env=env, death_signal=signal.SIGKILL)  # fmt: skip
     try:
         output = follow(process, on_line, poll, poll_s)
@@ -179,6 +180,15 @@ def _launch_once(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[
     raise_if_stopped()  # ended by a stop (SIGINT/SIGTERM to the program): not a failure to retry
     if code != 0:
         raise failure_of("\n".join(output), code, job.folder.logs(_node(role)))
+
+
+def _command(job: TrainJob, job_path: Path, role: HostRole | None) -> list[str]:
+    """torchrun, or on one host with a warm-rank server named (`DLRM_WARM_RANKS`), the
+    client that has the server fork the ranks (training/launch/warm_ranks.py)."""
+    server = server_socket() if role is None else None
+    if server is None:
+        return torchrun_command(job, job_path, role)
+    return client_command(server, job_path, job.training.nproc, job.folder.logs(None))
 
 
 def follow(process: subprocess.Popen, on_line: Callable[[str], None], poll: Callable[[], None],

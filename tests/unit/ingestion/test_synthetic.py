@@ -8,7 +8,7 @@ import pytest
 
 from evaluation.metrics import binary_state, compute_ne
 from ingestion.config import SyntheticConfig
-from ingestion.synthetic import GroundTruth, generate_chunk, generate_day
+from ingestion.synthetic import GroundTruth, generate_chunk, generate_day, shared_ground_truth
 
 HEX8 = re.compile(r"^[0-9a-f]{8}$")
 INTEGER = re.compile(r"^-?[0-9]+$")
@@ -201,3 +201,12 @@ def test_ids_live_their_lifetime_then_give_way_to_new_ones() -> None:
     small = 8  # C9, 3 values: a feature this small (a device, a country) keeps its ids
     assert truth.cardinality[small] < 1_000 <= truth.cardinality[feature]
     assert np.array_equal(truth.hex_ids(ranks[:3], small, 0), truth.hex_ids(ranks[:3], small, 8))
+
+
+def test_the_shared_ground_truth_is_built_once_and_is_the_one_a_fresh_build_gives() -> None:
+    config = SyntheticConfig(rows_per_day=100, seed=5, cardinality_scale=0.001)
+    shared = shared_ground_truth(config, ())
+    assert shared_ground_truth(config, ()) is shared, "one build per process"
+    fresh = GroundTruth(config)
+    assert shared.bias == fresh.bias and np.array_equal(shared.normals, fresh.normals)
+    assert shared_ground_truth(config, ("C3",)).multi_hot == ("C3",), "another multi-hot set is another truth"

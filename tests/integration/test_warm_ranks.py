@@ -1,0 +1,134 @@
+"""Warm ranks (training/launch/warm_ranks.py), the launch the other test modules use: the
+same job trains the same parameters as under torchrun, a failing rank is named as torchrun
+names it, and a stopped or killed launch leaves no rank behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_jobs import tiny_job
+
+from training.codec import encode
+from training.job import TrainJob
+from training.launch.launcher import TrainingFailed, launch
+from training.launch.warm_ranks import ENVIRONMENT_KEY, client_command
+from training.loop.checkpoint import latest_checkpoint
+from training.loop.progress import HeldoutRecord, MetricsRecord
+from training.serving.export import export_model
+
+pytestmark = pytest.mark.slow
+
+
+def _job(features, out: Path) -> TrainJob:
+    job = tiny_job(features, out, nproc=2, batch_size=256, embedding_lr=0.1, dense_lr=0.05, epochs=2,
+                   log_every=5, checkpoint_every=10)  # fmt: skip
+    return replace(job, evaluation=replace(job.evaluation, heldout_every_steps=10, heldout_batches=1))
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _server_pid(socket_path: Path) -> int:
+    found = subprocess.run(["pgrep", "-f", f"warm_ranks serve {socket_path}"], capture_output=True, text=True, check=True)
+    return int(found.stdout.split()[0])
+
+
+def _no_rank_left(server: int, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _descendants(server):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_warm_ranks_train_exactly_what_torchrun_trains(tiny_features, tmp_path: Path, monkeypatch) -> None:
+    warm = _job(tiny_features, tmp_path / "warm")
+    launch(warm, on_line=lambda line: None)
+    assert os.environ.get(ENVIRONMENT_KEY) and next(warm.folder.logs().glob("warm_*/attempt_0/1/stdout.log"))
+    monkeypatch.delenv(ENVIRONMENT_KEY)
+    torchrun = _job(tiny_features, tmp_path / "torchrun")
+    launch(torchrun, on_line=lambda line: None)
+    assert not any(torchrun.folder.logs().glob("warm_*")), "torchrun's own log folders"
+    ours, theirs = encode(warm.folder.read_summary()), encode(torchrun.folder.read_summary())
+    for key in ("steps", "rows_trained", "rows_fingerprint", "world_size"):
+        assert ours[key] == theirs[key], key
+    warm_params = export_model(warm, latest_checkpoint(warm.checkpoint_root)).state_dict()
+    torchrun_params = export_model(torchrun, latest_checkpoint(torchrun.checkpoint_root)).state_dict()
+    for name, value in torchrun_params.items():
+        assert torch.equal(warm_params[name], value), name
+    assert warm.folder.read_predictions("2").predictions.tolist() == torchrun.folder.read_predictions("2").predictions.tolist()
+
+
+def test_a_failing_rank_is_named_with_its_error(tiny_features, tmp_path: Path) -> None:
+    job = replace(_job(tiny_features, tmp_path), train_files=(str(tmp_path / "missing.parquet"),))
+    with pytest.raises(TrainingFailed) as caught:
+        launch(job, on_line=lambda line: None)
+    message = str(caught.value)
+    assert message.startswith("training failed: rank ") and "exited with code 1" in message
+    assert "missing.parquet" in message, "the end of the rank's log is shown"
+
+
+class _StopHere(Exception):
+    """Raised from the progress callback, as a pruned trial does."""
+
+
+def test_a_stopped_launch_leaves_no_rank_behind(tiny_features, tmp_path: Path, warm_rank_server: Path) -> None:
+    job = _job(tiny_features, tmp_path)
+
+    def stop_at_first_heldout(record: MetricsRecord) -> None:
+        if isinstance(record, HeldoutRecord):
+            raise _StopHere(record)
+
+    with pytest.raises(_StopHere):
+        launch(job, on_line=lambda line: None, on_progress=stop_at_first_heldout)
+    assert _no_rank_left(_server_pid(warm_rank_server)), "the stop reached the job's agent and every rank"
+    assert not job.folder.summary_file.exists(), "the job did not run to its end"
+
+
+def test_a_client_killed_outright_takes_its_ranks_with_it(tiny_features, tmp_path: Path, warm_rank_server: Path) -> None:
+    job = _job(tiny_features, tmp_path)
+    job = replace(job, training=replace(job.training, epochs=60))  # a minute or more: it must be ended, not end
+    job.out.mkdir(parents=True, exist_ok=True)
+    job.save(job.folder.job_file())
+    server = _server_pid(warm_rank_server)
+    client = subprocess.Popen(client_command(warm_rank_server, job.folder.job_file(), 2, job.folder.logs()),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while len(_descendants(server)) < 3:  # the agent and its two ranks
+        assert time.monotonic() < deadline and client.poll() is None, "the job started"
+        time.sleep(0.05)
+    client.send_signal(signal.SIGKILL)
+    client.wait()
+    assert _no_rank_left(server, timeout_s=10), "a client killed outright leaves no rank training"
+    assert not job.folder.summary_file.exists()
+
+
+def test_a_missing_server_is_one_line_naming_the_variable(tiny_features, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(ENVIRONMENT_KEY, str(tmp_path / "no-server.sock"))
+    with pytest.raises(TrainingFailed) as caught:
+        launch(_job(tiny_features, tmp_path / "run"), on_line=lambda line: None)
+    assert f"unset {ENVIRONMENT_KEY}" in str(caught.value) and "no warm-rank server at" in str(caught.value)
+    done = subprocess.run([sys.executable, "-m", "training.launch.warm_ranks", "bogus"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2], check=False)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.startswith("usage:")

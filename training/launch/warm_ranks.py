@@ -1,0 +1,360 @@
+"""Warm ranks: a single-host training job started by forking processes that have already
+imported the trainer, in place of torchrun. For test suites and development loops that run
+many small jobs; a deployment keeps torchrun.
+
+A torchrun launch imports torch in torchrun and torch, TorchRec and fbgemm in every rank:
+about 2.5 s of CPU per process, more than a tiny job's training. A warm-rank server
+imports `training.worker` once and forks each job from itself:
+
+    launcher ─torchrun's place─▶ client (stdlib only: starts in milliseconds)
+        client ─Unix socket: the job, its environment, its stdout and stderr─▶ server (imported once)
+            server ─fork─▶ agent (one per job, its own process group)
+                agent ─fork─▶ rank 0 … rank N-1 (`training.worker.main`, the env:// variables
+                              torchrun sets, output teed into the job's log folder as torchrun tees it)
+
+The client stands where torchrun stands for the launcher (the same output, the same exit
+code, torchrun's failure report naming the rank that failed first), so the launcher's
+relaunches, progress polling and stops work unchanged:
+- a SIGTERM or SIGINT to the client goes to the agent's process group (every rank);
+- a client killed outright closes its socket, and the agent then kills the ranks;
+- the agent ends with the server's owner, and the ranks with their agent (parent-death signals).
+
+`DLRM_WARM_RANKS=<socket>` turns it on (`training/launch/launcher.py`); `start_server`
+starts a server (tests/conftest.py starts one per test process). A server runs the code
+it imported when it started: a changed trainer needs a new server.
+
+The top of this module imports the standard library only: the client runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+ENVIRONMENT_KEY = "DLRM_WARM_RANKS"
+_FDS = 2  # the client's stdout and stderr, passed to the agent
+_MESSAGE_BYTES = 1 << 20
+_PR_SET_PDEATHSIG = 1
+STOP_GRACE_S = 5.0  # a failed job's other ranks get this long after SIGTERM before SIGKILL
+
+
+def server_socket() -> Path | None:
+    """The warm-rank server this process's jobs use, or None (torchrun)."""
+    value = os.environ.get(ENVIRONMENT_KEY, "").strip()
+    return Path(value) if value else None
+
+
+def client_command(server: Path, job_path: Path, nproc: int, log_dir: Path) -> list[str]:
+    """The command that stands in torchrun's place for one single-host launch."""
+    return [sys.executable, "-m", "training.launch.warm_ranks", "client", str(server), str(job_path), str(nproc),
+            str(log_dir)]  # fmt: skip
+
+
+def start_server(path: Path, timeout_s: float = 120.0) -> subprocess.Popen:
+    """Start a server listening on `path`, ended with this process; returns once it listens."""
+    path.unlink(missing_ok=True)
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    server = subprocess.Popen([sys.executable, "-m", "training.launch.warm_ranks", "serve", str(path), str(os.getpid())],
+                              env=env, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if server.poll() is not None:
+            raise RuntimeError(f"the warm-rank server exited with code {server.returncode} before listening")
+        if time.monotonic() > deadline:
+            server.kill()
+            raise RuntimeError(f"the warm-rank server did not listen on {path} within {timeout_s:.0f} s")
+        time.sleep(0.05)
+    return server
+
+
+def _die_with_parent(owner: int, death_signal: int = signal.SIGKILL) -> None:
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(death_signal), 0, 0, 0)
+    if os.getppid() != owner:  # the parent ended before the request took effect
+        os.kill(os.getpid(), death_signal)
+
+
+# ---- the server -------------------------------------------------------------------------
+
+
+def serve(path: Path, owner: int) -> None:
+    """Import the trainer, listen on `path`, fork an agent for each request; never returns."""
+    _die_with_parent(owner)
+    import training.worker  # noqa: F401  (the import every job's ranks share)
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    staged = path.with_name(path.name + ".staged")
+    staged.unlink(missing_ok=True)
+    listener.bind(str(staged))
+    listener.listen(64)
+    staged.rename(path)  # the path appears only once it accepts connections
+    while True:
+        ready, _, _ = select.select([listener], [], [], 1.0)
+        _reap()
+        if not ready:
+            continue
+        connection, _ = listener.accept()
+        try:
+            message, fds, _, _ = socket.recv_fds(connection, _MESSAGE_BYTES, _FDS)
+            request = json.loads(message)
+        except (OSError, ValueError):
+            connection.close()
+            continue
+        agent = os.fork()
+        if agent == 0:
+            listener.close()
+            _run_agent(connection, request, fds)  # never returns
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            connection.send(json.dumps({"agent": agent}).encode())
+        connection.close()
+
+
+def _reap() -> None:
+    """Collect the agents that ended (their clients read the exit code from the agent)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+# ---- the agent: one job ---------------------------------------------------------------------
+
+
+def _run_agent(connection: socket.socket, request: dict, fds: list[int]) -> None:
+    """One job's ranks: forked, watched, reported as torchrun reports them; then `_exit`."""
+    code = 1
+    try:
+        os.setsid()  # the client's stop reaches every rank through this group
+        _die_with_parent(os.getppid())
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        for fd in fds:
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        code = _agent(connection, Path(request["job"]), int(request["nproc"]), Path(request["log_dir"]))
+    except BaseException:  # noqa: BLE001 - the agent must report and leave, whatever happened
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(OSError):
+            connection.send(json.dumps({"exit": code}).encode())
+        os._exit(0)
+
+
+def _agent(connection: socket.socket, job_path: Path, nproc: int, log_dir: Path) -> int:
+    port = _free_port()
+    run_logs = log_dir / f"warm_{os.getpid()}" / "attempt_0"
+    ranks: dict[int, int] = {}  # pid -> local rank
+    readers: list[threading.Thread] = []
+    output_lock = threading.Lock()
+    pipes = []
+    for rank in range(nproc):
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            for fd in (out_read, err_read, *(fd for pair in pipes for fd in pair)):
+                os.close(fd)
+            connection.close()
+            _run_rank(rank, nproc, port, job_path, out_write, err_write)  # never returns
+        os.close(out_write)
+        os.close(err_write)
+        pipes.append((out_read, err_read))
+        ranks[pid] = rank
+    # Threads only now: the ranks were forked from a process with one thread.
+    for rank, (out_read, err_read) in enumerate(pipes):
+        folder = run_logs / str(rank)
+        folder.mkdir(parents=True, exist_ok=True)
+        for fd, name in ((out_read, "stdout.log"), (err_read, "stderr.log")):
+            reader = threading.Thread(target=_tee, args=(fd, folder / name, f"[default{rank}]:", output_lock), daemon=True)
+            reader.start()
+            readers.append(reader)
+    ended = threading.Event()
+    threading.Thread(target=_end_when_client_leaves, args=(connection, set(ranks), ended), daemon=True).start()
+    codes = _wait_for_ranks(ranks)
+    ended.set()  # their pids may be reused from here on
+    for reader in readers:
+        reader.join(timeout=10)
+    if all(code == 0 for code in codes.values()):
+        return 0
+    _report_failure(codes, {rank: pid for pid, rank in ranks.items()}, output_lock)
+    return 1
+
+
+def _run_rank(rank: int, nproc: int, port: int, job_path: Path, stdout_fd: int, stderr_fd: int) -> None:
+    """One rank: the variables torchrun gives a worker, then the worker's main; `_exit`."""
+    code = 1
+    try:
+        _die_with_parent(os.getppid())
+        os.dup2(stdout_fd, 1)
+        os.dup2(stderr_fd, 2)
+        os.close(stdout_fd)
+        os.close(stderr_fd)
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+                           "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": str(nproc),
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                           "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"})  # fmt: skip
+        from training.worker import main
+
+        main([str(job_path)])
+        code = 0
+    except SystemExit as stop:
+        if isinstance(stop.code, int) or stop.code is None:
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - the traceback is the rank's report, as under torchrun
+        traceback.print_exc()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown: see training.worker.exit_skipping_teardown
+
+
+def _tee(fd: int, log: Path, prefix: str, lock: threading.Lock) -> None:
+    """A rank's stream into its log file and, prefixed as torchrun prefixes it, to stdout."""
+    with os.fdopen(fd, "rb") as stream, log.open("wb") as file:
+        for line in stream:
+            file.write(line)
+            file.flush()
+            with lock:
+                _write(1, prefix.encode() + line)
+
+
+def _write(fd: int, data: bytes) -> None:
+    while data:
+        try:
+            data = data[os.write(fd, data) :]
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+
+
+def _end_when_client_leaves(connection: socket.socket, pids: set[int], ended: threading.Event) -> None:
+    """The client was killed outright (its socket closed): the job ends too."""
+    with contextlib.suppress(OSError):
+        connection.recv(1)
+    for pid in pids if not ended.is_set() else ():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _wait_for_ranks(ranks: dict[int, int]) -> dict[int, int]:
+    """Every rank's exit code (negative: the signal that ended it). The first failure
+    ends the others, SIGTERM then SIGKILL, as torchrun does."""
+    codes: dict[int, int] = {}
+    deadline = None
+    while len(codes) < len(ranks):
+        pid, status = os.waitpid(-1, os.WNOHANG) if deadline is not None else os.waitpid(-1, 0)
+        if pid == 0:
+            if time.monotonic() > deadline:
+                for other in set(ranks) - set(codes):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(other, signal.SIGKILL)
+                deadline = float("inf")
+            time.sleep(0.05)
+            continue
+        if pid not in ranks:
+            continue
+        codes[pid] = os.waitstatus_to_exitcode(status)
+        if codes[pid] != 0 and deadline is None:
+            deadline = time.monotonic() + STOP_GRACE_S
+            for other in set(ranks) - set(codes):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(other, signal.SIGTERM)
+    return {ranks[pid]: code for pid, code in codes.items()}
+
+
+def _report_failure(codes: dict[int, int], pids: dict[int, int], lock: threading.Lock) -> None:
+    """torchrun's failure report (the form `training.launch.output` reads): every rank that
+    ended badly, the first non-SIGTERM one as the root cause."""
+    failed = [rank for rank in sorted(codes) if codes[rank] != 0]
+    root = min(failed, key=lambda rank: (codes[rank] == -signal.SIGTERM, rank))
+    now = time.strftime("%Y-%m-%d_%H:%M:%S")
+
+    def record(rank: int) -> str:
+        return (f"  time      : {now}\n  host      : {socket.gethostname()}\n"
+                f"  rank      : {rank} (local_rank: {rank})\n  exitcode  : {codes[rank]} (pid: {pids[rank]})\n")  # fmt: skip
+
+    others = [rank for rank in failed if rank != root]
+    text = "training.worker FAILED (warm ranks)\n"
+    text += "Failures:\n" + ("".join(f"[{i + 1}]:\n{record(rank)}" for i, rank in enumerate(others)) or "  <NO_OTHER_FAILURES>\n")
+    text += "Root Cause (first observed failure):\n[0]:\n" + record(root)
+    with lock:
+        _write(1, text.encode())
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# ---- the client: torchrun's stand-in ---------------------------------------------------------
+
+
+def client(server: Path, job_path: Path, nproc: int, log_dir: Path) -> int:
+    """Hand the job to the server; forward stop signals to its agent; exit as it exits."""
+    agent: list[int] = []
+    stopped: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        stopped.append(signum)
+        if agent:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent[0], signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, forward)
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        connection.connect(str(server))
+    except OSError as error:
+        print(f"no warm-rank server at {server} ({error.strerror}): unset {ENVIRONMENT_KEY} to launch with torchrun",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    request = {"job": str(job_path), "nproc": nproc, "log_dir": str(log_dir), "env": dict(os.environ), "cwd": os.getcwd()}
+    socket.send_fds(connection, [json.dumps(request).encode()], [1, 2])
+    while True:
+        message = connection.recv(_MESSAGE_BYTES)
+        if not message:  # the agent ended without a word: stopped by a signal
+            return 128 + stopped[0] if stopped else 1
+        reply = json.loads(message)
+        if "agent" in reply:
+            agent.append(reply["agent"])
+            if stopped:
+                forward(stopped[-1], None)
+        if "exit" in reply:
+            return int(reply["exit"])
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["serve"] and len(argv) == 3:
+        serve(Path(argv[1]), int(argv[2]))
+    if argv[:1] == ["client"] and len(argv) == 5:
+        return client(Path(argv[1]), Path(argv[2]), int(argv[3]), Path(argv[4]))
+    print("usage: python -m training.launch.warm_ranks serve SOCKET OWNER_PID | client SOCKET JOB.json NPROC LOG_DIR",
+          file=sys.stderr)  # fmt: skip
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
