@@ -35,7 +35,7 @@ from ingestion.warehouse import ingest_day
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.job import TrainJob
 from training.launch.launcher import launch
-from training.launch.warm_ranks import ENVIRONMENT_KEY, start_server
+from training.launch.warm_ranks import ENVIRONMENT_KEY, start_server, stop_server
 
 DAYS = (0, 1, 2)
 
@@ -119,8 +119,7 @@ def main() -> None:
                 fingerprints.add(job.folder.read_summary().rows_fingerprint)
                 print(f"round {round_ + 1} {mode:>8}: {wall:5.2f} s wall, {cpu:5.2f} s CPU", file=sys.stderr, flush=True)
     finally:
-        server.kill()
-        server.wait()
+        stop_server(server)
     result = {
         "nproc": args.nproc,
         "rounds": args.rounds,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from training.launch.warm_ranks import ENVIRONMENT_KEY, start_server
+from training.launch.warm_ranks import ENVIRONMENT_KEY, start_server, stop_server
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +32,7 @@ def warm_rank_server() -> Iterator[Path]:
     socket_path = Path(tempfile.mkdtemp(prefix="warm-ranks-")) / "server.sock"
     server = start_server(socket_path)
     yield socket_path
-    server.kill()
-    server.wait()
+    stop_server(server)
     socket_path.unlink(missing_ok=True)
     socket_path.parent.rmdir()
 

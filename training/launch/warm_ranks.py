@@ -17,7 +17,8 @@ code, torchrun's failure report naming the rank that failed first), so the launc
 relaunches, progress polling and stops work unchanged:
 - a SIGTERM or SIGINT to the client goes to the agent's process group (every rank);
 - a client killed outright closes its socket, and the agent then kills the ranks;
-- the agent ends with the server's owner, and the ranks with their agent (parent-death signals).
+- the server ends with the process that started it, the agent with the server and the ranks
+  with their agent (parent-death signals).
 
 `DLRM_WARM_RANKS=<socket>` turns it on (`training/launch/launcher.py`); `start_server`
 starts a server (tests/conftest.py starts one per test process). A server runs the code
@@ -29,7 +30,6 @@ The top of this module imports the standard library only: the client runs it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
@@ -42,10 +42,11 @@ import time
 import traceback
 from pathlib import Path
 
+from training.launch.processes import die_with_parent, forget_group, start_group  # the standard library's only
+
 ENVIRONMENT_KEY = "DLRM_WARM_RANKS"
 _FDS = 2  # the client's stdout and stderr, passed to the agent
 _MESSAGE_BYTES = 1 << 20
-_PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 5.0  # a failed job's other ranks get this long after SIGTERM before SIGKILL
 
 
@@ -62,12 +63,16 @@ def client_command(server: Path, job_path: Path, nproc: int, log_dir: Path) -> l
 
 
 def start_server(path: Path, timeout_s: float = 120.0) -> subprocess.Popen:
-    """Start a server listening on `path`, ended with this process; returns once it listens."""
+    """Start a server listening on `path`, ended with this process; returns once it listens.
+
+    A service to this process's stops (training/launch/processes.py): a Ctrl-C ends the jobs
+    it forked (their agents' groups are this process's stop's to end, as torchrun's are), not
+    the server that later runs still need."""
     path.unlink(missing_ok=True)
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    server = subprocess.Popen([sys.executable, "-m", "training.launch.warm_ranks", "serve", str(path), str(os.getpid())],
-                              env=env, start_new_session=True)  # fmt: skip
+    server = start_group([sys.executable, "-m", "training.launch.warm_ranks", "serve", str(path)], end_on_stop=False,
+                         death_signal=signal.SIGKILL, env=env)  # fmt: skip
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         if server.poll() is not None:
@@ -79,18 +84,19 @@ def start_server(path: Path, timeout_s: float = 120.0) -> subprocess.Popen:
     return server
 
 
-def _die_with_parent(owner: int, death_signal: int = signal.SIGKILL) -> None:
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(death_signal), 0, 0, 0)
-    if os.getppid() != owner:  # the parent ended before the request took effect
-        os.kill(os.getpid(), death_signal)
+def stop_server(server: subprocess.Popen) -> None:
+    """End a server `start_server` started (the jobs it forked end with it)."""
+    server.kill()
+    server.wait()
+    forget_group(server)
 
 
 # ---- the server -------------------------------------------------------------------------
 
 
-def serve(path: Path, owner: int) -> None:
-    """Import the trainer, listen on `path`, fork an agent for each request; never returns."""
-    _die_with_parent(owner)
+def serve(path: Path) -> None:
+    """Import the trainer, listen on `path`, fork an agent for each request; never returns.
+    (It ends with the process that started it: `start_server` ties it to that one's life.)"""
     import training.worker  # noqa: F401  (the import every job's ranks share)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -137,7 +143,7 @@ def _run_agent(connection: socket.socket, request: dict, fds: list[int]) -> None
     code = 1
     try:
         os.setsid()  # the client's stop reaches every rank through this group
-        _die_with_parent(os.getppid())
+        die_with_parent()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.dup2(fds[0], 1)
@@ -200,7 +206,7 @@ def _run_rank(rank: int, nproc: int, port: int, job_path: Path, stdout_fd: int, 
     """One rank: the variables torchrun gives a worker, then the worker's main; `_exit`."""
     code = 1
     try:
-        _die_with_parent(os.getppid())
+        die_with_parent()
         os.dup2(stdout_fd, 1)
         os.dup2(stderr_fd, 2)
         os.close(stdout_fd)
@@ -347,11 +353,11 @@ def client(server: Path, job_path: Path, nproc: int, log_dir: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["serve"] and len(argv) == 3:
-        serve(Path(argv[1]), int(argv[2]))
+    if argv[:1] == ["serve"] and len(argv) == 2:
+        serve(Path(argv[1]))
     if argv[:1] == ["client"] and len(argv) == 5:
         return client(Path(argv[1]), Path(argv[2]), int(argv[3]), Path(argv[4]))
-    print("usage: python -m training.launch.warm_ranks serve SOCKET OWNER_PID | client SOCKET JOB.json NPROC LOG_DIR",
+    print("usage: python -m training.launch.warm_ranks serve SOCKET | client SOCKET JOB.json NPROC LOG_DIR",
           file=sys.stderr)  # fmt: skip
     return 2
 
