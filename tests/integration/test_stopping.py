@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from process_tree import descendants
 
 from training.job import JobFolder
 
@@ -40,26 +41,6 @@ def _environment(home: Path) -> dict[str, str]:
     env = {**os.environ, "PREFECT_HOME": str(home)}
     env.pop("PREFECT_API_URL", None)  # the command's own temporary server: the one a stop must not break
     return env
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    return tree
-
-
-def _descendants(pid: int) -> set[int]:
-    tree, found, todo = _children(), set(), [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -105,7 +86,7 @@ def _stop(process: subprocess.Popen, signum: int, times: int = 1, log: Path | No
     """Signal the command as a terminal would (its process group), `times` times; returns
     its exit code, the seconds it took, and the processes it had started. A command still
     running a minute later fails the test with the end of its `log`."""
-    started = _descendants(process.pid)
+    started = descendants(process.pid)
     assert started, "the command had started processes (a Prefect server, torchrun, workers)"
     began = time.monotonic()
     for _ in range(times):
@@ -133,7 +114,7 @@ def stopped_twice_then_finished(tmp_path_factory: pytest.TempPathFactory, home: 
                        _flow_run_states(home))  # fmt: skip
     first_stop = max(_checkpoint_steps(run_dir))
     process = _start_and_wait_for_a_checkpoint(run_dir, home, tmp_path / "sigterm.log", after_step=first_stop)
-    started = _descendants(process.pid)
+    started = descendants(process.pid)
     began = time.monotonic()
     os.kill(process.pid, signal.SIGTERM)
     stops["SIGTERM"] = (process.wait(timeout=60), time.monotonic() - began, started,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from process_tree import descendants
 from tiny_jobs import tiny_job
 
 from training.codec import encode
@@ -31,23 +32,6 @@ def _job(features, out: Path) -> TrainJob:
     return replace(job, evaluation=replace(job.evaluation, heldout_every_steps=10, heldout_batches=1))
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
 def _server_pid(socket_path: Path) -> int:
     found = subprocess.run(["pgrep", "-f", f"warm_ranks serve {socket_path}"], capture_output=True, text=True, check=True)
     return int(found.stdout.split()[0])
@@ -55,7 +39,7 @@ def _server_pid(socket_path: Path) -> int:
 
 def _no_rank_left(server: int, timeout_s: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout_s
-    while _descendants(server):
+    while descendants(server):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)
@@ -115,7 +99,7 @@ def test_a_client_killed_outright_takes_its_ranks_with_it(tiny_features, tmp_pat
     client = subprocess.Popen(client_command(warm_rank_server, job.folder.job_file(), 2, job.folder.logs()),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 60
-    while len(_descendants(server)) < 3:  # the agent and its two ranks
+    while len(descendants(server)) < 3:  # the agent and its two ranks
         assert time.monotonic() < deadline and client.poll() is None, "the job started"
         time.sleep(0.05)
     client.send_signal(signal.SIGKILL)

@@ -130,9 +130,10 @@ def serve(path: Path) -> None:
 
 def _reap() -> None:
     """Collect the agents that ended (their clients read the exit code from the agent)."""
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
+    ended = -1
+    with contextlib.suppress(ChildProcessError):  # no child left
+        while ended:  # 0: children left, none ended yet
+            ended, _ = os.waitpid(-1, os.WNOHANG)
 
 
 # ---- the agent: one job ---------------------------------------------------------------------

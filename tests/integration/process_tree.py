@@ -1,0 +1,22 @@
+"""The processes below a process, read from /proc (Linux): what a stop must leave behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`: its children, theirs, and so on."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
