@@ -86,7 +86,7 @@ def multi_hot_features(multi_hot_warehouse: Path, tmp_path_factory: pytest.TempP
 # and runs alone.
 MODULE_SECONDS = {
     "test_on_slurm.py": 440, "test_multi_host.py": 240, "test_recurring.py": 220, "test_stopping.py": 200,
-    "test_checkpoint_recovery.py": 160, "test_production_stack.py": 130, "test_own_warehouse.py": 110,
+    "test_checkpoint_recovery.py": 110, "test_production_stack.py": 130, "test_own_warehouse.py": 110,
     "test_trainer_slots.py": 90, "test_tracking_outage.py": 90, "test_retune_flow.py": 80, "test_id_churn.py": 80,
     "test_pipeline_flow.py": 70, "test_characterize.py": 50, "test_sharded_training.py": 50, "test_cli.py": 40,
     "test_bundle_round_trip.py": 40, "test_dask_runner.py": 30, "test_chosen_run_length.py": 30,

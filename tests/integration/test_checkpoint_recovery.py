@@ -23,7 +23,7 @@ from training.loop.checkpoint import latest_checkpoint
 from training.loop.progress import read_records
 from training.serving.export import export_model
 
-pytestmark = [pytest.mark.slow, pytest.mark.torchrun]
+pytestmark = pytest.mark.slow
 
 
 def _job(features, out: Path, cpu: CpuConfig | None = None, **training) -> TrainJob:
@@ -92,6 +92,7 @@ def _params(job: TrainJob) -> dict[str, torch.Tensor]:
     return export_model(job, latest_checkpoint(job.checkpoint_root)).state_dict()
 
 
+@pytest.mark.torchrun  # kills a rank, found by the command line torchrun gives it
 def test_killed_worker_resumes_to_the_same_parameters(tiny_features, uninterrupted: TrainJob, tmp_path: Path) -> None:
     reference = uninterrupted
     expected = encode(reference.folder.read_summary())
@@ -118,6 +119,7 @@ def test_killed_worker_resumes_to_the_same_parameters(tiny_features, uninterrupt
         assert torch.allclose(_params(job)[name], value, atol=1e-6), name
 
 
+@pytest.mark.torchrun  # kills a rank, found by the command line torchrun gives it
 def test_a_failed_launch_is_relaunched_and_resumes(tiny_features, uninterrupted: TrainJob, tmp_path: Path) -> None:
     job = _job(tiny_features, tmp_path / "restarted", max_restarts=1)
     watcher = _kill_one_worker_after(job, step=25)
@@ -153,6 +155,7 @@ def test_checkpoints_load_across_world_sizes(tiny_features, uninterrupted: Train
             assert torch.allclose(params[name], value, atol=1e-4), name  # lr 1e-12: the weights barely move
 
 
+@pytest.mark.torchrun  # kills a rank, found by the command line torchrun gives it
 def test_the_sparse_dist_pipeline_trains_what_plain_steps_train_and_resumes(tiny_features, uninterrupted: TrainJob,
                                                                            tmp_path: Path) -> None:  # fmt: skip
     """TorchRec's TrainPipelineSparseDist reads two batches ahead of the one it trains.
@@ -208,6 +211,7 @@ def _chosen_length_job(features, out: Path) -> TrainJob:
                    evaluation=replace(job.evaluation, calibration="none"))  # fmt: skip
 
 
+@pytest.mark.torchrun  # kills a rank, found by the command line torchrun gives it
 def test_a_run_killed_in_its_pass_over_the_held_out_rows_resumes_it(tiny_features, tmp_path: Path) -> None:
     """Killed in the pass that follows the chosen epochs, the relaunch resumes the pass from its
     own checkpoint, on the kept model it reloads: the same rows, the same parameters."""
