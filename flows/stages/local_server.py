@@ -28,6 +28,7 @@ import prefect
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.stages.prefect_defaults import DASHBOARD_PORT
+from training.launch.host_role import free_local_port
 from training.launch.processes import start_group, stop_group
 
 log = logging.getLogger("flows.server")
@@ -54,7 +55,7 @@ class LocalServer:
 
 def temporary_server() -> LocalServer:
     """API only, on a free port: the server Prefect itself would start for one command."""
-    port = _free_port()
+    port = free_local_port()
     command = [
         sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent),
         "--factory", "flows.stages.prefect_app:create_app", "--host", "127.0.0.1", "--port", str(port),
@@ -156,12 +157,6 @@ def _send_pending_logs_and_events() -> None:
     for worker in (APILogWorker, EventsWorker):
         with contextlib.suppress(Exception):
             worker.drain_all(timeout=5)
-
-
-def _free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _port_is_free(port: int) -> bool:

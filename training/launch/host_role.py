@@ -108,3 +108,11 @@ def interface_of(address: str) -> str:
                 return name
     raise HostNetworkError(f"no network interface holds {address}: set --socket-ifname to the interface "
                            "the hosts reach each other over")  # fmt: skip
+
+
+def free_local_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the system's pick; another
+    process may take it before it is used)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

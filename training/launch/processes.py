@@ -181,14 +181,19 @@ def _child_sessions() -> set[int]:
 def write_line_to_stderr(line: str) -> None:
     """`line` straight to the standard error's file descriptor: no Python-level buffer,
     logger or lock between, so a signal handler may call it whatever it interrupted."""
-    data = (line + "\n").encode(errors="replace")
+    write_all(2, (line + "\n").encode(errors="replace"))
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Every byte of `data` to the file descriptor `fd`, with no buffer or lock between; a
+    descriptor that cannot be written to (closed, its reader gone) loses the rest."""
     while data:
         try:
-            data = data[os.write(2, data) :]
+            data = data[os.write(fd, data) :]
         except InterruptedError:
             continue
         except OSError:
-            return  # no standard error to write to: the line is lost, the stop goes on
+            return
 
 
 @contextlib.contextmanager

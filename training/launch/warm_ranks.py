@@ -42,7 +42,8 @@ import time
 import traceback
 from pathlib import Path
 
-from training.launch.processes import die_with_parent, forget_group, start_group  # the standard library's only
+from training.launch.host_role import free_local_port  # these two: the standard library's only
+from training.launch.processes import die_with_parent, forget_group, start_group, write_all
 
 ENVIRONMENT_KEY = "DLRM_WARM_RANKS"
 _FDS = 2  # the client's stdout and stderr, passed to the agent
@@ -164,7 +165,7 @@ def _run_agent(connection: socket.socket, request: dict, fds: list[int]) -> None
 
 
 def _agent(connection: socket.socket, job_path: Path, nproc: int, log_dir: Path) -> int:
-    port = _free_port()
+    port = free_local_port()
     run_logs = log_dir / f"warm_{os.getpid()}" / "attempt_0"
     ranks: dict[int, int] = {}  # pid -> local rank
     readers: list[threading.Thread] = []
@@ -242,17 +243,7 @@ def _tee(fd: int, log: Path, prefix: str, lock: threading.Lock) -> None:
             file.write(line)
             file.flush()
             with lock:
-                _write(1, prefix.encode() + line)
-
-
-def _write(fd: int, data: bytes) -> None:
-    while data:
-        try:
-            data = data[os.write(fd, data) :]
-        except InterruptedError:
-            continue
-        except OSError:
-            return
+                write_all(1, prefix.encode() + line)
 
 
 def _end_when_client_leaves(connection: socket.socket, pids: set[int], ended: threading.Event) -> None:
@@ -306,13 +297,7 @@ def _report_failure(codes: dict[int, int], pids: dict[int, int], lock: threading
     text += "Failures:\n" + ("".join(f"[{i + 1}]:\n{record(rank)}" for i, rank in enumerate(others)) or "  <NO_OTHER_FAILURES>\n")
     text += "Root Cause (first observed failure):\n[0]:\n" + record(root)
     with lock:
-        _write(1, text.encode())
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        write_all(1, text.encode())
 
 
 # ---- the client: torchrun's stand-in ---------------------------------------------------------
