@@ -121,7 +121,7 @@ def train(args: argparse.Namespace) -> int:
     role = HostRole(orchestration.trainer_hosts, args.node_rank or 0, orchestration.rdzv_endpoint or "127.0.0.1:29400",
                     args.local_addr, args.socket_ifname, args.join_timeout)  # fmt: skip
     features = prepared_features(config)  # checked before torch and Prefect load
-    from flows.stages.train import train_on_this_host
+    from flows.run.host_training import train_on_this_host
     from training.launch.launcher import TrainingFailed
 
     try:
