@@ -85,7 +85,7 @@ def multi_hot_features(multi_hot_warehouse: Path, tmp_path_factory: pytest.TempP
 # the next module as it finishes one: the longest first, so that no long module starts last
 # and runs alone.
 MODULE_SECONDS = {
-    "test_on_slurm.py": 440, "test_multi_host.py": 240, "test_recurring.py": 220, "test_stopping.py": 200,
+    "test_on_slurm.py": 200, "test_multi_host.py": 240, "test_recurring.py": 220, "test_stopping.py": 200,
     "test_checkpoint_recovery.py": 110, "test_production_stack.py": 130, "test_own_warehouse.py": 110,
     "test_trainer_slots.py": 90, "test_tracking_outage.py": 90, "test_retune_flow.py": 80, "test_id_churn.py": 80,
     "test_pipeline_flow.py": 70, "test_characterize.py": 50, "test_sharded_training.py": 50, "test_cli.py": 40,

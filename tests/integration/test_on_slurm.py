@@ -80,34 +80,47 @@ def _checkpoints(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "train" / "checkpoints").glob("*/step-*/meta.json"))
 
 
-def test_a_job_over_two_nodes_trains_as_one_host_and_resumes_when_requeued(slurm: SlurmCluster, prepared) -> None:
-    """`dlrm submit --nodes 2 --wait`, requeued by Slurm after its first checkpoint: both nodes
-    start again, resume from the checkpoint, and end where one host's uninterrupted run ends."""
+def test_a_lost_node_requeues_the_job_which_resumes_and_ends_as_one_host_never_stopped(slurm: SlurmCluster,
+                                                                                       prepared) -> None:  # fmt: skip
+    """`dlrm submit --nodes 2 --wait`, node 1 killed after the job's first checkpoint (its
+    slurmd, the step's daemon and the training process): Slurm marks the node down and
+    requeues the job (`--requeue`), and `--wait` names the lost node. Once the node is back,
+    the job runs again on both nodes, resumes from its checkpoint, and ends where one host's
+    uninterrupted run ends: the same rows, steps and NE. (A requeue by hand, `scontrol
+    requeue`, restarts the batch script the same way.)"""
     overrides, direct = prepared
     run_dir = Path(overrides[0].split('"')[1])
-    started = time.monotonic()
+    started = time.time()
     submit = on_head(slurm, "submit", "--config", TINY, *sets([*overrides, *ONE_A_NODE]), "--nodes", "2", "--wait", "--json")
+    told = []
+    for line in submit.stderr:
+        told.append(line)
+        if "submitted" in line:
+            break
+    job_id = told[-1].split("Slurm job ")[1].split()[0]
     deadline = time.monotonic() + 300
-    while not _checkpoints(run_dir) and time.monotonic() < deadline and submit.poll() is None:
-        time.sleep(0.5)
-    first_checkpoint_s = time.monotonic() - started
-    assert _checkpoints(run_dir), submit.communicate(timeout=60)
-    job_id = slurm.scontrol("show", "job", "--oneliner").split("JobId=")[1].split()[0]
-    requeued = subprocess.run(slurm.command("scontrol", "requeue", job_id), env=slurm.env, capture_output=True, text=True,
-                              check=False)  # fmt: skip
-    assert requeued.returncode == 0, requeued.stderr
-    requeued_at = time.monotonic()
-    _eligible_now(slurm, job_id)
+    while not [c for c in _checkpoints(run_dir) if c.stat().st_mtime > started] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert kill_node("dlrm-sn1") >= 3, "slurmd, the step's daemon and the node's training processes"
+    killed = time.monotonic()
+    for line in submit.stderr:  # the node stays lost until `--wait` has told the requeue
+        told.append(line)
+        if "restart 1" in line:
+            break
+    requeued_s = time.monotonic() - killed
+    assert "node dlrm-sn1 DOWN" in told[-1], "".join(told)
+    restart_node(slurm, "dlrm-sn1")
+    back = time.monotonic()
+    _eligible_once_the_nodes_are_idle(slurm, job_id)
     stdout, stderr = submit.communicate(timeout=600)
-    requeue_to_end_s = time.monotonic() - requeued_at
+    ended_s = time.monotonic() - back
     nodes = [(run_dir / "slurm" / f"{job_id}-node{rank}.out").read_text() for rank in (0, 1)]
-    assert submit.returncode == 0, stderr[-2000:] + nodes[0][-3000:]
+    assert submit.returncode == 0, "".join(told) + stderr[-2000:] + nodes[0][-3000:]
     report = json.loads(stdout.strip().splitlines()[-1])
-    print(f"submit to the first checkpoint: {first_checkpoint_s:.0f} s; requeue to the job's end: {requeue_to_end_s:.0f} s; "
-          f"job {job_id} ended {report['state']} after {report['restarts']} restart(s); eval NE {report['eval_ne']} "
-          f"(one host: {direct['eval_ne']})")  # fmt: skip
+    print(f"node lost → requeue told: {requeued_s:.0f} s; node back → job ended: {ended_s:.0f} s; job {job_id} ended "
+          f"{report['state']} after {report['restarts']} restart(s); eval NE {report['eval_ne']} (one host: {direct['eval_ne']})")
     assert report["job_id"] == job_id and report["state"] == "COMPLETED" and report["exit_code"] == "0:0"
-    assert report["restarts"] >= 1, stderr
+    assert report["restarts"] >= 1, "".join(told) + stderr
     script = Path(report["script"])
     assert script.parent == run_dir / "slurm" and "srun" in script.read_text() and "--nodes=2" in script.read_text()
     assert "[train] resuming from" in nodes[0], "the job went on from its checkpoint"
@@ -120,54 +133,28 @@ def test_a_job_over_two_nodes_trains_as_one_host_and_resumes_when_requeued(slurm
     assert report["eval_ne"] == pytest.approx(direct["eval_ne"], abs=1e-6), "two nodes, requeued, equal one host never stopped"
 
 
-def test_a_lost_node_requeues_the_job_which_resumes_once_the_node_is_back(slurm: SlurmCluster, prepared) -> None:
-    """Node 1 killed mid-job (its slurmd and the job's processes on it): Slurm marks it down
-    and requeues the job (`--requeue`), and `--wait` names the lost node. Once the node is back,
-    and Slurm's hold of a requeued job has passed (about two minutes: lifted early, the
-    relaunch met a stale allocation of one node), the job runs again on both nodes and
-    resumes from its checkpoint."""
-    overrides, direct = prepared
-    run_dir = Path(overrides[0].split('"')[1])
-    longer = [*overrides, *ONE_A_NODE, "training.epochs=20"]  # still training when the node is lost
-    started = time.time()
-    submit = on_head(slurm, "submit", "--config", TINY, *sets(longer), "--nodes", "2", "--wait", "--json")
-    told = []
-    for line in submit.stderr:
-        told.append(line)
-        if "submitted" in line:
-            break
-    job_id = told[-1].split("Slurm job ")[1].split()[0]
-    deadline = time.monotonic() + 300
-    while not [c for c in _checkpoints(run_dir) if c.stat().st_mtime > started] and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert kill_node("dlrm-sn1") >= 3, "slurmd, the step's daemon and the node's training processes"
-    killed = time.monotonic()
-    for line in submit.stderr:  # the node stays lost until `--wait` has told the requeue
-        told.append(line)
-        if "restart 1" in line:
-            break
-    requeued_s = time.monotonic() - killed
-    assert "node dlrm-sn1 DOWN" in told[-1], "".join(told)
-    restart_node(slurm, "dlrm-sn1")
-    back = time.monotonic()
-    stdout, stderr = submit.communicate(timeout=600)
-    ended_s = time.monotonic() - back
-    report = json.loads(stdout.strip().splitlines()[-1])
-    print(f"node lost → requeue told: {requeued_s:.0f} s; node back → job ended: {ended_s:.0f} s")
-    assert report["job_id"] == job_id and report["state"] == "COMPLETED" and report["restarts"] >= 1, "".join(told) + stderr
-    assert report["train"]["resumed_from_step"] > 0, "the job went on from its checkpoint"
-    assert report["train"]["steps"] == direct["steps"] // 3 * 20, "every epoch once (the direct run trains 3)"
+# Lifted within a second of the node's return, the relaunch's srun saw a stale allocation of
+# one node ("SLURM_JOB_NUM_NODES … conflicts with allocated node count (2 != 1)") in 3 of 4
+# tries; 5 s after both nodes were idle, 3 of 3 ran; twice that is the margin.
+SETTLE_S = 10.0
 
 
-def _eligible_now(cluster: SlurmCluster, job_id: str) -> None:
+def _eligible_once_the_nodes_are_idle(cluster: SlurmCluster, job_id: str) -> None:
     """Slurm holds a requeued job back for two minutes before it may start again (its begin
-    time; measured 144 s from requeue to the next allocation): once it is pending, the test
-    makes it eligible at once, as an administrator would (`scontrol update … StartTime=now`)."""
+    time; measured 144 s from requeue to the next allocation). Once the node is back in
+    service and idle, and the job is pending, the test makes it eligible at once, as an
+    administrator would (`scontrol update … StartTime=now`), a few seconds after both nodes
+    are idle (SETTLE_S)."""
     deadline = time.monotonic() + 120
-    while cluster.job_state(job_id) not in ("PENDING", "RUNNING", "COMPLETED") and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        idle = all("State=IDLE " in cluster.scontrol("show", "node", "--oneliner", n) for n in cluster.nodes)
+        if idle and cluster.job_state(job_id) == "PENDING":
+            time.sleep(SETTLE_S)
+            cluster.scontrol("update", f"JobId={job_id}", "StartTime=now")
+            return
+        if cluster.job_state(job_id) in ("RUNNING", *ENDED):
+            return
         time.sleep(0.5)
-    if cluster.job_state(job_id) == "PENDING":
-        cluster.scontrol("update", f"JobId={job_id}", "StartTime=now")
 
 
 def test_what_slurm_refuses_is_one_line(slurm: SlurmCluster, prepared) -> None:

@@ -8,6 +8,8 @@ code paths that no other test reaches.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -148,3 +150,13 @@ def test_the_checks_see_a_circle_and_a_forbidden_import():
     assert _flows_module("flows.run.config.PipelineConfig", {"flows.run.config", "flows.run"}) == "flows.run.config"
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert _circles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_a_host_that_only_trains_imports_neither_prefect_nor_mlflow():
+    """`dlrm train` runs on every host of a job (by hand, from Slurm's batch script, as a
+    served trainer node): what it imports (flows/run/host_training.py) leaves out Prefect and
+    MLflow, about 3 s of a start, read here from a fresh interpreter."""
+    probe = ("import sys, flows.run.host_training; "
+             "print(sorted({name.split('.')[0] for name in sys.modules} & {'prefect', 'mlflow'}))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
