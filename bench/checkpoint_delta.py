@@ -56,7 +56,8 @@ import torch
 
 from flows.run.config import load_config
 from ingestion.preprocess import PreprocessState
-from training.loop.delta_checkpoint import META, flat_leaves, read_meta, whole_state
+from training.loop.checkpoint_chain import META, read_meta
+from training.loop.delta_checkpoint import flat_leaves, whole_state
 
 FLOAT_BYTES = 4
 CATEGORICAL = [f"C{i}" for i in range(1, 27)]

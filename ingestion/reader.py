@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from ingestion.batch_count import batches_per_rank
 from ingestion.prefetch import prefetched
 from ingestion.schema import FeatureLayout, feature_layout
 
@@ -175,16 +175,6 @@ def rank_segments(
             segments.append(Segment(path, group, start - offset, stop - offset))
         offset += rows
     return segments
-
-
-def batches_per_rank(rows: int, batch_size: int, world_size: int, drop_remainder: bool = False) -> int:
-    """Batches each rank reads over `rows` rows: the same on every rank. Without
-    `drop_remainder` the last ones are padded (a rank holds at most ⌈rows / W⌉ rows), so
-    every row is read; with it, a partial batch is left out. The one count of a run's steps
-    per epoch (training/loop/run_length.py predicts it from the row count)."""
-    if drop_remainder:
-        return (rows // world_size) // batch_size
-    return math.ceil(math.ceil(rows / world_size) / batch_size)
 
 
 class BatchReader:

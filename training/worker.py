@@ -25,11 +25,10 @@ from training.loop.checkpoint import (
     RowLedger,
     TrainPosition,
     checkpoint_bytes,
-    latest_checkpoint,
     load_checkpoint,
-    refused_checkpoints,
     save_checkpoint,
 )
+from training.loop.checkpoint_chain import latest_checkpoint, refused_checkpoints
 from training.loop.heldout import predict
 from training.loop.optimizers import attach_embedding_optimizer, build_optimizer
 from training.loop.progress import read_records, record_line

@@ -41,7 +41,7 @@ from flows.tracking.runs import logged_state
 from ingestion.preprocess import PreprocessState
 from training.codec import decode
 from training.config import ModelConfig
-from training.loop.delta_checkpoint import META, BrokenChain, chain_of
+from training.loop.checkpoint_chain import META, BrokenChain, chain_of
 
 TAG_AS_OF = "lineage.as_of"
 TAG_DAYS = "lineage.days"

@@ -19,7 +19,7 @@ from training.codec import encode
 from training.config import CpuConfig
 from training.job import TrainJob
 from training.launch.launcher import TrainingFailed, launch
-from training.loop.checkpoint import latest_checkpoint
+from training.loop.checkpoint_chain import latest_checkpoint
 from training.loop.progress import read_records
 from training.serving.export import export_model
 

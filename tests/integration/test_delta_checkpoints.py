@@ -18,8 +18,9 @@ from training.codec import encode
 from training.job import TrainJob
 from training.launch.launcher import launch
 from training.launch.resume import FINISHED
-from training.loop.checkpoint import checkpoint_bytes, latest_checkpoint, prune_checkpoints, refused_checkpoints
-from training.loop.delta_checkpoint import flat_leaves, read_meta
+from training.loop.checkpoint import checkpoint_bytes, prune_checkpoints
+from training.loop.checkpoint_chain import latest_checkpoint, read_meta, refused_checkpoints
+from training.loop.delta_checkpoint import flat_leaves
 from training.serving.export import export_model
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.cpu import memory as cpu_memory
 from training.job import TrainJob
 from training.launch.launcher import TrainingFailed, launch
-from training.loop.checkpoint import latest_checkpoint
+from training.loop.checkpoint_chain import latest_checkpoint
 from training.loop.progress import HeldoutRecord, MetricsRecord
 from training.model.precision import native_bf16
 from training.serving.export import export_model

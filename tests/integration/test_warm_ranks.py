@@ -19,7 +19,7 @@ from training.codec import encode
 from training.job import TrainJob
 from training.launch.launcher import TrainingFailed, launch
 from training.launch.warm_ranks import ENVIRONMENT_KEY, client_command
-from training.loop.checkpoint import latest_checkpoint
+from training.loop.checkpoint_chain import latest_checkpoint
 from training.loop.progress import HeldoutRecord, MetricsRecord
 from training.serving.export import export_model
 

@@ -26,7 +26,7 @@ from training.launch.output import ConsoleFilter, TrainingFailed, failure_of
 from training.launch.processes import forget_group, raise_if_stopped, start_group, stop_group
 from training.launch.resume import mark_finished, prepare_checkpoints
 from training.launch.warm_ranks import client_command, server_socket
-from training.loop.checkpoint import latest_checkpoint
+from training.loop.checkpoint_chain import latest_checkpoint
 from training.loop.progress import MetricsFollower, MetricsRecord
 
 __all__ = ["PeerFailed", "TrainingFailed", "launch", "torchrun_command"]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from training.job import TrainJob
-from training.loop.checkpoint import latest_checkpoint
+from training.loop.checkpoint_chain import latest_checkpoint
 
 FINISHED = "FINISHED"
 FINGERPRINT_FILE = "fingerprint.json"  # what the fingerprint covers, kept beside the checkpoints

@@ -12,7 +12,7 @@ into 1 process from 2, into 2 from 1, and into a plain unsharded model (`load_un
 In delta mode (`training.checkpoint_mode = "delta"`, loop/delta_checkpoint.py) a checkpoint
 may hold only the rows changed since its parent; every function here reads a checkpoint
 through its chain, so a delta loads, exports and warm-starts as a full one does. A checkpoint
-whose chain is broken is never the latest: `refused_checkpoints` says why.
+whose chain is broken is never the latest: `refused_checkpoints` (loop/checkpoint_chain.py) says why.
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.optim import Optimizer
 
-from training.loop.delta_checkpoint import (
+from training.loop.checkpoint_chain import (
     META,
     BrokenChain,
-    RowSignatures,
-    apply_rows,
     chain_of,
+    complete_checkpoints,
     read_meta,
-    save_delta,
+    step_of,
 )
+from training.loop.delta_checkpoint import RowSignatures, apply_rows, save_delta
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def _delta_parent(full_every: int) -> RowSignatures | None:
 
 def prune_checkpoints(root: Path, keep: int) -> None:
     """Remove all but the newest `keep` checkpoints and the links their chains need."""
-    complete = sorted(_complete(root), key=_step_of)
+    complete = sorted(complete_checkpoints(root), key=step_of)
     needed: set[Path] = set()
     for kept in complete[-keep:]:
         try:
@@ -191,36 +191,12 @@ def checkpoint_bytes(checkpoint: Path) -> int:
     return sum(path.stat().st_size for path in checkpoint.rglob("*") if path.is_file())
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    """The newest checkpoint under `root` whose chain loads (every checkpoint of full mode)."""
-    for checkpoint in sorted(_complete(root), key=_step_of, reverse=True):
-        try:
-            chain_of(checkpoint)
-        except BrokenChain:
-            continue
-        return checkpoint
-    return None
-
-
-def refused_checkpoints(root: Path) -> list[str]:
-    """Why each checkpoint newer than `latest_checkpoint(root)` cannot be loaded, a line each."""
-    refused = []
-    for checkpoint in sorted(_complete(root), key=_step_of, reverse=True):
-        try:
-            chain_of(checkpoint)
-        except BrokenChain as why:
-            refused.append(f"checkpoint {checkpoint} is refused: its chain is broken: {why}")
-            continue
-        break
-    return refused
-
-
 def drop_checkpoints_after(root: Path, step: int) -> None:
     """Remove the checkpoints past `step` (rank 0, then every rank waits): a run that went
     back to an earlier model must neither resume from them nor prune its final checkpoint
     as the oldest."""
     global _parent, _base
-    later = [p for p in _complete(root) if _step_of(p) > step]
+    later = [p for p in complete_checkpoints(root) if step_of(p) > step]
     dropped = {p.resolve() for p in later}
     if _base is not None and _base.checkpoint in dropped:
         _base = None
@@ -244,14 +220,6 @@ def load_unsharded(model: nn.Module, checkpoint: Path) -> nn.Module:
             apply_rows(state, link, no_dist=True)
     model.load_state_dict(state["model"])
     return model
-
-
-def _complete(root: Path) -> list[Path]:
-    return [p for p in root.glob("step-*") if p.is_dir() and (p / META).is_file()] if root.is_dir() else []
-
-
-def _step_of(path: Path) -> int:
-    return int(path.name.split("-")[1])
 
 
 def _rng_state() -> dict:

@@ -23,7 +23,6 @@ bit for bit.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -36,15 +35,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from training.loop.checkpoint_chain import chain_of, read_meta
+
 ROWS_FILE = "rows-rank-{rank:05d}.pt"
-META = "meta.json"
 # Rows hashed at a time: bounds the int64 copy a signature needs to this many rows.
 _ROWS_A_CHUNK = 1 << 16
 _ODD = {}  # width → the columns' odd multipliers
-
-
-class BrokenChain(Exception):
-    """A checkpoint whose chain cannot be loaded: a link missing, incomplete or cut short."""
 
 
 @dataclass(frozen=True)
@@ -224,29 +220,6 @@ def _write_piece(target: torch.Tensor, offsets: tuple[int, ...], piece: RowPiece
         source_index.append(slice(start - theirs, stop - theirs))
     with torch.no_grad():
         target[tuple(target_index)] = values[tuple(source_index)].to(target.device, target.dtype)
-
-
-def read_meta(checkpoint: Path) -> dict:
-    return json.loads((checkpoint / META).read_text())
-
-
-def chain_of(checkpoint: Path) -> list[Path]:
-    """The checkpoints to load, oldest (the full one) first; BrokenChain names what is wrong."""
-    chain, link = [], checkpoint
-    while True:
-        if not (link / META).is_file():
-            raise BrokenChain(f"{link} is missing or incomplete (no {META})")
-        meta = read_meta(link)
-        for name, size in meta.get("files", {}).items():
-            found = link / name
-            if not found.is_file() or found.stat().st_size != size:
-                raise BrokenChain(f"{found} is missing or not the {size:,} bytes written")
-        chain.append(link)
-        if meta.get("kind", "full") == "full":
-            return chain[::-1]
-        link = Path(os.path.normpath(link.parent / meta["parent"]))
-        if link in chain:
-            raise BrokenChain(f"{checkpoint}'s chain loops at {link}")
 
 
 def whole_state(checkpoint: Path, scratch: Path) -> dict:

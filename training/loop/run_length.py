@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ingestion.reader import batches_per_rank
+from ingestion.batch_count import batches_per_rank
 from training.config import TrainingConfig, Workers
 
 SMALLEST_PER_PROCESS = 32

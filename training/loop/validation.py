@@ -32,10 +32,10 @@ from training.loop.checkpoint import (
     RowLedger,
     TrainPosition,
     drop_checkpoints_after,
-    latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
+from training.loop.checkpoint_chain import latest_checkpoint
 from training.loop.heldout import files_state
 
 BEST_FOLDER = "best-validated"

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from flows.run.config import load_config
 from flows.tracking.lineage import TAG_CHECKPOINT, keep_checkpoint, prune_lineage
 from flows.tracking.registry import CHAMPION_ALIAS
-from training.loop.delta_checkpoint import chain_of
+from training.loop.checkpoint_chain import chain_of
 
 ROOT = Path(__file__).resolve().parents[3]
 

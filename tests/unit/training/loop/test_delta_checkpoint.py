@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from training.loop.checkpoint_chain import BrokenChain, chain_of
 from training.loop.delta_checkpoint import (
-    BrokenChain,
     RowPiece,
     _write_piece,
-    chain_of,
     flat_leaves,
     put_back,
     row_signatures,
