@@ -16,6 +16,7 @@ environment; `prefect.yaml` offers the same deployments for work pools.
 from __future__ import annotations
 
 import logging
+import os
 
 from prefect import serve
 from prefect.client.orchestration import get_client
@@ -35,6 +36,7 @@ from flows.deployments.characterize import characterize_flow
 from flows.deployments.pipeline import pipeline, retrain
 from flows.run.config import PipelineConfig, load_config
 from flows.run.sources import NEWEST
+from flows.stages.train_nodes import POLL_S as TRAINER_NODE_POLL_S
 from flows.stages.train_nodes import node_deployment, train_node
 from flows.tuning.retune import retune
 from training.launch.processes import stop_requested
@@ -81,14 +83,19 @@ def serve_deployments(config: PipelineConfig, config_path: str, overrides: list[
     """Register the deployments of `config` (read from `config_path` with `overrides`) and
     run their flow runs until stopped (Ctrl-C, SIGTERM). `trainer_node`: serve only that
     node's part of multi-host training jobs."""
+    polling = {}
     if trainer_node is None:
         deployments = build_deployments(config_path, overrides, config)
     else:
         deployments = [trainer_node_deployment(trainer_node)]
+        if "PREFECT_RUNNER_POLL_FREQUENCY" not in os.environ:
+            # a job's every host waits for the last to pick its run up: ask as often as the
+            # stage that started them looks at their states, not every 10 s (Prefect's default)
+            polling["query_seconds"] = TRAINER_NODE_POLL_S
     quiet_stop = _QuietAfterStop()
     logging.getLogger("asyncio").addFilter(quiet_stop)
     try:
-        serve(*deployments, limit=limit)
+        serve(*deployments, limit=limit, **polling)
     finally:
         logging.getLogger("asyncio").removeFilter(quiet_stop)
         try:

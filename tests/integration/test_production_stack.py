@@ -69,8 +69,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         api = f"http://127.0.0.1:{prefect_port}/api"
         wait_for(f"{api}/health", prefect, home / "prefect.log")
         wait_for(f"http://127.0.0.1:{mlflow_port}/health", mlflow, home / "mlflow.log")
+        # PREFECT_RUNNER_POLL_FREQUENCY: `dlrm serve` picks up a run the UI starts within 2 s, not
+        # Prefect's 10 (idle time in a test)
         env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_HOME": str(home / "prefect-client"),
-               "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_RUNNER_POLL_FREQUENCY": "2"}  # fmt: skip
         yield Stack(api, f"http://127.0.0.1:{mlflow_port}", databases, env, home / "run")
     finally:
         for process in (prefect, mlflow):

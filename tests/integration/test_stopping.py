@@ -162,7 +162,9 @@ def test_serve_with_server_shows_its_deployments_in_the_ui_and_ctrl_c_stops_it_a
     command = [sys.executable, "-m", "flows.cli", "serve", "--config", str(ROOT / "configs" / "tiny.toml"),
                "--set", f'run_dir="{run_dir}"', "--set", "training.epochs=30", "--set", "training.checkpoint_every=20",
                "--with-server", "--port", str(port)]  # fmt: skip
-    process = subprocess.Popen(command, cwd=ROOT, env=_environment(home), stdout=log.open("w"),
+    # the retrain picked up within 2 s, not Prefect's 10
+    env = {**_environment(home), "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log.open("w"),
                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     with _killed_if_left(process):
         _use_the_dashboard_then_stop(process, port, run_dir, log, home)

@@ -55,3 +55,27 @@ def test_prefect_yaml_offers_the_same_deployments() -> None:
     import prefect
 
     assert spec["prefect-version"] == prefect.__version__, "the same Prefect as the client"
+
+
+@pytest.mark.parametrize(("told", "expected"), [(None, 2.0), ("7", None)])
+def test_a_trainer_node_asks_for_its_runs_every_2_s_unless_prefect_is_told_otherwise_with_serve_mocked(
+    monkeypatch: pytest.MonkeyPatch, told: str | None, expected: float | None
+) -> None:
+    """Prefect's `serve` (which would run until stopped) stands in recorded here: a trainer
+    node polls as often as the stage that started its run; PREFECT_RUNNER_POLL_FREQUENCY,
+    when set, is Prefect's to apply (no `query_seconds` passed); the pipeline's deployments
+    keep Prefect's default."""
+    import flows.deployments.serve as serving
+
+    calls: list[dict] = []
+    monkeypatch.setattr(serving, "serve", lambda *deployments, **options: calls.append(options))
+    monkeypatch.setattr(serving, "cancel_runs_left_running", lambda deployments: 0)
+    if told is None:
+        monkeypatch.delenv("PREFECT_RUNNER_POLL_FREQUENCY", raising=False)
+    else:
+        monkeypatch.setenv("PREFECT_RUNNER_POLL_FREQUENCY", told)
+    config = load_config(DEMO)
+    serving.serve_deployments(config, DEMO, trainer_node=1)
+    serving.serve_deployments(config, DEMO)
+    assert calls[0].get("query_seconds") == expected
+    assert "query_seconds" not in calls[1]
