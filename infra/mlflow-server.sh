@@ -7,7 +7,12 @@
 #   MLFLOW_ALLOWED_HOSTS          Host headers the server answers, with their ports (a guard
 #                                 against DNS rebinding); default: this loopback port
 #   or POSTGRES_USER, POSTGRES_PASSWORD [, POSTGRES_HOST]: the store URL is built from them, encoded
+#   MLFLOW_SERVER_ENABLE_JOB_EXECUTION  default false here: MLflow's job runner (its GenAI
+#                                 evaluation and prompt jobs; 8 processes, about 4 s of CPU a
+#                                 start) serves nothing this project logs; true brings it back
 set -eu
+MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}
+export MLFLOW_SERVER_ENABLE_JOB_EXECUTION
 . "$(dirname "$0")/database-url.sh"
 if [ -z "${MLFLOW_BACKEND_STORE_URI:-}" ] && [ -n "${POSTGRES_USER:-}" ]; then
     MLFLOW_BACKEND_STORE_URI=$(database_url postgresql mlflow) || exit 2

@@ -87,7 +87,7 @@ def multi_hot_features(multi_hot_warehouse: Path, tmp_path_factory: pytest.TempP
 MODULE_SECONDS = {
     "test_on_slurm.py": 200, "test_multi_host.py": 240, "test_recurring.py": 220, "test_stopping.py": 200,
     "test_checkpoint_recovery.py": 110, "test_production_stack.py": 130, "test_own_warehouse.py": 110,
-    "test_trainer_slots.py": 90, "test_tracking_outage.py": 90, "test_retune_flow.py": 80, "test_id_churn.py": 80,
+    "test_trainer_slots.py": 10, "test_tracking_outage.py": 90, "test_retune_flow.py": 80, "test_id_churn.py": 80,
     "test_pipeline_flow.py": 70, "test_characterize.py": 50, "test_sharded_training.py": 50, "test_cli.py": 40,
     "test_bundle_round_trip.py": 40, "test_dask_runner.py": 30, "test_chosen_run_length.py": 30,
     "test_small_real_data.py": 30, "test_tuning_study.py": 20, "test_delta_checkpoints.py": 20, "test_warm_ranks.py": 15,

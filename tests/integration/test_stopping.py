@@ -1,7 +1,9 @@
 """Ctrl-C and SIGTERM on a real `dlrm run`: every process it started ends within seconds,
 its Prefect flow runs end Cancelled (none left Running), the exit code names the signal,
 and the same command afterwards resumes from the interrupted run's checkpoint (twice
-stopped, one run folder: each stop is tested on the command that resumed the one before)."""
+stopped, one run folder: each stop is tested on the command that resumed the one before).
+A command killed outright (SIGKILL) while it holds a trainer slot: the next command gets the
+slot once its lease has expired."""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -284,3 +288,106 @@ def test_dlrm_server_serves_the_ui_until_ctrl_c(tmp_path: Path, home: Path) -> N
     assert code == 130 and seconds < 30, (code, seconds, log.read_text()[-3000:])
     time.sleep(1.0)
     assert not [pid for pid in started if _alive(pid)], "the server ends with the command"
+
+
+# A command killed outright (SIGKILL) while it holds a trainer slot. Started with the module
+# (autouse) in a thread of its own: the next command waits about the slot's lease (60 s, the
+# shortest the Prefect server takes) while the stops below run; the module's last test reads
+# what it waited.
+HOLDER = """
+import logging, sys, time
+from flows.run.config import load_config
+from flows.stages.local_server import prefect_api
+from flows.stages.trainer_slots import trainer_slot
+config = load_config(sys.argv[1], ["orchestration.trainer_slot_lease_s=60"])
+with prefect_api() as url, trainer_slot(config, logging.getLogger("holder")):
+    print(url, flush=True)
+    time.sleep(600)
+"""
+
+WAITER = """
+import logging, sys, time
+from flows.run.config import load_config
+from flows.stages.local_server import prefect_api
+from flows.stages.trainer_slots import trainer_slot
+config = load_config(sys.argv[1], ["orchestration.trainer_slot_lease_s=60"])
+with prefect_api():
+    asked = time.monotonic()
+    with trainer_slot(config, logging.getLogger("waiter")):
+        print(f"waited {time.monotonic() - asked:.1f}", flush=True)
+"""
+
+
+def _servers_on(port: int) -> list[int]:
+    """The processes of the Prefect server listening on `port` (by their command line)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--port" in words and str(port).encode() in words:
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+@dataclass
+class KilledHolder:
+    home: Path
+    url: str = ""
+    waiter: subprocess.Popen | None = None
+    failure: str = ""
+
+
+def _kill_a_holder_then_ask_again(scenario: KilledHolder) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(scenario.home)
+    tiny = str(ROOT / "configs" / "tiny.toml")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, tiny], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        scenario.url = holder.stdout.readline().strip()
+    finally:
+        holder.kill()
+        holder.wait()
+    if not scenario.url.startswith("http://127.0.0.1:"):
+        scenario.failure = f"the holder did not take its slot on a temporary server of its own: {scenario.url!r}"
+        return
+    port = int(scenario.url.rsplit(":", 1)[1].split("/")[0])
+    for pid in _servers_on(port):  # the killed command's server, left running: it stops as a lost host would
+        os.kill(pid, signal.SIGKILL)
+    scenario.waiter = subprocess.Popen([sys.executable, "-c", WAITER, tiny], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def killed_holder(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KilledHolder, threading.Thread]]:  # fmt: skip
+    scenario = KilledHolder(tmp_path_factory.mktemp("killed-holder") / "prefect")
+    started = threading.Thread(target=_kill_a_holder_then_ask_again, args=(scenario,), daemon=True)
+    if any(item.name == test_a_slot_whose_holder_was_killed_is_given_back_by_the_next_commands_server.__name__
+           for item in request.session.items):  # fmt: skip
+        started.start()  # only when its test runs
+    yield scenario, started
+    if started.ident is not None:
+        started.join(timeout=120)
+    if scenario.waiter is not None and scenario.waiter.poll() is None:
+        scenario.waiter.kill()
+        scenario.waiter.wait()
+
+
+def test_a_slot_whose_holder_was_killed_is_given_back_by_the_next_commands_server(killed_holder) -> None:
+    """A command killed outright while it trains (SIGKILL: no clean-up runs) cannot give its
+    slot back, and its temporary server's end would once have left the slot counted in the
+    Prefect home for ever. Its lease is kept in the home, so the next command's own
+    temporary server revokes it once it expires: that command waits about the lease, not for
+    ever (Prefect's default lease, 300 s, would also fail the bound)."""
+    scenario, started = killed_holder
+    started.join(timeout=120)
+    assert not scenario.failure and scenario.waiter is not None, scenario.failure
+    out, err = scenario.waiter.communicate(timeout=300)
+    assert scenario.waiter.returncode == 0, err[-3000:]
+    waited = float(out.split("waited ")[1].split()[0])
+    # the lease (60 s from the holder's last renewal), the sweep (15 s) and a retry (≤ 30 s)
+    assert 30 < waited < 60 + 15 + 30 + 10, f"the killed holder's slot came back after {waited:.0f} s"
+    assert list((scenario.home / "concurrency_leases").glob("*.json")), "the leases are kept in the home"
