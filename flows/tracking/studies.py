@@ -13,6 +13,7 @@ from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 
 from flows.tracking.runs import ensure_experiment, log_study_plots
+from training.launch.processes import stops_held
 
 # How a trial ended → the MLflow status of its run
 TRIAL_ENDINGS = {"complete": "FINISHED", "pruned": "KILLED", "failed": "FAILED", "stopped": "KILLED"}
@@ -75,13 +76,18 @@ class TrialRun:
     client: MlflowClient
     run_id: str
 
+    # A stop (Ctrl-C) that lands in one of these writes waits for its end (stops_held): the
+    # trial logs while its job trains, so that is where a stop most often finds it.
     def log_params(self, params: Mapping[str, Any]) -> None:
-        self.client.log_batch(self.run_id, params=[mlflow_param(k, v) for k, v in params.items()])
+        with stops_held():
+            self.client.log_batch(self.run_id, params=[mlflow_param(k, v) for k, v in params.items()])
 
     def log_metric(self, name: str, value: float, step: int | None = None) -> None:
-        self.client.log_metric(self.run_id, name, value, step=step)
+        with stops_held():
+            self.client.log_metric(self.run_id, name, value, step=step)
 
     def end(self, how: str) -> None:
         """`how`: a key of `TRIAL_ENDINGS`, tagged as `tuning.state`."""
-        self.client.set_tag(self.run_id, "tuning.state", how)
-        self.client.set_terminated(self.run_id, TRIAL_ENDINGS[how])
+        with stops_held():
+            self.client.set_tag(self.run_id, "tuning.state", how)
+            self.client.set_terminated(self.run_id, TRIAL_ENDINGS[how])

@@ -35,6 +35,8 @@ _services: set[int] = set()  # groups the clean-up still needs: stopped by their
 # interrupted while holding it.
 _lock = threading.RLock()
 _stop_signal: list[int] = []  # the signal that asked for the stop; empty while none has
+_held: list[bool] = []  # one entry per `stops_held` block the main thread is in
+_deferred: list[int] = []  # a stop's signal, raised when the last held block ends
 
 
 class Stopped(KeyboardInterrupt):
@@ -197,6 +199,22 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 @contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """Within the block a stop's signal does all but interrupt: its line is printed and the
+    started processes are ended at once, and `Stopped` is raised when the block ends. For a
+    write to a database: an MLflow store on SQLite cut in the middle of one kept its write
+    lock, and the clean-up's own writes (marking the runs stopped) then waited on it for
+    20 s at a time and failed."""
+    _held.append(True)
+    try:
+        yield
+    finally:
+        _held.pop()
+    if not _held and _deferred:
+        raise Stopped(_deferred.pop())
+
+
+@contextlib.contextmanager
 def stop_on_signals(say: Callable[[str], None]) -> Iterator[None]:
     """Within the block, SIGINT and SIGTERM stop the program as described above. `say`
     prints the one line a person sees for each signal: it runs in the signal handler, so it
@@ -212,6 +230,9 @@ def stop_on_signals(say: Callable[[str], None]) -> Iterator[None]:
         say(f"{name}: stopping; ending the started processes and marking the runs as stopped "
             "(run the same command again to resume)")  # fmt: skip
         _terminate_groups()
+        if _held:
+            _deferred.append(signum)
+            return
         raise Stopped(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -179,3 +179,28 @@ def test_a_launcher_that_ignores_sigterm_and_its_workers_die_with_a_parent_kille
     parent.wait()
     assert _gone(launcher_pid, 5.0), "the launcher ended with its parent, SIGTERM ignored or not"
     assert _gone(worker, 5.0), "and its worker with it"
+
+
+def test_a_stop_in_a_held_block_ends_the_groups_at_once_and_raises_when_the_block_ends() -> None:
+    """A write that must not be cut in two (`stops_held`): the signal's line and the end of
+    the started processes come at once; the block runs to its end; then the stop is raised."""
+    parent = _parent("""
+        try:
+            with stop_on_signals(lambda line: print(line, file=sys.stderr, flush=True)):
+                child = start_group(["sleep", "60"])
+                with stops_held():
+                    print(child.pid, flush=True)
+                    time.sleep(1.5)  # the signal arrives here
+                    print("block ended", file=sys.stderr, flush=True)
+                print("after the block", file=sys.stderr, flush=True)
+        except Stopped as stopped:
+            print("exit", stopped.exit_code, file=sys.stderr, flush=True)
+            sys.exit(stopped.exit_code)
+    """)
+    child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGINT)
+    assert _gone(child, 1.0), "the started processes end at once, not when the block ends"
+    _, stderr = parent.communicate(timeout=30)
+    assert parent.returncode == 130, stderr
+    lines = stderr.splitlines()
+    assert lines[0].startswith("SIGINT: stopping") and lines[1:] == ["block ended", "exit 130"], stderr
