@@ -85,12 +85,12 @@ def multi_hot_features(multi_hot_warehouse: Path, tmp_path_factory: pytest.TempP
 # the next module as it finishes one: the longest first, so that no long module starts last
 # and runs alone.
 MODULE_SECONDS = {
-    "test_on_slurm.py": 200, "test_multi_host.py": 240, "test_recurring.py": 220, "test_stopping.py": 200,
-    "test_checkpoint_recovery.py": 110, "test_production_stack.py": 130, "test_own_warehouse.py": 110,
-    "test_trainer_slots.py": 10, "test_tracking_outage.py": 90, "test_retune_flow.py": 80, "test_id_churn.py": 80,
-    "test_pipeline_flow.py": 70, "test_characterize.py": 50, "test_sharded_training.py": 50, "test_cli.py": 40,
-    "test_bundle_round_trip.py": 40, "test_dask_runner.py": 30, "test_chosen_run_length.py": 30,
-    "test_small_real_data.py": 30, "test_tuning_study.py": 20, "test_delta_checkpoints.py": 20, "test_warm_ranks.py": 15,
+    "test_on_slurm.py": 180, "test_stopping.py": 160, "test_recurring.py": 155, "test_multi_host.py": 150,
+    "test_tracking_outage.py": 80, "test_checkpoint_recovery.py": 75, "test_own_warehouse.py": 70, "test_retune_flow.py": 65,
+    "test_production_stack.py": 65, "test_id_churn.py": 65, "test_pipeline_flow.py": 60, "test_bundle_round_trip.py": 40,
+    "test_characterize.py": 40, "test_sharded_training.py": 35, "test_cli.py": 35, "test_chosen_run_length.py": 25,
+    "test_dask_runner.py": 25, "test_small_real_data.py": 20, "test_tuning_study.py": 20, "test_delta_checkpoints.py": 17,
+    "test_warm_ranks.py": 10, "test_trainer_slots.py": 10,
 }  # fmt: skip
 
 
