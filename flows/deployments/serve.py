@@ -83,7 +83,7 @@ def serve_deployments(config: PipelineConfig, config_path: str, overrides: list[
     """Register the deployments of `config` (read from `config_path` with `overrides`) and
     run their flow runs until stopped (Ctrl-C, SIGTERM). `trainer_node`: serve only that
     node's part of multi-host training jobs."""
-    polling = {}
+    polling: dict[str, float] = {}
     if trainer_node is None:
         deployments = build_deployments(config_path, overrides, config)
     else:
