@@ -58,6 +58,12 @@ class EvaluationConfig:
     reference_max_rows: int = 2_000_000
     """the logistic-regression reference fits on at most about this many training rows, a sample picked by a hash of each row (it
     holds them in memory, about 1.7 GB a million); `0`: all"""
+    # How the reference chooses its L2: 0 (auto) cross-validates on few rows, where one slice
+    # of 10 % is too noisy to choose by (training/reference.py: CV_BELOW_ROWS, CV_FOLDS).
+    reference_folds: int = 0
+    """how the logistic-regression reference chooses its L2 strength: `0`, by 5-fold cross-validation below 200,000 training
+    rows (one slice of 10 % is too noisy to choose by on few rows) and on one hashed 10 % slice above; `1`, always on the slice
+    (about a third of the CPU); `k` > 1, always by `k`-fold cross-validation"""
     # Off: only the constant click rate gates (the logistic regression is still reported).
     # For data too small for any DLRM to beat a fitted logistic regression, where the run
     # exists to exercise the registry rather than to ship a model.
@@ -93,6 +99,8 @@ class EvaluationConfig:
             raise ValueError(f"promotion_margin: must be in [0, 1), got {self.promotion_margin}")
         if self.reference_max_rows < 0:
             raise ValueError(f"reference_max_rows: must be ≥ 0 (0: all rows), got {self.reference_max_rows}")
+        if self.reference_folds < 0:
+            raise ValueError(f"reference_folds: must be ≥ 0 (0: chosen by the rows, 1: one slice), got {self.reference_folds}")
         if not 0.0 <= self.reference_margin < 1.0:
             raise ValueError(f"reference_margin: must be in [0, 1), got {self.reference_margin}")
         if not 0.0 < self.calibration_min <= 1.0:  # the band holds 1.0, calibrated

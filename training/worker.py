@@ -265,8 +265,9 @@ def _wide_start(job: TrainJob) -> WideStart | None:
         return None
     fitted: list[WideStart | None] = [None]
     if dist.get_rank() == 0:
+        evaluation = job.evaluation
         fit = fit_logistic_regression(job.table_sizes, job.train_files, seed=job.training.seed,
-                                      max_rows=job.evaluation.reference_max_rows)  # fmt: skip
+                                      max_rows=evaluation.reference_max_rows, folds=evaluation.reference_folds)  # fmt: skip
         print(f"[train] the wide part starts as the logistic regression fitted on {fit.train_rows:,} rows "
               f"({fit.how_chosen})", flush=True)  # fmt: skip
         fitted = [WideStart.of_regression(fit.model)]

@@ -53,7 +53,7 @@ def baseline_task(config: PipelineConfig, features: Features, train_files: tuple
     torch.set_num_threads(max(1, config.training.nproc * config.training.threads_per_proc))
     data = config.data
     fit = fit_logistic_regression(features.state.table_sizes, list(train_files), seed=config.training.seed,
-                                  max_rows=config.evaluation.reference_max_rows,
+                                  max_rows=config.evaluation.reference_max_rows, folds=config.evaluation.reference_folds,
                                   raw_ids=features.state.mode == "managed")  # fmt: skip
     get_run_logger().info(
         "logistic regression: %s, refit on %s; %s", fit.how_chosen,

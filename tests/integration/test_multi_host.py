@@ -75,13 +75,6 @@ def prepared_run(pipeline_run: tuple[Path, dict]) -> Path:
     return pipeline_run[0]
 
 
-@pytest.fixture(scope="module")
-def one_host_two_processes(prepared_run: Path) -> dict:
-    """The reference every multi-host job of 2 processes is compared with: one host running
-    both (its `dlrm train --json` report)."""
-    return _alone(prepared_run, "one-host-2", 2)
-
-
 def _train(run_dir: Path, out: str, nproc: int, *extra: str, host: str | None = None) -> subprocess.Popen:
     command = [DLRM, "train", "--config", TINY, "--set", f'run_dir="{run_dir}"',
                "--set", f"training.nproc={nproc}", "--set", "training.checkpoint_every=10",
@@ -115,11 +108,23 @@ def _alone(run_dir: Path, out: str, nproc: int) -> dict:
     return _report(stdout)
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_two_hosts_train_as_one_host_with_every_process(two_hosts: list[str], prepared_run: Path, nproc: int,
-                                                        one_host_two_processes: dict) -> None:  # fmt: skip
-    one_host = one_host_two_processes if nproc == 1 else _alone(prepared_run, f"one-host-{2 * nproc}", 2 * nproc)
-    (leader, *_), (follower, *_) = results = _on_two_hosts(prepared_run, f"two-hosts-{nproc}", nproc, two_hosts)
+def test_dlrm_train_on_two_hosts_trains_and_calibrates_what_dlrm_run_did(two_hosts: list[str], pipeline_run) -> None:
+    """The same job, two ways in: `dlrm run` (one host, 2 processes) and `dlrm train` on two
+    hosts of 1 process each, on the features that run prepared: the same global batch, rows
+    and steps, the same calibrator, the same NE of the served and of the model's own
+    probabilities; node 0 reports the job and each host keeps its logs in the shared folder."""
+    run_dir, run = pipeline_run
+    _assert_trains_as_one_host(run_dir, "two-hosts-1", 1, two_hosts, run)
+
+
+def test_two_hosts_of_two_processes_train_as_one_host_with_all_four(two_hosts: list[str], prepared_run: Path) -> None:
+    one_host = _alone(prepared_run, "one-host-4", 4)
+    _assert_trains_as_one_host(prepared_run, "two-hosts-2", 2, two_hosts, one_host)
+
+
+def _assert_trains_as_one_host(run_dir: Path, out: str, nproc: int, names: list[str], one_host: dict) -> None:
+    """`dlrm train` of `nproc` processes on each of the two hosts reports what `one_host` did."""
+    (leader, *_), (follower, *_) = results = _on_two_hosts(run_dir, out, nproc, names)
     assert leader == follower == 0, [stderr[-3000:] for *_, stderr in results]
     report, other = _report(results[0][1]), _report(results[1][1])
     assert other["node_rank"] == 1 and "eval_ne" not in other, "node 0 reports the job"
@@ -127,27 +132,13 @@ def test_two_hosts_train_as_one_host_with_every_process(two_hosts: list[str], pr
     assert report["global_batch_size"] == one_host["global_batch_size"] == 256, "the batch is global, not per host"
     assert report["steps"] == one_host["steps"] and report["rows_trained"] == one_host["rows_trained"]
     assert report["rows_trained"] + report["calibration_rows"] == 12_000, "less the calibrator's rows, as the pipeline"
+    assert report["calibration_rows"] == one_host["calibration_rows"] > 0
     for key in ("eval_ne", "eval_ne_uncalibrated", "eval_calibration"):
-        assert abs(report[key] - one_host[key]) <= 1e-6, key
+        assert abs(report[key] - one_host[key]) <= 1e-6, (key, report[key], one_host[key])
     assert report["calibrator"] == one_host["calibrator"]
-    folder = JobFolder(prepared_run / f"two-hosts-{nproc}")
+    folder = JobFolder(run_dir / out)
     assert folder.logs(0).is_dir() and folder.logs(1).is_dir(), "each host keeps its own logs in the shared folder"
     assert {p.name for p in folder.logs().iterdir()} == {folder.logs(0).name, folder.logs(1).name}
-
-
-def test_dlrm_train_on_two_hosts_trains_and_calibrates_what_dlrm_run_did(two_hosts: list[str], pipeline_run) -> None:
-    """The same job, two ways in: `dlrm run` (one host, 2 processes) and `dlrm train` on two
-    hosts of 1 process each, on the features that run prepared: the same rows trained, the
-    same calibrator, the same NE of the served and of the model's own probabilities."""
-    run_dir, run = pipeline_run
-    results = _on_two_hosts(run_dir, "two-hosts-as-run", 1, two_hosts)
-    assert [code for code, *_ in results] == [0, 0], [stderr[-3000:] for *_, stderr in results]
-    train = _report(results[0][1])
-    assert train["world_size"] == run["world_size"] == 2 and train["steps"] == run["steps"]
-    assert train["rows_trained"] == run["rows_trained"] and train["calibration_rows"] == run["calibration_rows"] > 0
-    assert train["calibrator"] == run["calibrator"]
-    for key in ("eval_ne", "eval_ne_uncalibrated", "eval_calibration"):
-        assert abs(train[key] - run[key]) <= 1e-6, (key, train[key], run[key])
 
 
 def _is_worker(pid: int) -> bool:
@@ -179,8 +170,9 @@ def _kill_rank_after(folder: JobFolder, node_rank: int, step: int) -> threading.
 
 
 def test_a_killed_worker_fails_the_job_on_both_hosts_and_the_same_commands_resume_it(
-    two_hosts: list[str], prepared_run: Path, one_host_two_processes: dict
+    two_hosts: list[str], pipeline_run: tuple[Path, dict]
 ) -> None:
+    prepared_run, uninterrupted = pipeline_run  # `dlrm run`'s job: as two hosts train it, tested above
     out = prepared_run / "killed"
     watcher = _kill_rank_after(JobFolder(out), node_rank=1, step=25)
     results = _on_two_hosts(prepared_run, "killed", 1, two_hosts)
@@ -194,7 +186,6 @@ def test_a_killed_worker_fails_the_job_on_both_hosts_and_the_same_commands_resum
     assert [code for code, *_ in again] == [0, 0], [stderr[-3000:] for *_, stderr in again]
     resumed = _report(again[0][1])
     assert resumed["resumed_from_step"] >= 20
-    uninterrupted = one_host_two_processes
     assert resumed["steps"] == uninterrupted["steps"] and resumed["rows_trained"] == uninterrupted["rows_trained"]
     assert abs(resumed["eval_ne"] - uninterrupted["eval_ne"]) <= 1e-6
 
@@ -238,7 +229,7 @@ def _wait_until_answers(host: str, url: str, process: subprocess.Popen, log: Pat
 
 
 def test_the_pipeline_trains_across_hosts_served_as_trainer_nodes(
-    two_hosts: list[str], prepared_run: Path, tmp_path: Path, one_host_two_processes: dict
+    two_hosts: list[str], pipeline_run: tuple[Path, dict], tmp_path: Path
 ) -> None:
     """A Prefect server on host 0, `dlrm serve --trainer-node R` on each host, and the pipeline
     (on host 0) whose training stage runs on both, its calibration rows scored on both."""
@@ -247,6 +238,7 @@ def test_the_pipeline_trains_across_hosts_served_as_trainer_nodes(
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
     (tmp_path / "prefect").mkdir()
     server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
+    prepared_run, one_host = pipeline_run
     started = [_in_host(two_hosts[0], [sys.executable, "-m", "prefect", "server", "start", "--host", "10.201.7.1",
                                        "--port", "4277"], server_env, tmp_path / "server.log")]  # fmt: skip
     try:
@@ -272,7 +264,7 @@ def test_the_pipeline_trains_across_hosts_served_as_trainer_nodes(
     # The pipeline holds 10 % of the rows out for its calibrator (as `dlrm train` does): both
     # hosts' ranks score their share of them, and the calibrator is fitted on every one.
     assert summary["world_size"] == 2 and summary["rows_trained"] + summary["calibration_rows"] == 12_000
-    assert summary["steps"] == -(-summary["rows_trained"] // one_host_two_processes["global_batch_size"])
+    assert summary["steps"] == -(-summary["rows_trained"] // one_host["global_batch_size"])
     scored = sorted(JobFolder(prepared_run / "train").predictions(CALIBRATION_PART).glob("*.parquet"))
     assert len(scored) == 2, "each host's rank scored its share"
     assert sum(pq.read_metadata(path).num_rows for path in scored) == summary["calibration_rows"]

@@ -258,6 +258,31 @@ def test_prefect_artifacts_are_published(pipeline_run) -> None:
     assert tuning is not None and "training.embedding_lr" in tuning.data
 
 
+def test_the_reference_chooses_its_l2_as_the_config_says_and_the_log_tells_how(pipeline_run) -> None:
+    """tiny.toml's `evaluation.reference_folds = 1`: the regression's L2 chosen on one hashed
+    slice of the training rows, not cross-validated (the default on few rows, checked against
+    scikit-learn in tests/unit/training/test_reference.py); the run's log says which."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterTimestamp
+
+    def moment(ms: float) -> datetime:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+    async def messages() -> list[str]:
+        during = LogFilter(timestamp=LogFilterTimestamp(after_=moment(CALLED["at_ms"]), before_=moment(CALLED["returned_ms"])))
+        async with get_client() as client:
+            return [log.message for log in await client.read_logs(log_filter=during)]
+
+    said = [line for line in asyncio.run(messages()) if line.startswith("logistic regression: ")]
+    config, summary = pipeline_run
+    assert config.evaluation.reference_folds == 1 and len(said) == 1, said
+    assert " chosen on " in said[0] and "held-out training rows" in said[0] and "cross-validation" not in said[0], said
+    assert f"refit on all {summary['rows_trained']:,}" in said[0], said
+
+
 def test_stages_run_as_subflows_of_the_pipeline(pipeline_run) -> None:
     import asyncio
 

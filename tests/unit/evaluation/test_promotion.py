@@ -102,6 +102,7 @@ def test_the_gate_takes_its_thresholds_from_the_evaluation_config() -> None:
         {"calibration_min": 0.0},
         {"calibration_min": 1.05},
         {"calibration_max": 0.95},
+        {"reference_folds": -1},
     ],
 )
 def test_invalid_gate_settings_are_refused(settings: dict) -> None:
