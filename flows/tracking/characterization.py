@@ -10,10 +10,9 @@ from typing import TYPE_CHECKING
 
 import matplotlib.pyplot as plt
 import mlflow
-from mlflow.tracking import MlflowClient
 
 from flows.run.config import PipelineConfig
-from flows.tracking.runs import use_experiment
+from flows.tracking.runs import tracking_client, use_experiment
 from training.characterize.plots import planner_vs_measured, step_breakdown, throughput_curve
 from training.tuning.key import TuningKey
 
@@ -38,8 +37,8 @@ def log_characterization(config: PipelineConfig, report: CharacterizeReport, res
     experiment_id = use_experiment(config.tracking_uri, config.tracking.experiment, config.artifact_location)
     tags = {KIND_TAG: KIND, HARDWARE_TAG: hardware_tag(key), **key.as_tags(),
             HARDWARE_BATCH_TAG: str(report.hardware_batch_size or "")}  # fmt: skip
-    created = MlflowClient(config.tracking_uri).create_run(experiment_id, tags=tags,
-                                                           run_name=f"characterize {report.device}")  # fmt: skip
+    created = tracking_client(config.tracking_uri).create_run(experiment_id, tags=tags,
+                                                              run_name=f"characterize {report.device}")  # fmt: skip
     labelled = [(f"{r.label} · {p.batch_size:,}" if len(results) > 1 else f"{p.batch_size:,}", p)
                 for r in results for p in r.points]  # fmt: skip
     with mlflow.start_run(run_id=created.info.run_id) as run:

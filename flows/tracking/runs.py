@@ -20,6 +20,7 @@ from mlflow.types import ColSpec, Schema
 from mlflow.types.schema import AnyType
 
 from evaluation.plots import ne_curve, relative_ne_curve, reliability_curve
+from flows.tracking.sqlite_store import ready
 from ingestion.preprocess import PreprocessState
 from training.loop.progress import metric_values, read_records
 from training.serving.export import CHAMPION_BUNDLED, CHAMPION_CODE, ServingModel
@@ -85,8 +86,8 @@ def read_metrics_history(path: Path) -> list[dict[str, float]]:
 def use_experiment(tracking_uri: str, experiment: str, artifact_location: str | None) -> str:
     """Point MLflow at the store and the experiment; a new experiment keeps its artifacts
     at `artifact_location` (the run folder, for the embedded SQLite store)."""
-    mlflow.set_tracking_uri(tracking_uri)
-    experiment_id = ensure_experiment(MlflowClient(tracking_uri), experiment, artifact_location)
+    mlflow.set_tracking_uri(ready(tracking_uri))
+    experiment_id = ensure_experiment(tracking_client(tracking_uri), experiment, artifact_location)
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id
 
@@ -105,7 +106,7 @@ def log_pipeline_run(
 ) -> TrackedRun:
     """Log everything of one pipeline run; register the model if one is given."""
     experiment_id = use_experiment(tracking_uri, experiment, artifact_location)
-    created = MlflowClient(tracking_uri).create_run(experiment_id, start_time=record.start_time_ms,
+    created = tracking_client(tracking_uri).create_run(experiment_id, start_time=record.start_time_ms,
                                                     tags=record.tags, run_name=record.run_name)  # fmt: skip
     with mlflow.start_run(run_id=created.info.run_id) as run:
         mlflow.log_params({k: _param_value(v) for k, v in record.params.items()})
@@ -127,7 +128,7 @@ def log_pipeline_run(
             version = str(info.registered_model_version) if info.registered_model_version else None
     if version is not None and registered_model:
         # the registry shows each version's lineage (flows/tracking/lineage.py) without opening its run
-        client = MlflowClient(tracking_uri)
+        client = tracking_client(tracking_uri)
         for key, value in record.tags.items():
             if key.startswith(VERSION_TAG_PREFIXES):
                 client.set_model_version_tag(registered_model, version, key, value)
@@ -175,7 +176,7 @@ def logged_state_or_none(tracking_uri: str, run_id: str) -> PreprocessState | No
 
 def run_history(tracking_uri: str, run_id: str) -> list[dict[str, float]]:
     """A logged run's training history (samples seen and windowed NE per step)."""
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = tracking_client(tracking_uri)
     ne = {m.step: m.value for m in client.get_metric_history(run_id, "train_window_ne")}
     seen = {m.step: m.value for m in client.get_metric_history(run_id, "train_samples_seen")}
     return [{"step": s, "samples_seen": seen[s], "train_window_ne": ne[s]} for s in sorted(ne) if s in seen]
@@ -255,8 +256,9 @@ def log_study_plots(client: MlflowClient, run_id: str, study) -> None:
 
 
 def tracking_client(tracking_uri: str) -> MlflowClient:
-    """A client of the tracking server (or store) at `tracking_uri`."""
-    return MlflowClient(tracking_uri=tracking_uri)
+    """A client of the tracking server (or store) at `tracking_uri` (a new SQLite store made
+    from the migrated template: flows/tracking/sqlite_store.py)."""
+    return MlflowClient(tracking_uri=ready(tracking_uri))
 
 
 def newest_run_of_key(tracking_uri: str, experiment: str, fingerprint: str) -> tuple[float, float] | None:

@@ -12,7 +12,7 @@ from typing import Any
 from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 
-from flows.tracking.runs import ensure_experiment, log_study_plots
+from flows.tracking.runs import ensure_experiment, log_study_plots, tracking_client
 from training.launch.processes import stops_held
 
 # How a trial ended → the MLflow status of its run
@@ -27,7 +27,7 @@ class StudyRuns:
     """The MLflow side of a study on one tracking server."""
 
     def __init__(self, tracking_uri: str) -> None:
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.client = tracking_client(tracking_uri)
 
     def open_parent(self, experiment: str, artifact_location: str | None, study_name: str, tags: Mapping[str, str]) -> str:
         """A new parent run for the study; its id."""

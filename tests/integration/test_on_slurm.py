@@ -65,8 +65,8 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], dict]
     run_dir = tmp_path_factory.mktemp("shared-run")
     overrides = [f'run_dir="{run_dir}"', *LONGER]
     steps = [("generate", "--config", TINY, *sets(overrides)),
-             *(("ingest", str(run_dir / "raw" / f"day_{day}.tsv.gz"), "--warehouse", str(run_dir / "warehouse"), "--day",
-                str(day)) for day in (0, 1, 2)),
+             ("ingest", *(str(run_dir / "raw" / f"day_{day}.tsv.gz") for day in (0, 1, 2)), "--warehouse",
+              str(run_dir / "warehouse")),  # each file's day from its name
              ("preprocess", "--config", TINY, *sets(overrides))]  # fmt: skip
     for step in steps:
         done = dlrm(*step)
