@@ -6,11 +6,12 @@ run` in a new folder pays that. Copying an empty store that the same MLflow vers
 migrated takes 0.05 s, and it is the same store: MLflow's own schema at the same revision.
 The template has no Default experiment, so MLflow adds it when it opens the copy, with the
 artifact location it would have given it there. The template is kept in the user's cache
-folder, one per MLflow version."""
+folder, one per MLflow version and set of migrations."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
@@ -62,10 +63,20 @@ def cache_folder() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dlrm"
 
 
+def _migrations_digest() -> str:
+    """Names the migrations this MLflow has: a build with other migrations gets its own template."""
+    versions = Path(mlflow.__file__).parent / "store" / "db_migrations" / "versions"
+    names = sorted(path.name for path in versions.glob("*.py")) if versions.is_dir() else []
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:10]
+
+
 def template_store() -> Path | None:
     """This MLflow version's empty, migrated SQLite store (made on first use); None when the
     cache folder cannot hold it."""
-    template = cache_folder() / f"mlflow-{mlflow.__version__}-empty.db"
+    try:
+        template = cache_folder() / f"mlflow-{mlflow.__version__}-{_migrations_digest()}-empty.db"
+    except RuntimeError:  # no home folder to keep it in
+        return None
     if template.exists():
         return template
     building = template.with_name(f".{template.name}.{os.getpid()}-{threading.get_ident()}.building")

@@ -176,17 +176,20 @@ def test_multi_hot_bags_train_and_score(multi_hot_features, tmp_path: Path) -> N
     assert np.allclose(np.sort(unsharded), np.sort(predictions.predictions), atol=1e-5)
 
 
-def test_compiled_training_in_two_processes_trains_what_eager_trains(tiny_features, tmp_path: Path) -> None:
+def test_compiled_training_in_two_processes_trains_what_eager_trains(tiny_features, table_wise, tmp_path: Path) -> None:
     """`training.compile` under sharding: each process compiles its dense path as one graph
     (table-wise, so the pooled blocks come shard by shard and are put in feature order
-    before it); evaluation batches of another size recompile. Same parameters as eager to
-    float rounding, which fused kernels reorder (3e-7 after an epoch here)."""
+    before it); evaluation batches of another size recompile. Same parameters as the eager
+    job (the module's table-wise one) to float rounding, which fused kernels reorder (3e-7
+    after an epoch here)."""
     params = {}
-    for compiled in (False, True):
-        job = _job(tiny_features, tmp_path / str(compiled), ShardingConfig(), compile=compiled, epochs=1)
-        launch(job, on_line=lambda line: None)
-        assert encode(job.folder.read_summary())["compiled"] is compiled
-        params[compiled] = export_model(job, latest_checkpoint(job.checkpoint_root)).state_dict()
+    eager, _ = table_wise
+    compiled = _job(tiny_features, tmp_path, eager.sharding, compile=True)
+    launch(compiled, on_line=lambda line: None)
+    for job, is_compiled in ((eager, False), (compiled, True)):
+        assert encode(job.folder.read_summary())["compiled"] is is_compiled
+        params[is_compiled] = export_model(job, latest_checkpoint(job.checkpoint_root)).state_dict()
+    assert compiled.training == replace(eager.training, compile=True), "the same job, compiled"
     for name, value in params[False].items():
         assert torch.allclose(params[True][name], value, atol=1e-5), name
 
