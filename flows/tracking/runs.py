@@ -107,7 +107,7 @@ def log_pipeline_run(
     """Log everything of one pipeline run; register the model if one is given."""
     experiment_id = use_experiment(tracking_uri, experiment, artifact_location)
     created = tracking_client(tracking_uri).create_run(experiment_id, start_time=record.start_time_ms,
-                                                    tags=record.tags, run_name=record.run_name)  # fmt: skip
+                                                       tags=record.tags, run_name=record.run_name)  # fmt: skip
     with mlflow.start_run(run_id=created.info.run_id) as run:
         mlflow.log_params({k: _param_value(v) for k, v in record.params.items()})
         mlflow.log_dict(record.config, "config/resolved_config.json")
