@@ -51,7 +51,7 @@ def ready(uri: str) -> str:
         shutil.copyfile(template, partial)
         os.link(partial, path)  # creates `path` only if it is still missing: a concurrent creator's copy wins
     except FileExistsError:
-        pass
+        pass  # another creator's copy is the store: both copies were the same empty store
     except OSError as error:  # a file system without hard links: MLflow migrates a new file itself
         log.debug("the tracking store %s is created by MLflow (%s)", path, error)
     finally:
