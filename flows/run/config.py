@@ -34,7 +34,7 @@ class TrackingConfig:
 
     tracking_uri: str = ""
     """the MLflow server; empty: SQLite at `<run_dir>/mlflow.db` (a new one is a copy of an empty store that this MLflow version
-    migrated once, kept in `~/.cache/dlrm/`: 0.05 s, not MLflow's 1–2 s of migrations)"""
+    migrated once, kept in `~/.cache/dlrm-pipeline/mlflow/`: 0.05 s, not MLflow's 1–2 s of migrations)"""
     artifact_location: str = ""
     """where a new experiment keeps artifacts; empty: `<run_dir>/mlartifacts` with the SQLite default, the server's choice with a
     server"""

@@ -6,7 +6,7 @@ run` in a new folder pays that. Copying an empty store that the same MLflow vers
 migrated takes 0.05 s, and it is the same store: MLflow's own schema at the same revision.
 The template has no Default experiment, so MLflow adds it when it opens the copy, with the
 artifact location it would have given it there. The template is kept in the user's cache
-folder, one per MLflow version and set of migrations."""
+folder (`~/.cache/dlrm-pipeline/mlflow`), one per MLflow version and set of migrations."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from pathlib import Path
 import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+
+from training.user_cache import user_cache
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +61,6 @@ def ready(uri: str) -> str:
     return uri
 
 
-def cache_folder() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dlrm"
-
-
 def _migrations_digest() -> str:
     """Names the migrations this MLflow has: a build with other migrations gets its own template."""
     versions = Path(mlflow.__file__).parent / "store" / "db_migrations" / "versions"
@@ -74,7 +72,7 @@ def template_store() -> Path | None:
     """This MLflow version's empty, migrated SQLite store (made on first use); None when the
     cache folder cannot hold it."""
     try:
-        template = cache_folder() / f"mlflow-{mlflow.__version__}-{_migrations_digest()}-empty.db"
+        template = user_cache() / "mlflow" / f"mlflow-{mlflow.__version__}-{_migrations_digest()}-empty.db"
     except RuntimeError:  # no home folder to keep it in
         return None
     if template.exists():

@@ -20,6 +20,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from training.user_cache import user_cache
+
 SOURCES = Path(__file__).resolve().parent / "native"
 # fp-contract: a·b + c as one fused multiply-add (ISO C mode would round twice); no loop
 # distribution: GCC would turn the kernels' short copy loops back into libc calls.
@@ -40,7 +42,7 @@ def cache_dir() -> Path:
     configured = os.environ.get("DLRM_NATIVE_CACHE")
     if configured:
         return Path(configured)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dlrm-pipeline" / "native"
+    return user_cache() / "native"
 
 
 @functools.cache
