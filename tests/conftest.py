@@ -8,8 +8,10 @@ from pathlib import Path
 
 from flows.stages.prefect_defaults import apply_prefect_defaults
 
-# Before Prefect is imported anywhere: the same local-server settings as the `dlrm` command.
+# Before Prefect is imported anywhere: the same local-server settings as the `dlrm` command,
+# and the tests' own servers, never one a developer's shell points at.
 apply_prefect_defaults()
+os.environ.pop("PREFECT_API_URL", None)
 # Flows refuse data paths outside their run folder unless allowed: tests run in temp folders.
 os.environ.setdefault("DLRM_DATA_DIRS", tempfile.gettempdir())
 
@@ -90,7 +92,7 @@ MODULE_SECONDS = {
     "test_production_stack.py": 65, "test_id_churn.py": 65, "test_pipeline_flow.py": 60, "test_bundle_round_trip.py": 40,
     "test_characterize.py": 40, "test_sharded_training.py": 35, "test_cli.py": 35, "test_chosen_run_length.py": 25,
     "test_dask_runner.py": 25, "test_small_real_data.py": 20, "test_tuning_study.py": 20, "test_delta_checkpoints.py": 17,
-    "test_warm_ranks.py": 10, "test_trainer_slots.py": 10,
+    "test_prefect_database.py": 35, "test_warm_ranks.py": 10, "test_trainer_slots.py": 10,
 }  # fmt: skip
 
 

@@ -27,6 +27,7 @@ import httpx
 import prefect
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
+from flows.stages.prefect_database import copy_template_to, new_database
 from flows.stages.prefect_defaults import DASHBOARD_PORT
 from training.launch.host_role import free_local_port
 from training.launch.processes import start_group, stop_group
@@ -119,6 +120,8 @@ def _start(server: LocalServer, timeout_s: float) -> subprocess.Popen:
     # its output goes to a log beside its database: a failed start is one line here, naming it
     server_log = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser() / f"{server.kind}-server.log"
     server_log.parent.mkdir(parents=True, exist_ok=True)
+    if server.kind == "persistent" and (new := new_database()) is not None:
+        copy_template_to(new)  # the temporary server's app does this itself (flows/stages/prefect_app.py)
     with server_log.open("ab") as output:
         process = start_group(server.command, end_on_stop=False, env=env, stdout=output, stderr=output)
     deadline = time.monotonic() + timeout_s

@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import shutil
 import sqlite3
 import threading
 from pathlib import Path
@@ -23,7 +22,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from training.user_cache import user_cache
+from training.user_cache import copy_if_missing, user_cache
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +46,10 @@ def ready(uri: str) -> str:
     template = template_store()
     if template is None:
         return uri
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
     try:
-        shutil.copyfile(template, partial)
-        os.link(partial, path)  # creates `path` only if it is still missing: a concurrent creator's copy wins
-    except FileExistsError:
-        pass  # another creator's copy is the store: both copies were the same empty store
+        copy_if_missing(template, path)  # a concurrent creator's copy may win: the same empty store
     except OSError as error:  # a file system without hard links: MLflow migrates a new file itself
         log.debug("the tracking store %s is created by MLflow (%s)", path, error)
-    finally:
-        partial.unlink(missing_ok=True)
     return uri
 
 

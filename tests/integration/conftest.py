@@ -5,6 +5,7 @@ from a process that imported the trainer once), except in the modules and tests 
 `torchrun`: those test the launcher itself (recovery, stops, failure reports), and a
 launch across hosts always takes torchrun."""
 
+import dataclasses
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,14 +16,23 @@ from training.launch.warm_ranks import ENVIRONMENT_KEY, start_server, stop_serve
 
 
 @pytest.fixture(scope="session")
-def prefect_server() -> Iterator[str]:
-    """The session's temporary Prefect server; yields its API URL, for `dlrm` subprocesses
-    (each would otherwise start a temporary server of its own: ~15 s)."""
-    import prefect.settings
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The session's temporary Prefect server, started as a `dlrm` command starts its own, on
+    a database of its own (copied from the template: flows/stages/prefect_database.py); yields
+    its API URL, for in-process flows and `dlrm` subprocesses (each would otherwise start a
+    temporary server of its own: ~15 s)."""
+    from prefect.context import refresh_global_settings_context
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield prefect.settings.PREFECT_API_URL.value()
+    from flows.stages.local_server import prefect_api, temporary_server
+
+    database = tmp_path_factory.mktemp("prefect-server") / "prefect.db"
+    server = temporary_server()
+    server = dataclasses.replace(server, env={**server.env, "PREFECT_SERVER_DATABASE_CONNECTION_URL":
+                                              f"sqlite+aiosqlite:///{database}"})  # fmt: skip
+    with prefect_api(server) as url:
+        refresh_global_settings_context()  # threads a test starts read the process-wide settings
+        yield url
+    refresh_global_settings_context()
 
 
 @pytest.fixture(scope="session")

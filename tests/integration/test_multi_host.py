@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from beside import start
 
+from flows.stages.prefect_database import copy_template_to
 from training.job import CALIBRATION_PART, JobFolder
 from training.loop.progress import read_records
 
@@ -237,6 +238,7 @@ def test_the_pipeline_trains_across_hosts_served_as_trainer_nodes(
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
     (tmp_path / "prefect").mkdir()
+    copy_template_to(tmp_path / "prefect" / "prefect.db")  # as `dlrm server` starts its own: not 11 s of migrations
     server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
     prepared_run, one_host = pipeline_run
     started = [_in_host(two_hosts[0], [sys.executable, "-m", "prefect", "server", "start", "--host", "10.201.7.1",

@@ -28,9 +28,9 @@ from training.job import JobFolder
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.torchrun]
-# Long enough that a stop after the first checkpoint (step 20) lands mid-training (376 steps
-# of the tiny config), short enough that the resumed run ends soon after
-EPOCHS = 8
+# Long enough that a stop after the first checkpoint (step 20) and another after a later one
+# land mid-training (172 steps of the tiny config), short enough that the resumed run ends soon after
+EPOCHS = 4
 
 
 def _command(run_dir: Path) -> list[str]:
