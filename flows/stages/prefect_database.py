@@ -58,10 +58,11 @@ def template_path() -> Path:
 
 def copy_template_to(path: Path) -> bool:
     """The new database `path` as a copy of the template; whether it is one. Without a
-    template, or where copying fails, Prefect creates it."""
+    template, or where copying fails, Prefect creates it; in a folder that does not exist,
+    Prefect's start fails as it would (a mistyped path is not made here)."""
     try:
         template = template_path()
-        if not template.exists():
+        if not template.exists() or not path.parent.is_dir():
             return False
         copy_if_missing(template, path)  # a concurrent server's copy may win: the same database
     except (OSError, RuntimeError) as error:

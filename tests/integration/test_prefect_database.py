@@ -81,6 +81,7 @@ def test_only_a_missing_sqlite_file_is_copied(tmp_path: Path, monkeypatch: pytes
     with temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: postgres}):
         assert new_database() is None
     missing = tmp_path / "home" / "prefect.db"
+    missing.parent.mkdir()
     with temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: f"sqlite+aiosqlite:///{missing}"}):
         assert new_database() == missing
         assert not copy_template_to(missing) and not missing.exists(), "no template yet: Prefect makes it"
@@ -88,6 +89,8 @@ def test_only_a_missing_sqlite_file_is_copied(tmp_path: Path, monkeypatch: pytes
         template.parent.mkdir(parents=True)
         template.write_bytes(b"the template")
         assert copy_template_to(missing) and missing.read_bytes() == b"the template"
+        elsewhere = tmp_path / "no-such-folder" / "prefect.db"
+        assert not copy_template_to(elsewhere) and not elsewhere.parent.exists(), "Prefect's start reports it"
         missing.write_bytes(b"a used home")
         assert new_database() is None, "an existing database is never replaced"
         copy_template_to(missing)
