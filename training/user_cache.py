@@ -3,6 +3,7 @@ the Prefect database a new home starts from. Each user of it keeps a subfolder o
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import threading
@@ -12,6 +13,13 @@ from pathlib import Path
 def user_cache() -> Path:
     """`$XDG_CACHE_HOME/dlrm-pipeline` (default `~/.cache/dlrm-pipeline`)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dlrm-pipeline"
+
+
+def migrations_digest(folder: Path) -> str:
+    """Names the migration scripts in `folder`: a library build with other migrations gets
+    a template of its own."""
+    names = sorted(path.name for path in folder.glob("*.py")) if folder.is_dir() else []
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:10]
 
 
 def copy_if_missing(template: Path, path: Path) -> bool:

@@ -16,7 +16,6 @@ Prefect's own business.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import sqlite3
@@ -26,7 +25,7 @@ from pathlib import Path
 import prefect
 from prefect.settings import get_current_settings
 
-from training.user_cache import copy_if_missing, user_cache
+from training.user_cache import copy_if_missing, migrations_digest, user_cache
 
 log = logging.getLogger("flows.server")
 SQLITE_PREFIX = "sqlite+aiosqlite:///"
@@ -51,9 +50,7 @@ def template_path() -> Path:
     """Where this Prefect version's start-up database is kept (raises RuntimeError without a
     home folder)."""
     versions = Path(prefect.__file__).parent / "server" / "database" / "_migrations" / "versions" / "sqlite"
-    names = sorted(path.name for path in versions.glob("*.py")) if versions.is_dir() else []
-    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:10]
-    return user_cache() / "prefect" / f"prefect-{prefect.__version__}-{digest}.db"
+    return user_cache() / "prefect" / f"prefect-{prefect.__version__}-{migrations_digest(versions)}.db"
 
 
 def copy_template_to(path: Path) -> bool:

@@ -11,7 +11,6 @@ folder (`~/.cache/dlrm-pipeline/mlflow`), one per MLflow version and set of migr
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import sqlite3
@@ -22,7 +21,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from training.user_cache import copy_if_missing, user_cache
+from training.user_cache import copy_if_missing, migrations_digest, user_cache
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +52,12 @@ def ready(uri: str) -> str:
     return uri
 
 
-def _migrations_digest() -> str:
-    """Names the migrations this MLflow has: a build with other migrations gets its own template."""
-    versions = Path(mlflow.__file__).parent / "store" / "db_migrations" / "versions"
-    names = sorted(path.name for path in versions.glob("*.py")) if versions.is_dir() else []
-    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:10]
-
-
 def template_store() -> Path | None:
     """This MLflow version's empty, migrated SQLite store (made on first use); None when the
     cache folder cannot hold it."""
     try:
-        template = user_cache() / "mlflow" / f"mlflow-{mlflow.__version__}-{_migrations_digest()}-empty.db"
+        digest = migrations_digest(Path(mlflow.__file__).parent / "store" / "db_migrations" / "versions")
+        template = user_cache() / "mlflow" / f"mlflow-{mlflow.__version__}-{digest}-empty.db"
     except RuntimeError:  # no home folder to keep it in
         return None
     if template.exists():
