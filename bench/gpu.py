@@ -201,7 +201,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def main(rows: int, batch: int) -> dict:
+def main(rows: int, batch: int, only: tuple[str, ...] = ()) -> dict:
     if rows // batch < 2 * WARMUP_STEPS:
         raise SystemExit(f"--rows {rows:,} gives {rows // batch} steps of {batch:,}: give at least "
                          f"{2 * WARMUP_STEPS * batch:,} rows (twice the {WARMUP_STEPS} warm-up steps)")  # fmt: skip
@@ -213,6 +213,8 @@ def main(rows: int, batch: int) -> dict:
         folder = Path(tmp)
         files = prepare(folder, rows)
         for name, (nproc, sharding, precision) in variants(gpus).items():
+            if only and name not in only and name != one_gpu_variant(gpus):
+                continue
             summary = this_trainer(files, folder, name, nproc, sharding, precision, batch, device)
             figures[f"{name}_samples_per_s"] = round(summary["steady_samples_per_s"])
             print(f"{name}: {summary['steady_samples_per_s']:,.0f} samples/s ({summary['steps']} steps, "
@@ -229,5 +231,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=5_000_000, help="rows of the generated day")
     parser.add_argument("--batch", type=int, default=8192, help="global batch size")
+    parser.add_argument("--only", default="", help="comma-separated variants (the one-GPU fp32 one always runs)")
     args = parser.parse_args()
-    print(json.dumps(main(args.rows, args.batch)))
+    print(json.dumps(main(args.rows, args.batch, tuple(filter(None, args.only.split(","))))))

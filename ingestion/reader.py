@@ -12,7 +12,9 @@ Every rank yields the same number of batches, so collectives never hang:
   at zero (training/model/objective.py): every row is trained and scored once an epoch;
 - `drop_remainder=True`: ⌊⌊N/W⌋ / B⌋ full batches; the rest of the epoch is left out.
 
-A background thread reads and decodes ahead into a bounded queue (`prefetch` batches).
+A background thread reads and decodes ahead into a bounded queue (`prefetch` batches);
+with `decode_threads` > 1 the row groups are decoded, hashed and shuffled by that many
+threads side by side, and still come out in order (the same batches whatever the count).
 
 `with_row_sums()` also gives, for each batch, the count of its real rows and the sum of
 their hashes (`row_hashes`): what the training loop's ledger adds, worked out a row group
@@ -26,9 +28,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
+import itertools
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +47,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from ingestion.batch_count import batches_per_rank
 from ingestion.prefetch import prefetched
 from ingestion.schema import FeatureLayout, feature_layout
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 PAD_LABEL = -1.0
 
@@ -192,10 +202,12 @@ class BatchReader:
         drop_remainder: bool = True,
         start_batch: int = 0,
         prefetch: int = 4,
+        decode_threads: int = 1,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
         self.batch_size, self.drop_remainder, self.prefetch = batch_size, drop_remainder, prefetch
+        self.decode_threads = decode_threads
         self.shuffle_seed, self.epoch = shuffle_seed, epoch
         groups = list_row_groups(paths)
         total = sum(rows for _, _, rows in groups)
@@ -240,22 +252,35 @@ class BatchReader:
 
     def _rows_from(self, skip: int, hashed: bool = False) -> Iterator[Rows]:
         """Decoded segments in order, starting `skip` rows into this rank's stream."""
-        handles: dict[str, pq.ParquetFile] = {}  # open files, footers parsed once per pass
+        wanted: list[tuple[int, Segment, int]] = []  # (index, segment, rows to skip in it)
         for index, segment in enumerate(self.segments):
             if skip >= segment.rows:
                 skip -= segment.rows
                 continue
-            if segment.path not in handles:
-                handles[segment.path] = pq.ParquetFile(segment.path)
-            rows = _read_segment(handles[segment.path], segment, self.dense, self.one_hot, self.multi_hot)
-            if hashed:  # a row group at a time: carried along through the shuffle and the batches
-                rows = dataclasses.replace(rows, hashes=row_hashes(rows, self.sparse, self.one_hot, self.multi_hot))
-            if self.shuffle_seed is not None:
-                # in-memory shuffle of one row group; seeded so a resumed run replays it
-                rng = np.random.default_rng([self.shuffle_seed, self.epoch, index])
-                rows = rows.take(rng.permutation(len(rows)))
-            yield rows.slice(skip) if skip else rows
+            wanted.append((index, segment, skip))
             skip = 0
+        decode = functools.partial(self._decode, hashed=hashed)
+        if self.decode_threads <= 1:
+            handles: dict[str, pq.ParquetFile] = {}  # open files, footers parsed once per pass
+            yield from (decode(item, handles) for item in wanted)
+            return
+        yield from in_order(decode, wanted, self.decode_threads)
+
+    def _decode(self, item: tuple[int, Segment, int], handles: dict[str, pq.ParquetFile] | None = None,
+                hashed: bool = False) -> Rows:  # fmt: skip
+        """One segment's rows: decoded, hashed (for the ledger) and shuffled as the seed says."""
+        index, segment, skip = item
+        handles = _thread_handles() if handles is None else handles
+        if segment.path not in handles:
+            handles[segment.path] = pq.ParquetFile(segment.path)
+        rows = _read_segment(handles[segment.path], segment, self.dense, self.one_hot, self.multi_hot)
+        if hashed:  # a row group at a time: carried along through the shuffle and the batches
+            rows = dataclasses.replace(rows, hashes=row_hashes(rows, self.sparse, self.one_hot, self.multi_hot))
+        if self.shuffle_seed is not None:
+            # in-memory shuffle of one row group; seeded so a resumed run replays it
+            rng = np.random.default_rng([self.shuffle_seed, self.epoch, index])
+            rows = rows.take(rng.permutation(len(rows)))
+        return rows.slice(skip) if skip else rows
 
     def _to_batch(self, rows: Rows) -> Batch:
         return _to_batch(rows, self.sparse, self.one_hot, self.multi_hot)
@@ -266,6 +291,36 @@ def build_reader(
 ) -> BatchReader:
     """The reader for one rank; see `BatchReader` for options."""
     return BatchReader(paths, batch_size, rank, world_size, **options)
+
+
+def in_order(function: Callable[[T], R], items: Sequence[T], threads: int) -> Iterator[R]:
+    """`function` over `items` in `threads` threads, yielded in the items' order, at most
+    `threads` + 1 results ahead of the consumer (decoded segments are large). Parquet
+    decoding and numpy's copies release the GIL, so the threads decode side by side."""
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="segment-decode") as pool:
+        pending: deque[Future[R]] = deque()
+        queued = iter(items)
+        try:
+            for item in itertools.islice(queued, threads + 1):
+                pending.append(pool.submit(function, item))
+            while pending:
+                result = pending.popleft().result()
+                for item in itertools.islice(queued, 1):
+                    pending.append(pool.submit(function, item))
+                yield result
+        finally:
+            for future in pending:  # a consumer that stops early leaves nothing running
+                future.cancel()
+
+
+_local = threading.local()
+
+
+def _thread_handles() -> dict[str, pq.ParquetFile]:
+    """This thread's open files: a `ParquetFile` is read by one thread at a time."""
+    if not hasattr(_local, "handles"):
+        _local.handles = {}
+    return _local.handles
 
 
 def _read_segment(handle: pq.ParquetFile, segment: Segment, dense_columns: Sequence[str], one_hot: Sequence[str],

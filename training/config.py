@@ -349,15 +349,20 @@ class TrainingConfig:
     cpu: CpuConfig = field(default_factory=lambda: CpuConfig())
     # "sparse_dist": TorchRec's TrainPipelineSparseDist (device copies and the ids'
     # all-to-all of the next batches overlap the current step); "plain": one batch at a
-    # time; "auto": the pipeline on GPUs, plain steps on CPU.
+    # time; "auto": the pipeline on several GPUs, plain steps on one GPU and on CPU.
     pipeline: Literal["auto", "sparse_dist", "plain"] = "auto"
     """`sparse_dist`: TorchRec's `TrainPipelineSparseDist` (device copies and the ids' all-to-all of the next batches overlap the
-    current step); `plain`: one batch at a time; `auto`: the pipeline on GPUs, plain steps on CPU"""
+    current step); `plain`: one batch at a time; `auto`: the pipeline on several GPUs, plain steps on one GPU and on CPU"""
     # torch.compile the bottom MLP, the interaction and the top MLP (fused element-wise work
     # and casts). Costs seconds of compilation in the first step; needs a C++ compiler on CPU.
     compile: bool = False
     """`torch.compile` of the bottom MLP, the interaction and the top MLP as one graph; the first step takes seconds longer;
     needs a C++ compiler on CPU"""
+    # The dense part's kernels (bottom MLP, interaction, top MLP, forward and backward) as
+    # CUDA graphs: on a GPU they are short and their launches keep the GPU waiting.
+    cuda_graphs: Literal["auto", "off"] = "auto"
+    """`auto`: on a GPU, the bottom MLP, the interaction and the top MLP replay as two CUDA graphs (forward, backward) at the
+    training batch, in jobs of one process (not with `compile` nor a wide model); `off`: launched one by one"""
     seed: int = 0
     """initialisation and shuffle"""
     log_every: int = 20

@@ -78,7 +78,7 @@ def train(
     progress = Progress(total_steps, batches.steps_per_epoch, config.batch_size, job.evaluation.ne_window, metrics)
     ne = TrainingNE(progress, device, config.log_every)
     model.train()
-    steps = train_steps(model, optimizer, config, device, job.managed_ids is not None)
+    steps = train_steps(model, optimizer, config, device, job.managed_ids is not None, dist.get_world_size())
     timer = TrainTimer(start.step, total_steps, device)
     profiler = StepProfiler(job.profile_steps, total_steps, device)
     stream = profiler.labelled(batches.stream) if profiler.active else batches.stream

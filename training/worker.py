@@ -37,10 +37,13 @@ from training.loop.steps import pipeline_kind
 from training.model.build import (
     build_train_model,
     compile_dense_parts,
+    dlrms_in,
     row_width,
     start_at_click_rate,
     table_name,
 )
+from training.model.cuda_graphs import graph_dense_parts
+from training.model.dot_interaction import swap_dot_interaction
 from training.model.managed_ids import ManagedIds, churn_advice
 from training.model.objective import attach_managed_ids, managed_ids_of
 from training.model.precision import allow_tf32, logit_in_float32, resolve_precision
@@ -122,7 +125,8 @@ def run(job: TrainJob, device: torch.device) -> None:
             first_step_seconds=stats.first_step_seconds, compiled=config.compile, precision=config.precision,
             cpu=built.cpu, rows_trained=rows_trained, rows_fingerprint=fingerprint,
             resumed_from_step=start.step if start else 0, world_size=world, global_batch_size=config.batch_size,
-            device=device.type, backend=backend_for(device), pipeline=pipeline_kind(config, device, job.managed_ids is not None),
+            device=device.type, backend=backend_for(device),
+            pipeline=pipeline_kind(config, device, job.managed_ids is not None, world),
             checkpoint=str(checkpoint), checkpoint_bytes=checkpoint_bytes(checkpoint), eval_rows_rank0=rows,
             **_managed_figures(built.model, stats.admissions, job.table_sizes),
             refit=bool(refit), **chosen,
@@ -198,6 +202,7 @@ def build(job: TrainJob, device: torch.device, write_plan: bool) -> BuiltModel:
     torch.manual_seed(config.seed)
     model = build_train_model(job.model, job.table_sizes, torch.device("meta"), job.dense_features)
     cpu = _cpu_kernels(model, job, device)
+    _gpu_interaction(model, device)
     if config.precision == "bf16":
         logit_in_float32(model)
     attach_embedding_optimizer(model, config)
@@ -216,6 +221,7 @@ def build(job: TrainJob, device: torch.device, write_plan: bool) -> BuiltModel:
     start_wide(sharded, wide)
     if config.compile:
         compile_dense_parts(sharded, device)
+    _gpu_graphs(sharded, job, device)
     if write_plan:
         _write_plan(job, plan, dist.get_world_size(), device)
     optimizer = build_optimizer(sharded, config)
@@ -252,6 +258,28 @@ def _cpu_kernels(model: torch.nn.Module, job: TrainJob, device: torch.device) ->
     if dist.get_rank() == 0:
         print("[train] CPU kernels: " + ", ".join(f"{part} {kernel}" for part, kernel in kernels.items()), flush=True)
     return kernels
+
+
+def _gpu_interaction(model: torch.nn.Module, device: torch.device) -> None:
+    """On a GPU, the dot interaction that gathers and scatters (training/model/dot_interaction.py)
+    instead of TorchRec's, whose backward sorts: before sharding, which moves it to the GPU."""
+    if device.type == "cuda":
+        for dlrm in dlrms_in(model):
+            swap_dot_interaction(dlrm)
+
+
+def _gpu_graphs(model: torch.nn.Module, job: TrainJob, device: torch.device) -> None:
+    """`training.cuda_graphs = "auto"`: the dense part as CUDA graphs (training/model/cuda_graphs.py)
+    in a one-process GPU job that does not compile it. Several processes' dense parts train
+    under DDP, whose gradient hooks are not captured here."""
+    config = job.training
+    if config.cuda_graphs != "auto" or device.type != "cuda" or config.compile or dist.get_world_size() > 1:
+        return
+    batch = job.workers.per_rank_batch(config.batch_size)
+    graphed = graph_dense_parts(model, batch, job.dense_features, job.model.embedding_dim, device,
+                                config.precision == "bf16")  # fmt: skip
+    if graphed and dist.get_rank() == 0:
+        print(f"[train] the dense part replays as CUDA graphs at batch {batch:,}", flush=True)
 
 
 def _wide_start(job: TrainJob) -> WideStart | None:

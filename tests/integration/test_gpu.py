@@ -12,8 +12,12 @@ behind a GPU cache. These need neither Prefect nor MLflow
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,11 +34,10 @@ from tests.conftest import TINY_DAYS, TINY_PREPROCESS
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.job import TrainJob
 from training.launch.device import DeviceError
-from training.launch.launcher import launch
+from training.launch.launcher import TrainingFailed, launch
 from training.model.managed_ids import POLICIES, ManagedIds
 from training.model.objective import managed_ids_of
 from training.model.precision import allow_tf32
-from training.serving.export import _load_trained
 from training.serving.scoring import score_files
 
 pytestmark = [
@@ -80,7 +83,8 @@ def fp32(tiny_features, tmp_path_factory: pytest.TempPathFactory) -> TrainJob:
 
 def test_trains_on_cuda_with_nccl_one_process_per_gpu_and_the_sparse_pipeline(fp32: TrainJob) -> None:
     summary = fp32.folder.read_summary()
-    assert (summary.device, summary.backend, summary.pipeline) == ("cuda", "nccl", "sparse_dist")
+    pipeline = "sparse_dist" if GPUS > 1 else "plain"  # one GPU: nothing to overlap (training/loop/steps.py)
+    assert (summary.device, summary.backend, summary.pipeline) == ("cuda", "nccl", pipeline)
     assert summary.world_size == GPUS and summary.precision == "fp32"
     assert summary.cpu == {}, "no CPU kernel swapped into a GPU job"
     assert _ne(fp32) < 0.93
@@ -90,6 +94,7 @@ def test_trains_on_cuda_with_nccl_one_process_per_gpu_and_the_sparse_pipeline(fp
     ("bf16", {"precision": "bf16"}),
     ("uvm_caching", {"sharding": ShardingConfig("table_wise", "fused_uvm_caching")}),
     ("plain_steps", {"pipeline": "plain"}),
+    ("sparse_dist", {"pipeline": "sparse_dist"}),
 ])  # fmt: skip
 def test_variants_train_like_the_fp32_pipeline(tiny_features, fp32: TrainJob, tmp_path: Path, name: str,
                                                changes: dict) -> None:  # fmt: skip
@@ -99,8 +104,8 @@ def test_variants_train_like_the_fp32_pipeline(tiny_features, fp32: TrainJob, tm
     job = _job(tiny_features, tmp_path / name, **changes)
     launch(job, on_line=lambda line: None)
     summary = job.folder.read_summary()
-    if name == "plain_steps":
-        assert summary.pipeline == "plain"
+    if name in ("plain_steps", "sparse_dist"):
+        assert summary.pipeline == changes["pipeline"]
     if name == "bf16":
         assert summary.precision == "bf16"
     if name == "uvm_caching":
@@ -109,6 +114,79 @@ def test_variants_train_like_the_fp32_pipeline(tiny_features, fp32: TrainJob, tm
         assert (_ne(job) - _ne(fp32)) / _ne(fp32) < 0.02, (_ne(job), _ne(fp32))
     else:
         assert abs(_ne(job) - _ne(fp32)) < 0.01, (name, _ne(job), _ne(fp32))
+
+
+def _one_gpu_job(features, out: Path, **training) -> TrainJob:
+    """One process (the CUDA graphs' case), checkpoints every 10 steps, two epochs."""
+    settings = {"nproc": 1, "checkpoint_every": 10, "epochs": 2, "dense_optimizer": "adam", "lr_decay": "cosine"}
+    return _job(features, out, **{**settings, **training})
+
+
+def _kill_the_worker_after(job: TrainJob, step: int) -> threading.Thread:
+    """SIGKILL the job's one worker once it has logged `step`."""
+
+    def watch() -> None:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            metrics = job.folder.metrics
+            steps = [json.loads(line)["step"] for line in (metrics.read_text().splitlines(keepends=True)
+                                                           if metrics.is_file() else []) if line.endswith("\n")]  # fmt: skip
+            if steps and max(steps) >= step:
+                found = subprocess.run(["pgrep", "-f", f"training.worker {job.folder.job_file()}"], capture_output=True,
+                                       text=True, check=False)  # fmt: skip
+                for pid in map(int, found.stdout.split()):
+                    os.kill(pid, signal.SIGKILL)
+                if found.stdout.split():
+                    return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture(scope="module")
+def graphed(tiny_features, tmp_path_factory: pytest.TempPathFactory) -> tuple[TrainJob, list[str]]:
+    """A one-process GPU job with its dense part as CUDA graphs (the default), never stopped."""
+    job = _one_gpu_job(tiny_features, tmp_path_factory.mktemp("gpu-graphed"))
+    lines: list[str] = []
+    launch(job, on_line=lines.append)
+    return job, lines
+
+
+def test_one_gpu_replays_its_dense_part_as_cuda_graphs_and_trains_as_launching_it(tiny_features, graphed,
+                                                                                 tmp_path: Path) -> None:  # fmt: skip
+    """The graphs run the same kernels as the eager launches, on the same batches: the same NE
+    to rounding."""
+    job, lines = graphed
+    assert any("the dense part replays as CUDA graphs at batch 256" in line for line in lines), lines[-20:]
+    eager = _one_gpu_job(tiny_features, tmp_path / "eager", cuda_graphs="off")
+    eager_lines: list[str] = []
+    launch(eager, on_line=eager_lines.append)
+    assert not any("CUDA graphs" in line for line in eager_lines)
+    assert abs(_ne(job) - _ne(eager)) < 2e-3, (_ne(job), _ne(eager))
+
+
+def test_a_killed_graphed_run_resumes_to_the_same_parameters(tiny_features, graphed, tmp_path: Path) -> None:
+    """Exact resume with the graphs: a run killed after step 25 and launched again ends with the
+    uninterrupted run's parameters (its scores of the evaluation day), every row trained once
+    per epoch."""
+    reference, _ = graphed
+    job = _one_gpu_job(tiny_features, tmp_path / "killed")
+    watcher = _kill_the_worker_after(job, step=25)
+    with pytest.raises(TrainingFailed):
+        launch(job, on_line=lambda line: None)
+    watcher.join()
+    lines: list[str] = []
+    launch(job, on_line=lines.append)
+    assert any("resuming from" in line for line in lines)
+    resumed, expected = job.folder.read_summary(), reference.folder.read_summary()
+    assert resumed.steps == expected.steps and resumed.rows_trained == expected.rows_trained
+    assert resumed.rows_fingerprint == expected.rows_fingerprint
+    # the final model's scores of the evaluation day: the same parameters score the same
+    scores, reference_scores = job.folder.read_predictions("2"), reference.folder.read_predictions("2")
+    assert np.array_equal(scores.labels, reference_scores.labels)
+    assert np.abs(scores.predictions - reference_scores.predictions).max() < 1e-6
 
 
 def test_auto_precision_takes_bf16_on_this_gpu(tiny_features, tmp_path: Path) -> None:
@@ -177,6 +255,9 @@ def managed_features(tiny_warehouse: Path, tmp_path_factory: pytest.TempPathFact
 def _rescored_on_the_gpu(job: TrainJob) -> np.ndarray:
     """Day 2 scored from the final checkpoint (weights and remapping) by an unsharded model
     on the GPU, in the run's row order, with the run's TF32 products."""
+    pytest.importorskip("mlflow", reason="loading a checkpoint for export needs MLflow (not in the GPU bundle)")
+    from training.serving.export import _load_trained
+
     cuda = torch.device("cuda")
     allow_tf32(cuda)
     trained = _load_trained(job, Path(job.folder.read_summary().checkpoint)).to(cuda).eval()

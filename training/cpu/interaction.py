@@ -18,10 +18,10 @@ from typing import Literal
 
 import torch
 from torch import nn
-from torchrec.models.dlrm import InteractionArch
 
 from training.cpu import native_build
-from training.cpu.linear import ZeroPaddedInputLinear
+from training.model import dot_interaction as dot
+from training.model.dot_interaction import DotProducts, padded_width
 
 Kernel = Literal["native", "aten"]
 _I, _P = ctypes.c_int64, ctypes.c_void_p
@@ -89,26 +89,15 @@ def _check(status: int) -> None:
         raise MemoryError("dot interaction: the native kernel could not allocate its work memory")
 
 
-class DotInteraction(InteractionArch):
-    """TorchRec's dot interaction: the dense vector and every pooled embedding, pairwise
-    dot products of the upper triangle, concatenated after the dense vector.
-
-    Same values and gradients as `InteractionArch` with fewer passes over memory, the pooled
-    embeddings cast once to the dense vector's dtype (in bf16 the stack of vectors is built
-    in bf16), and the output zero-padded to a multiple of `pad_to` columns for the top MLP's
-    first matrix product (see `ZeroPaddedInputLinear`). Columns past `D + pairs` are zeros.
-    """
+class DotInteraction(dot.DotInteraction):
+    """The dot interaction of training/model/dot_interaction.py, computed with `kernel`: "aten"
+    (`DotProducts`) or "native" (the C pass per sample, for fp32 on CPU)."""
 
     def __init__(self, num_sparse_features: int, pad_to: int = 8, kernel: Kernel = "aten") -> None:
-        super().__init__(num_sparse_features)
+        super().__init__(num_sparse_features, pad_to)
         if kernel == "native":
             _library()  # raises NativeUnavailable here, not in the first step
-        rows, cols = self.triu_indices
-        width = self.F + 1
-        self.pad_to, self.kernel = pad_to, kernel
-        self.register_buffer("upper", rows * width + cols, persistent=False)
-        self.register_buffer("lower", cols * width + rows, persistent=False)
-        self.register_buffer("diagonal", torch.arange(width) * (width + 1), persistent=False)
+        self.kernel = kernel
 
     def forward(self, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
         if self.F <= 0:
@@ -136,74 +125,7 @@ def native_takes(dense: torch.Tensor) -> bool:
     )
 
 
-def padded_width(columns: int, pad_to: int) -> int:
-    return -(-columns // pad_to) * pad_to
-
-
-class DotProducts(torch.autograd.Function):
-    """dense [B, D], sparse [B, F, D] → [B, W]: the dense vector, then the upper triangle
-    (diagonal excluded) of each V × V Gram matrix of the V = F + 1 vectors, flat, then zeros
-    up to W, a multiple of `pad_to`.
-
-    Forward: one `bmm`, and a flat `gather` written straight into the output (no
-    concatenation after it). Backward: the pair gradients are scattered to (i, j) and (j, i)
-    of the forward's own Gram buffer, its diagonal zeroed, then one `bmm` with the vectors:
-    no fresh V × V matrix to zero and no concatenated copy of the gradient. Autograd through
-    the forward would take two `bmm`s, an add, a transposed copy and a `scatter_add`.
-    """
-
-    @staticmethod
-    def forward(ctx, dense: torch.Tensor, sparse: torch.Tensor, upper: torch.Tensor, lower: torch.Tensor,
-                diagonal: torch.Tensor, pad_to: int) -> torch.Tensor:  # fmt: skip
-        batch, dim = dense.shape
-        vectors = torch.cat((dense.unsqueeze(1), sparse), dim=1)
-        gram = torch.bmm(vectors, vectors.transpose(1, 2)).flatten(1)  # [B, V²]
-        pairs = upper.numel()
-        width = padded_width(dim + pairs, pad_to)
-        ctx.save_for_backward(vectors, gram, upper, lower, diagonal)
-        if torch.compiler.is_compiling():
-            # functional form: dynamo cannot trace `out=` into a view once the batch size
-            # turns symbolic (evaluation batches), and inductor fuses the concatenation anyway
-            upper_pairs = _bits(gram).gather(1, upper.expand(batch, -1)).view(gram.dtype)
-            return torch.cat((dense, upper_pairs, dense.new_zeros(batch, width - dim - pairs)), dim=1)
-        out = dense.new_empty(batch, width)
-        out[:, :dim] = dense
-        torch.gather(_bits(gram), 1, upper.expand(batch, -1), out=_bits(out[:, dim : dim + pairs]))
-        out[:, dim + pairs :] = 0
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        vectors, symmetric, upper, lower, diagonal = ctx.saved_tensors  # the Gram buffer, reused
-        batch, width, dim = vectors.shape
-        pair_grad = _bits(grad[:, dim : dim + upper.numel()])
-        _bits(symmetric).scatter_(1, upper.expand(batch, -1), pair_grad)
-        _bits(symmetric).scatter_(1, lower.expand(batch, -1), pair_grad)
-        symmetric.index_fill_(1, diagonal, 0)
-        grad_vectors = torch.bmm(symmetric.view(batch, width, width), vectors)
-        return grad[:, :dim] + grad_vectors[:, 0], grad_vectors[:, 1:], None, None, None, None
-
-
-def _bits(values: torch.Tensor) -> torch.Tensor:
-    """2-byte floats seen as int16, for pure data movement (`gather`, `scatter_`): on CPU
-    the bf16 kernels copy their operands twice on the way (gather [2048, 729] → [2048, 351]:
-    0.35 ms in bf16, 0.17 ms as int16)."""
-    return values.view(torch.int16) if values.is_floating_point() and values.element_size() == 2 else values
-
-
 def swap_interaction(dlrm: nn.Module, kernel: Kernel) -> bool:
-    """Replace a dot DLRM's `inter_arch` (TorchRec's `InteractionArch`) by a `DotInteraction`
-    computing with `kernel`, and the top MLP's first layer by a `ZeroPaddedInputLinear` that
-    takes its padded output (same parameters). Returns whether it swapped (not for DCN)."""
-    arch = dlrm.inter_arch
-    if type(arch) is not InteractionArch:
-        return False
-    first = dlrm.over_arch.model[0]._mlp[0]
-    linear = first._linear
-    padded = ZeroPaddedInputLinear(linear.in_features, linear.out_features, device=torch.device("meta"))
-    padded.weight, padded.bias = linear.weight, linear.bias
-    first._linear = padded
-    # index buffers on the host: sharding moves the dense modules to the device
-    dlrm.inter_arch = DotInteraction(arch.F, kernel=kernel)
-    return True
+    """Replace a dot DLRM's interaction by a `DotInteraction` computing with `kernel` (see
+    `dot.swap_dot_interaction`). Returns whether it swapped (not for DCN)."""
+    return dot.swap_dot_interaction(dlrm, lambda features: DotInteraction(features, kernel=kernel))

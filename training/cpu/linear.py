@@ -16,7 +16,7 @@ other input computes as TorchRec's `Perceptron` does. Same parameters, same valu
 float rounding.
 
 `ZeroPaddedInputLinear` is the top MLP's first layer behind the padded dot interaction
-(training/cpu/interaction.py).
+(training/model/dot_interaction.py).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 from torchrec.modules.mlp import Perceptron
+
+from training.model.dot_interaction import ZeroPaddedInputLinear, padded_to
 
 
 class OneDnnUnavailable(RuntimeError):
@@ -98,32 +100,6 @@ def _backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor |
 
 
 onednn_linear_relu.register_autograd(_backward, setup_context=_save)
-
-
-class ZeroPaddedInputLinear(nn.Linear):
-    """A `Linear` that also takes inputs wider than `in_features` whose extra columns are
-    zeros (`DotInteraction`'s padded output), multiplying them with a zero-padded copy of
-    its weight. Parameters keep their shapes, so state dicts are TorchRec's.
-
-    Why: the dot interaction's natural width, D + V(V−1)/2, is odd (367 for 26 tables of
-    dim 16), and on a 2-core AVX2 CPU MKL's fp32 GEMMs at K = 367 took 20.5 ms a step
-    (forward, weight and input gradients) against 17–18 ms at K = 368; padding the
-    [512, 367] weight costs 0.05 ms.
-    """
-
-    def forward(self, features: Tensor) -> Tensor:
-        return linear_zero_padded(features, self.weight, self.bias)
-
-
-@torch.fx.wrap  # branches on a shape: one opaque call in TorchRec's traced train pipeline
-def linear_zero_padded(features: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    return nn.functional.linear(features, padded_to(weight, features.shape[-1]), bias)
-
-
-def padded_to(weight: Tensor, width: int) -> Tensor:
-    """[N, K] → [N, width]: the weight with zero columns after its K."""
-    extra = width - weight.shape[1]
-    return nn.functional.pad(weight, (0, extra)) if extra else weight
 
 
 class OneDnnReLUPerceptron(Perceptron):

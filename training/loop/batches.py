@@ -30,6 +30,16 @@ def reader_prefetch(config: TrainingConfig) -> int:
     return 4 if spare_cores >= 1 else 0
 
 
+def reader_decode_threads(config: TrainingConfig) -> int:
+    """Threads decoding row groups side by side: the cores left after the training processes'
+    threads and one reader thread per process, at most 4 per process (an H200 host of 16
+    cores, one process: 4; a 2-core host: 1, decoding in the reader thread itself). One
+    thread read 2.2 M rows/s on that host, while its GPU trained 10 M samples/s."""
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", config.nproc))
+    spare_cores = (os.cpu_count() or 1) - local_processes * (config.threads_per_proc + 1)
+    return max(1, min(4, spare_cores // local_processes))
+
+
 @dataclass(frozen=True)
 class ReadBatch:
     """Where a batch read for training came from, and what the ledger adds for it."""
@@ -52,6 +62,7 @@ class TrainBatches:
     def __init__(self, job: TrainJob, device: torch.device, start: TrainPosition) -> None:
         self.job, self.device, self.start = job, device, start
         self.prefetch = reader_prefetch(job.training)
+        self.decode_threads = reader_decode_threads(job.training) if self.prefetch else 1
         self.steps_per_epoch = self._reader(0).num_batches
         self._read: deque[ReadBatch] = deque()
         self.last_trained: ReadBatch | None = None
@@ -80,7 +91,7 @@ class TrainBatches:
         # read in this class's own thread (`_batches`), with the hashing and pinning
         return build_reader(self.job.train_files, self.job.workers.per_rank_batch(config.batch_size), dist.get_rank(),
                             dist.get_world_size(), shuffle_seed=config.seed, epoch=epoch, start_batch=first_batch,
-                            drop_remainder=False, prefetch=0)  # fmt: skip
+                            drop_remainder=False, prefetch=0, decode_threads=self.decode_threads)  # fmt: skip
 
     def _batches(self) -> Iterator[Batch]:
         # Reading, the ledger's hashes and page-locking run ahead in one background thread

@@ -1,4 +1,5 @@
 import threading
+import time
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -91,3 +92,28 @@ def test_stopping_early_does_not_hang(tiny_features) -> None:
     reader.close()  # the producer thread sees the stop and exits
     producer.join(timeout=10)
     assert not producer.is_alive(), "the producer thread is still running after its reader was closed"
+
+
+@pytest.mark.parametrize("start_batch", [0, 3])
+def test_row_groups_decoded_side_by_side_give_the_same_batches_and_sums(tiny_features, start_batch: int) -> None:
+    """`decode_threads` decodes, hashes and shuffles row groups in parallel threads; the
+    batches, their real rows and their hash sums are those of one thread, in the same order."""
+    _, files = tiny_features
+    paths = files[0] + files[1]
+    options = {"shuffle_seed": 5, "epoch": 1, "start_batch": start_batch, "drop_remainder": False}
+    one = list(build_reader(paths, 300, 1, 2, decode_threads=1, **options).with_row_sums())
+    three = list(build_reader(paths, 300, 1, 2, decode_threads=3, **options).with_row_sums())
+    assert len(one) == len(three) > 5
+    assert [(rows, sums) for _, rows, sums in one] == [(rows, sums) for _, rows, sums in three]
+    assert _row_keys(b for b, _, _ in one) == _row_keys(b for b, _, _ in three)
+
+
+def test_a_reader_stopped_early_leaves_no_decoding_thread(tiny_features) -> None:
+    _, files = tiny_features
+    reader = iter(build_reader(files[0] + files[1], 64, decode_threads=3, prefetch=0))
+    next(reader)
+    reader.close()
+    deadline = time.time() + 10
+    while any(t.name.startswith("segment-decode") for t in threading.enumerate()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("segment-decode")]

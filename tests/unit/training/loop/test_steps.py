@@ -6,10 +6,12 @@ from training.config import TrainingConfig
 from training.loop.steps import pipeline_kind
 
 
-def test_auto_pipelines_on_gpus_and_takes_plain_steps_on_cpu() -> None:
+def test_auto_pipelines_on_several_gpus_and_takes_plain_steps_on_one_and_on_cpu() -> None:
     auto = TrainingConfig()
-    assert pipeline_kind(auto, torch.device("cuda", 0)) == "sparse_dist"
-    assert pipeline_kind(auto, torch.device("cpu")) == "plain"
+    assert pipeline_kind(auto, torch.device("cuda", 0), world_size=2) == "sparse_dist"
+    assert pipeline_kind(auto, torch.device("cuda", 0), world_size=1) == "plain"
+    assert pipeline_kind(auto, torch.device("cuda", 0), managed_ids=True, world_size=2) == "plain"
+    assert pipeline_kind(auto, torch.device("cpu"), world_size=2) == "plain"
 
 
 @pytest.mark.parametrize("choice", ["sparse_dist", "plain"])
