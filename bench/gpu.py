@@ -6,7 +6,8 @@ the embeddings' backward, fused Adam for the MLPs), pinned batches and a table-w
 fused tables in GPU memory:
 
 (a) this trainer, each variant a real torchrun job (training.launch.launcher) over every visible
-    GPU, NCCL, `TrainPipelineSparseDist` (pipeline = "auto"):
+    GPU, NCCL, the steps `pipeline = "auto"` picks (plain steps with the dense part replayed
+    as CUDA graphs on one GPU, `TrainPipelineSparseDist` on several):
     fused tables in GPU memory (fp32, and bf16), tables in host memory with a GPU cache
     (fused_uvm_caching), and row-wise sharding where there are 2+ GPUs;
 (b) TorchRec's stock loop on GPU 0: `DLRMTrain` in `DistributedModelParallel`, the planner held

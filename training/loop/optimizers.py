@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 from torch import nn
@@ -46,14 +47,44 @@ def attach_embedding_optimizer(model: nn.Module, config: TrainingConfig) -> None
         param._optimizer_classes = [RowWiseAdagrad]  # type: ignore[attr-defined]
 
 
+class BucketGradients(KeyedOptimizerWrapper):
+    """A dense optimizer whose `zero_grad` zeroes the gradients in place and never drops them.
+
+    DDP copies each gradient into its bucket view after the backward; the view has the
+    parameter's strides. A dropped gradient is replaced by the next backward's own tensor,
+    whose strides may differ where a dimension has size 1 (a `[512, 1]` weight's gradient from
+    a transposed product arrives with strides `[1, 512]`): autograd accepts that layout, DDP
+    warns that it "may impair performance" and copies it every step. A gradient kept and
+    accumulated in place keeps the layout it was made with, the parameter's."""
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        self._optimizer.zero_grad(set_to_none=False)
+
+
+def start_gradients_at_zero(params: dict[str, nn.Parameter]) -> None:
+    """Allocate every missing gradient as zeros in its parameter's layout, before the first
+    backward, so no gradient is ever laid out by the backward that makes it."""
+    for param in params.values():
+        if param.requires_grad and param.grad is None:
+            param.grad = torch.zeros_like(param, memory_format=torch.preserve_format)
+
+
 def build_optimizer(model: nn.Module, config: TrainingConfig) -> CombinedOptimizer:
-    """The sharded model's fused embedding optimizer plus a dense optimizer for the MLPs."""
+    """The sharded model's fused embedding optimizer plus a dense optimizer for the MLPs.
+
+    With more than one process the MLPs are DDP's, and their gradients are kept allocated
+    (`BucketGradients`); one process keeps torch's default of dropping them, which saves the
+    memset of every gradient each step."""
     dense = dict(in_backward_optimizer_filter(model.named_parameters()))
     optimizer_class = torch.optim.Adam if config.dense_optimizer == "adam" else torch.optim.Adagrad
     device = next(iter(dense.values())).device
     hyper = {"lr": config.dense_lr, "weight_decay": config.dense_weight_decay,
              "fused": fused_dense_optimizer(config.dense_optimizer, device)}  # fmt: skip
-    dense_opt = KeyedOptimizerWrapper(dense, lambda p: optimizer_class(p, **hyper))
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        start_gradients_at_zero(dense)
+        dense_opt: KeyedOptimizerWrapper = BucketGradients(dense, lambda p: optimizer_class(p, **hyper))
+    else:
+        dense_opt = KeyedOptimizerWrapper(dense, lambda p: optimizer_class(p, **hyper))
     return CombinedOptimizer([model.fused_optimizer, dense_opt])  # type: ignore[attr-defined]
 
 

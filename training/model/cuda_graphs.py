@@ -18,6 +18,7 @@ their all-to-alls and fbgemm's fused optimizer) stay outside the graphs.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,24 +44,27 @@ class DenseHead(nn.Module):
 
 @dataclass(frozen=True)
 class GraphedHead:
-    dlrm: DLRM
+    """A DLRM's captured dense part, kept on the DLRM as a plain attribute (not a submodule,
+    so state dicts, checkpoints and exports are the DLRM's own): it lives as long as the DLRM."""
+
     replay: nn.Module  # make_graphed_callables' module: the graphs, run as an autograd function
     batch_size: int
 
 
-# The graphed heads of this process. The DLRM's forward names its head by index, so that
-# TorchRec's pipeline tracer records the call, choice included, as one opaque function
-# (`torch.fx.wrap`; it cannot branch on a traced shape); the head is not a submodule, so
-# state dicts, checkpoints and exports are the DLRM's own.
-_HEADS: list[GraphedHead] = []
+# The graphed DLRMs of this process, by index: the DLRM's forward names its head by index, so
+# that TorchRec's pipeline tracer records the call, choice included, as one opaque function
+# (`torch.fx.wrap`; it cannot branch on a traced shape). Weak references: a model built again
+# (a retune's trials, a test) lets the old one, its graphs and their memory pool go.
+_HEADS: list[weakref.ref[DLRM]] = []
 
 
 @torch.fx.wrap
 def dense_head(index: int, dense_features: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
     """The graphs in training at the captured batch; the DLRM's own modules otherwise (not the
     graphed module: its training mode is its own, not the DLRM's)."""
-    head = _HEADS[index]
-    dlrm = head.dlrm
+    dlrm = _HEADS[index]()
+    assert dlrm is not None, "a graphed DLRM's forward outlived the DLRM"
+    head: GraphedHead = dlrm.graphed_head  # type: ignore[assignment]
     if dlrm.training and dense_features.shape[0] == head.batch_size and torch.is_grad_enabled():
         return head.replay(dense_features, embedded)
     dense = dlrm.dense_arch(dense_features)
@@ -91,7 +95,8 @@ def graph_dense_parts(model: nn.Module, batch_size: int, dense_features: int, em
             # 3 warm-up runs on a side stream, then the capture; gradients are taken with
             # autograd.grad there, so no parameter's .grad is touched
             replay = torch.cuda.make_graphed_callables(DenseHead(dlrm), (dense, embedded))
-        _HEADS.append(GraphedHead(dlrm, replay, batch_size))
+        dlrm.graphed_head = GraphedHead(replay, batch_size)
+        _HEADS.append(weakref.ref(dlrm))
         _install(dlrm, len(_HEADS) - 1)
         graphed += 1
     return graphed
@@ -106,7 +111,9 @@ def _capture_precision(bf16: bool) -> contextlib.AbstractContextManager:
 
 
 def _install(dlrm: DLRM, index: int) -> None:
+    sparse_arch = dlrm.sparse_arch  # not the DLRM: its forward must not keep it alive
+
     def forward(dense_features: torch.Tensor, sparse_features: Any) -> torch.Tensor:
-        return dense_head(index, dense_features, dlrm.sparse_arch(sparse_features))
+        return dense_head(index, dense_features, sparse_arch(sparse_features))
 
     dlrm.forward = forward  # type: ignore[method-assign]

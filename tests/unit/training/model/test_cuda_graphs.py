@@ -106,3 +106,24 @@ def test_mocked_capture_the_pipeline_tracer_records_the_dense_part_as_one_call(m
     called = [node.target for node in graph.nodes if node.op == "call_function"]
     assert cuda_graphs.dense_head in called
     assert [node.target for node in graph.nodes if node.op == "call_module"] == ["model.sparse_arch"]
+
+
+def test_mocked_capture_a_graphed_model_built_again_lets_the_old_one_go(mocked_capture) -> None:
+    """A retune's trials and in-process jobs build a model again and again: the process's table
+    of graphed heads must not keep the old ones, their graphs and the graphs' memory alive."""
+    import gc
+    import weakref
+
+    dlrm = _dlrm()
+    cuda_graphs.graph_dense_parts(dlrm, BATCH, 13, 8, torch.device("cpu"), bf16=False)
+    old_model, old_replay = weakref.ref(dlrm), weakref.ref(mocked_capture.pop())
+    del dlrm
+    gc.collect()
+    assert old_model() is None and old_replay() is None
+
+    again = _dlrm()
+    cuda_graphs.graph_dense_parts(again, BATCH, 13, 8, torch.device("cpu"), bf16=False)
+    again.train()
+    dense, ids = _inputs(BATCH)
+    again(dense, ids)
+    assert mocked_capture[-1].calls == 1, "the new model replays its own graphs"
