@@ -257,19 +257,20 @@ class TrainingConfig:
     share. The run may train at a smaller one (`min_steps`); the summary, the tuning key and MLflow name the batch it trained
     at"""
     # "auto": the run chooses its own length (training/loop/validation.py). After each epoch
-    # it scores the held-out training rows (the calibrator's, evaluation.calibration_percent
-    # % of each training day by a hash of the row: rows no model of the run trains on) and
+    # it scores the held-out training rows (evaluation.calibration_percent % of each training
+    # day by a hash of the row, the calibrator's among them: rows no epoch trains on) and
     # stops when `patience` epochs in a row did not lower their NE, or after `max_epochs`;
     # the model it keeps is the best epoch's. A night that continues a champion scores the
     # champion first: when no epoch of the new rows beats it, the night keeps its weights.
     # An integer trains exactly that many epochs.
     epochs: int | Literal["auto"] = "auto"
     """passes over the training days. `"auto"`: the run chooses its length by validation (docs/run-length.md): after each epoch
-    it scores the held-out training rows (the calibrator's: `evaluation.calibration_percent` % of each training day, by a hash
-    of the row), stops after `patience` epochs without a lower NE there or at `max_epochs`, and keeps the best epoch's model;
-    a run that starts from a model (a night continuing the champion, or `model.wide_start = "logistic_regression"`) scores it
-    first and keeps it when no epoch beats it. The summary says how many epochs it trained and kept, and why (`run_length`);
-    MLflow has the NE by epoch (`validation_ne`). A whole number trains exactly that many epochs"""
+    it scores the held-out training rows (`evaluation.calibration_percent` % of each training day by a hash of the row, the
+    calibrator's among them), stops after `patience` epochs without a lower NE there or at `max_epochs`, and keeps the best
+    epoch's model; a run that starts from a model (a night continuing the champion, or `model.wide_start =
+    "logistic_regression"`) scores it first and keeps it when no epoch beats it. The summary says how many epochs it trained
+    and kept, and why (`run_length`); MLflow has the NE by epoch (`validation_ne`). A whole number trains exactly that many
+    epochs"""
     max_epochs: int = 8
     """the most epochs a run with `epochs = "auto"` trains"""
     patience: int = 2

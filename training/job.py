@@ -182,6 +182,7 @@ class TrainSummary:
     epochs_trained: int = 0
     epochs_kept: int = 0
     validation_ne: dict[str, float | None] = field(default_factory=dict)
+    validation_rows: int = 0  # the held-out rows those NEs are of
     run_length: str = ""
     # ... and trained a fresh model on every training day for the epochs kept (the figures
     # above, steps and rows, are then that model's)

@@ -156,9 +156,10 @@ def _regression_on_every_row(job: TrainJob, device: torch.device) -> tuple[Built
 def _train_on_the_held_out_rows(job: TrainJob, device: torch.device, built: BuiltModel,
                                 stats: TrainStats) -> tuple[BuiltModel, TrainStats, Path]:  # fmt: skip
     """The kept model (with its optimizer's state) trained one pass over the held-out rows
-    that chose it, in the refit folder (`refit_job`): a relaunch resumes that pass from its
-    own checkpoints, or starts it again from the kept model's. Returns the model, figures
-    that count both parts' steps and rows, and the final checkpoint.
+    that chose it (every training day's, `validation_files`), in the refit folder
+    (`refit_job`): a relaunch resumes that pass from its own checkpoints, or starts it again
+    from the kept model's. Returns the model, figures that count both parts' steps and rows,
+    and the final checkpoint.
 
     Rather than a fresh model trained on every row for the chosen epochs: that model is a
     new draw that no row ever scored (on Avazu's first 10,000 rows one such draw served

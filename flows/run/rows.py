@@ -40,6 +40,10 @@ class TrainingRows:
     # at its start is the regression fitted on them. Empty: held-out rows that never train
     # (a continuing night)
     refit_files: tuple[str, ...] = ()
+    # the rows that choose a fresh run's length (`training.epochs = "auto"`): the held-out
+    # rows of every training day, of which the calibrator's are the newest days'. Empty:
+    # the calibrator's rows choose it (a continuing night, or the newest day held out whole)
+    validation_files: tuple[str, ...] = ()
 
     def model_files(self, refit: bool) -> tuple[str, ...]:
         """The files the served model trained on: every training day after a refit."""
@@ -88,7 +92,8 @@ def training_rows(config: PipelineConfig, features: Features, lineage_days: Sequ
     has seen: this run's training days and, for a night continuing a champion, the earlier
     days of its lineage whose features are still there (no model of the lineage trained on
     their held-out rows, as long as its runs held out the same share: each trains on the fit
-    side only)."""
+    side only). A fresh run that chooses its length is scored on every training day's
+    held-out rows (`validation_files`), the calibrator's among them."""
     data, evaluation = config.data, config.evaluation
     if not holds_out_rows(config) or not data.train_days:
         return TrainingRows(features.train_files(data.train_days))
@@ -108,8 +113,14 @@ def training_rows(config: PipelineConfig, features: Features, lineage_days: Sequ
                         evaluation.calibration_percent)  # fmt: skip
     trained = joined([splits[day] for day in data.train_days])
     held_out = joined([splits[day] for day in window])
+    # A fresh run that chooses its length scores every day's held-out rows, not only the
+    # calibrator's newest days: on MovieLens-100K (20 weekly days, 7 in the calibrator's
+    # window) 6,580 rows instead of 1,648, and three seeds' NE 0.48 % apart instead of
+    # 1.45–1.95 % (docs/run-length.md); where it keeps no calibrator, the kept model then
+    # trains on all of them, so no held-out row is left out of the served model.
     return TrainingRows(trained.fit_files, held_out.validation_files, held_out.validation_rows, tuple(window),
-                        refit_files=features.train_files(data.train_days) if fresh_and_choosing else ())  # fmt: skip
+                        refit_files=features.train_files(data.train_days) if fresh_and_choosing else (),
+                        validation_files=trained.validation_files if fresh_and_choosing else ())  # fmt: skip
 
 
 def progressive_rows(config: PipelineConfig, features: Features) -> TrainingRows:

@@ -5,7 +5,8 @@ judge, both ways of holding rows out:
   model that never trained on it; a calibrator worth serving is fitted on those scores and
   served with that model, and where none is, the kept model trains a pass over day 3;
 - the default, a hash slice of every day, with no calibrator (`evaluation.calibration =
-  "none"`): the held-out rows choose the length, then the kept model trains a pass over them.
+  "none"`) and a calibrator's window of the newest two days: the held-out rows of all four
+  days choose the length, then the kept model trains a pass over them.
 
 The single-day case is tests/integration/test_small_real_data.py.
 """
@@ -44,7 +45,7 @@ def newest_day(prefect_server, tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def uncalibrated(prefect_server, tmp_path_factory: pytest.TempPathFactory):
     """No calibrator: the held-out rows must train the served model."""
-    return _run(tmp_path_factory, "uncalibrated", 'evaluation.calibration="none"')
+    return _run(tmp_path_factory, "uncalibrated", 'evaluation.calibration="none"', "evaluation.calibration_days=2")
 
 
 def _ne(labels: np.ndarray, predictions: np.ndarray) -> float:
@@ -64,9 +65,10 @@ def _job_summary(config) -> dict:
 
 @pytest.mark.parametrize("run", ["newest_day", "uncalibrated"])
 def test_the_held_out_rows_choose_the_length_on_a_model_that_never_trained_on_them(run: str, request) -> None:
-    """The calibration part's scores are the kept first model's: their NE (numpy) is the
-    validation NE the loop measured for the kept epoch, on every held-out row (all of day 3,
-    or the hash slice of every day)."""
+    """The calibration part's scores are the kept first model's. With the newest day held
+    out, their NE (numpy) is the validation NE the loop measured for the kept epoch; with
+    the hash slice, the loop scored every day's held-out rows (about 10 % of all four days),
+    of which the calibrator's are the newest two days'."""
     config, summary = request.getfixturevalue(run)
     job, folder = _job_summary(config), JobFolder(config.path("train"))
     kept, trained = summary["epochs_kept"], summary["epochs_trained"]
@@ -76,14 +78,15 @@ def test_the_held_out_rows_choose_the_length_on_a_model_that_never_trained_on_th
     held_out = folder.read_predictions(CALIBRATION_PART)
     assert len(held_out.labels) == summary["calibration_rows"]
     if run == "newest_day":
-        assert summary["calibration_rows"] == _day_rows(config, range(3, 4))
+        assert summary["calibration_rows"] == job["validation_rows"] == _day_rows(config, range(3, 4))
+        assert _ne(held_out.labels, held_out.predictions) == pytest.approx(scores[kept], rel=1e-4)
     else:
-        assert 0.05 < summary["calibration_rows"] / _day_rows(config, range(4)) < 0.15, "the 10 % hash slice"
-    assert _ne(held_out.labels, held_out.predictions) == pytest.approx(scores[kept], rel=1e-4)
+        assert 0.05 < job["validation_rows"] / _day_rows(config, range(4)) < 0.15, "the 10 % hash slice of every day"
+        assert 0.05 < summary["calibration_rows"] / _day_rows(config, range(2, 4)) < 0.15, "of which days 2–3's"
     assert f"kept epoch {kept}'s model" in summary["run_length"]
     final = Path(job["checkpoint"])
     # after a pass over the held-out rows, the served checkpoint is that pass's (its own steps)
-    last_pass = -(-summary["calibration_rows"] // job["global_batch_size"]) if job["refit"] else 0
+    last_pass = -(-job["validation_rows"] // job["global_batch_size"]) if job["refit"] else 0
     assert (final / "meta.json").is_file() and ("refit" in final.parts) == job["refit"]
     assert json.loads((final / "meta.json").read_text())["position"]["step"] == (last_pass or job["steps"])
     if not job["refit"]:
@@ -92,9 +95,11 @@ def test_the_held_out_rows_choose_the_length_on_a_model_that_never_trained_on_th
 
 def test_without_a_calibrator_the_kept_model_trains_a_pass_over_the_held_out_rows(uncalibrated) -> None:
     """Every row trains the served model: the kept epochs over the rest, then one pass over
-    the held-out rows, continuing the kept model (its predictions of them above)."""
+    every day's held-out rows (not only the calibrator's newest days'), continuing the kept
+    model."""
     config, summary = uncalibrated
-    kept, every_row, held_out = summary["epochs_kept"], _day_rows(config, range(4)), summary["calibration_rows"]
+    kept, every_row, held_out = summary["epochs_kept"], _day_rows(config, range(4)), _job_summary(config)["validation_rows"]
+    assert held_out > summary["calibration_rows"], "the older days' held-out rows are trained too"
     assert _job_summary(config)["refit"] and summary["calibrator"] == "none"
     assert summary["rows_trained"] == kept * (every_row - held_out) + held_out
     batch = summary["global_batch_size"]

@@ -92,9 +92,12 @@ class EpochValidation:
         self.root = job.checkpoint_root / BEST_FOLDER
         config = job.training
         self.scores = EpochScores(config.patience, config.max_epochs)
+        self.rows = 0  # the validation rows scored
         scores_file = self.root / SCORES_FILE
         if resumed and scores_file.is_file():
-            self.scores.ne = {int(e): float(ne) for e, ne in json.loads(scores_file.read_text())["ne"].items()}
+            saved = json.loads(scores_file.read_text())
+            self.scores.ne = {int(e): float(ne) for e, ne in saved["ne"].items()}
+            self.rows = int(saved.get("rows", 0))
 
     @torch.no_grad()
     def score(self, model: nn.Module, optimizer: Optimizer, epochs: int, step: int, ledger: RowLedger) -> bool:
@@ -102,6 +105,7 @@ class EpochValidation:
         far. Returns True when the run should stop."""
         state: BinaryState = files_state(model, self.job.validation_files, self.job, self.device)
         ne = _score(state)
+        self.rows = int(state.count)
         best = self.scores.add(epochs, ne)
         if best:
             if epochs == 0:
@@ -110,7 +114,8 @@ class EpochValidation:
                 optimizer.init_state()  # type: ignore[attr-defined]
             save_checkpoint(model, optimizer, self.root, TrainPosition(step, epochs, 0), ledger, keep=1)
         if dist.get_rank() == 0:
-            (self.root / SCORES_FILE).write_text(json.dumps({"ne": {str(e): v for e, v in self.scores.ne.items()}}))
+            (self.root / SCORES_FILE).write_text(json.dumps({"ne": {str(e): v for e, v in self.scores.ne.items()},
+                                                               "rows": self.rows}))  # fmt: skip
             mark = " (best so far)" if best else f" (best: epoch {self.scores.best_epochs})"
             print(f"[train] epoch {epochs}: validation NE {ne:.6f} on {int(state.count):,} held-out rows{mark}",
                   flush=True)  # fmt: skip
@@ -132,7 +137,7 @@ class EpochValidation:
         ne = self.scores.ne
         return {"epochs_trained": self.scores.trained, "epochs_kept": self.scores.best_epochs,
                 "validation_ne": {str(e): (v if math.isfinite(v) else None) for e, v in sorted(ne.items())},
-                "run_length": self.scores.reason()}  # fmt: skip
+                "validation_rows": self.rows, "run_length": self.scores.reason()}  # fmt: skip
 
 
 def _score(state: BinaryState) -> float:

@@ -58,3 +58,28 @@ def test_without_calibration_the_run_trains_on_every_row(tiny_features, tmp_path
     root, features = _copied(tiny_features, tmp_path)
     rows = training_rows(_config(root, 'evaluation.calibration="none"'), features, lineage_days=(1, 2))
     assert rows.train_files == tuple(features.files[2]) and rows.calibration_files == () and rows.calibration_rows == 0
+
+
+def test_a_fresh_run_choosing_its_length_is_scored_on_every_days_held_out_rows(tiny_features, tmp_path: Path) -> None:
+    """The calibrator's rows are the newest days'; the rows that choose the run's length are
+    every training day's held-out rows (more rows, a steadier choice), and they are what the
+    kept model trains on last where no calibrator is kept (training/worker.py)."""
+    from flows.run.job import build_job
+
+    root, features = _copied(tiny_features, tmp_path)
+    files = features.files
+    config = load_config(TINY, [f'run_dir="{root.parent}"', f'preprocess.features_dir="{root.name}"',
+                                "data.train_days=[1, 2]", "data.eval_days=[0]", 'training.epochs="auto"',
+                                "evaluation.calibration_days=1"])  # fmt: skip
+    rows = training_rows(config, features)
+    trained, calibration, validation = _rows(rows.train_files), _rows(rows.calibration_files), _rows(rows.validation_files)
+    assert rows.calibration_days == (2,) and calibration <= _rows(files[2])
+    assert calibration < validation, "the calibrator's rows are among the validation rows"
+    assert validation & _rows(files[1]) and validation & _rows(files[2]), "every training day's held-out rows"
+    assert not trained & validation and trained | validation == _rows(files[1]) | _rows(files[2]), "no row left out"
+    job = build_job(config, features, rows=rows)
+    assert job.validation_files == rows.validation_files and job.calibration_files == rows.calibration_files
+    # a night continuing a model is scored on the calibrator's rows, as before
+    night = training_rows(config, features, lineage_days=(1, 2), continues=True)
+    assert night.validation_files == ()
+    assert build_job(config, features, rows=night).validation_files == night.calibration_files
