@@ -87,12 +87,13 @@ def multi_hot_features(multi_hot_warehouse: Path, tmp_path_factory: pytest.TempP
 # the next module as it finishes one: the longest first, so that no long module starts last
 # and runs alone.
 MODULE_SECONDS = {
-    "test_on_slurm.py": 180, "test_stopping.py": 160, "test_recurring.py": 155, "test_multi_host.py": 150,
-    "test_tracking_outage.py": 80, "test_checkpoint_recovery.py": 75, "test_own_warehouse.py": 70, "test_retune_flow.py": 65,
-    "test_production_stack.py": 65, "test_id_churn.py": 65, "test_pipeline_flow.py": 60, "test_bundle_round_trip.py": 40,
-    "test_characterize.py": 40, "test_sharded_training.py": 35, "test_cli.py": 35, "test_chosen_run_length.py": 25,
-    "test_dask_runner.py": 25, "test_small_real_data.py": 20, "test_tuning_study.py": 20, "test_delta_checkpoints.py": 17,
-    "test_prefect_database.py": 35, "test_warm_ranks.py": 10, "test_trainer_slots.py": 10,
+    "test_on_slurm.py": 280, "test_stopping.py": 265, "test_multi_host.py": 225, "test_recurring.py": 215,
+    "test_checkpoint_recovery.py": 145, "test_own_warehouse.py": 130, "test_production_stack.py": 115,
+    "test_retune_flow.py": 115, "test_sharded_training.py": 115, "test_pipeline_flow.py": 110, "test_id_churn.py": 95,
+    "test_tracking_outage.py": 90, "test_bundle_round_trip.py": 90, "test_cli.py": 55, "test_reference.py": 55,
+    "test_small_real_data.py": 45, "test_characterize.py": 40, "test_dask_runner.py": 40, "test_chosen_run_length.py": 35,
+    "test_delta_checkpoints.py": 35, "test_model.py": 35, "test_tuning_study.py": 30, "test_wide_model.py": 30,
+    "test_warm_ranks.py": 25, "test_warm_commands.py": 20, "test_prefect_database.py": 20, "test_trainer_slots.py": 15,
 }  # fmt: skip
 
 

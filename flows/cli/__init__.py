@@ -35,15 +35,23 @@ from training.launch.processes import Stopped, stop_on_signals, write_line_to_st
 
 DEFAULT_CONFIG = "configs/demo.toml"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-# Each checkout's Prefect state is its own (deployments, runs, the local server's database):
-# with the shared ~/.prefect, two checkouts' `dlrm serve` would pick up each other's runs.
-os.environ.setdefault("PREFECT_HOME", str(PROJECT_ROOT / ".prefect"))
-# Our packages log through the standard library; Prefect shows those records in the UI too.
-os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ingestion,training,evaluation,flows")
-apply_prefect_defaults()
-quiet_library_output()
-# Prefect keeps its local server's database in PREFECT_HOME but does not create the folder.
-Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
+
+
+def prepare_environment() -> None:
+    """The command's environment defaults, set before Prefect reads its settings (at import
+    here; again by a process that forks commands with environments of their own)."""
+    # Each checkout's Prefect state is its own (deployments, runs, the local server's database):
+    # with the shared ~/.prefect, two checkouts' `dlrm serve` would pick up each other's runs.
+    os.environ.setdefault("PREFECT_HOME", str(PROJECT_ROOT / ".prefect"))
+    # Our packages log through the standard library; Prefect shows those records in the UI too.
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ingestion,training,evaluation,flows")
+    apply_prefect_defaults()
+    quiet_library_output()
+    # Prefect keeps its local server's database in PREFECT_HOME but does not create the folder.
+    Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
+
+
+prepare_environment()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,10 +9,11 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import warm_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +40,7 @@ def start(arguments: list[str], overrides: list[str], folder: Path, api_url: str
     """`dlrm ARGUMENTS --set O ... [--json]`, its output in `folder` (`name`.out, `name`.err)."""
     out, err = folder / f"{name}.out", folder / f"{name}.err"
     with out.open("w") as stdout, err.open("w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "flows.cli", *arguments,
+        process = subprocess.Popen([*warm_commands.dlrm(), *arguments,
                                     *[a for o in overrides for a in ("--set", o)], *(["--json"] if as_json else [])],
                                    cwd=ROOT,
                                    stdout=stdout, stderr=stderr, env={**os.environ, "PREFECT_API_URL": api_url})  # fmt: skip

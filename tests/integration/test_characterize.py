@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
 import pytest
+import warm_commands
 from mlflow.tracking import MlflowClient
 
 from flows.run.config import load_config
@@ -23,7 +23,7 @@ PARTS = {"data", "embedding", "dense", "communication", "optimizer", "other"}
 
 
 def dlrm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([*warm_commands.dlrm(), *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, check=False)  # fmt: skip
 
 

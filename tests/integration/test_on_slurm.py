@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import warm_commands
 from mlflow.tracking import MlflowClient
 from slurm_cluster import ClusterUnavailable, SlurmCluster, kill_node, restart_node, start_cluster, stop_cluster
 
@@ -34,7 +35,7 @@ ONE_A_NODE = ["training.nproc=1"]
 
 
 def dlrm(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    return subprocess.run([*warm_commands.dlrm(), *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)  # fmt: skip
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import warm_commands
 from mlflow.tracking import MlflowClient
 from services import POSTGRES, ROOT, base_env, free_port, start_service, stop, wait_for
 
@@ -83,7 +84,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def _dlrm(stack: Stack, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).parent / "dlrm"), *args], cwd=ROOT, env=stack.env,
+    return subprocess.run([*warm_commands.dlrm(), *args], cwd=ROOT, env=stack.env,
                           capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
 
 

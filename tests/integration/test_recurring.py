@@ -5,11 +5,11 @@ lineage in the registry; a night already run trains nothing."""
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import warm_commands
 from beside import ended_on_failure, start
 from foreign_python import make_foreign_python, raw_lines
 from mlflow.tracking import MlflowClient
@@ -30,7 +30,7 @@ def sets(overrides: list[str]) -> list[str]:
 
 
 def dlrm_command(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *arguments], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([*warm_commands.dlrm(), *arguments], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, check=False)  # fmt: skip
 ROWS_PER_DAY = 30_000
 NIGHTS = (2, 3, 4, 5)

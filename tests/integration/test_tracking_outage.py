@@ -13,8 +13,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+import warm_commands
 from mlflow.tracking import MlflowClient
-from services import ROOT, VENV_BIN, create_database, drop_database, free_port, start_mlflow, stop
+from services import ROOT, create_database, drop_database, free_port, start_mlflow, stop
 
 from training.job import JobFolder
 from training.loop.progress import TrainRecord, read_records
@@ -34,7 +35,7 @@ def _run(run_dir: Path, uri: str, wait_s: float, prefect_api: str) -> subprocess
     overrides = [f'run_dir="{run_dir}"', f'tracking.tracking_uri="{uri}"', f"tracking.outage_wait_s={wait_s}",
                  'tuning.policy="off"', 'tracking.promotion_lock="postgresql://postgres@127.0.0.1:5432/postgres"']  # fmt: skip
     return subprocess.Popen(
-        [str(VENV_BIN / "dlrm"), "run", "--config", "configs/tiny.toml", *[a for o in overrides for a in ("--set", o)],
+        [*warm_commands.dlrm(), "run", "--config", "configs/tiny.toml", *[a for o in overrides for a in ("--set", o)],
          "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PREFECT_HOME": str(run_dir.parent / "prefect"), "PREFECT_API_URL": prefect_api},
     )  # fmt: skip

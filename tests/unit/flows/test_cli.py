@@ -4,13 +4,13 @@ import gzip
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import warm_commands
 from sklearn.metrics import log_loss, roc_auc_score
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def dlrm(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+        [*warm_commands.dlrm(), *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False
     )
 
 
@@ -201,7 +201,7 @@ def test_a_prefect_server_that_cannot_start_is_one_line(tmp_path: Path) -> None:
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),
            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp_path}/missing/folder/prefect.db"}  # fmt: skip
     env.pop("PREFECT_API_URL", None)
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--config", str(ROOT / "configs" / "tiny.toml"),
+    done = subprocess.run([*warm_commands.dlrm(), "run", "--config", str(ROOT / "configs" / "tiny.toml"),
                            "--set", f'run_dir="{tmp_path / "run"}"'], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=180, check=False)  # fmt: skip
     errors = [x for x in done.stderr.splitlines() if x.startswith("dlrm: error:")]
