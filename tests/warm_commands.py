@@ -116,16 +116,12 @@ def serve(path: Path) -> None:
     import importlib
 
     from training.launch.processes import die_with_parent
+    from training.launch.warm_ranks import listen_on, receive_request
 
     die_with_parent(signal.SIGTERM)
     for name in _PRELOADED:
         importlib.import_module(name)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    staged = path.with_name(path.name + ".staged")
-    staged.unlink(missing_ok=True)
-    listener.bind(str(staged))
-    listener.listen(64)
-    staged.rename(path)  # the path appears only once it accepts connections
+    listener = listen_on(path)
     clients: dict[int, socket.socket | None] = {}  # a running command's pid -> its client (None: gone)
 
     def stop(_signum: int, _frame: object) -> None:
@@ -147,12 +143,10 @@ def serve(path: Path) -> None:
         if listener not in ready:
             continue
         connection, _ = listener.accept()
-        try:
-            message, fds, _, _ = socket.recv_fds(connection, _MESSAGE_BYTES, _FDS)
-            request = json.loads(message)
-        except (OSError, ValueError):
-            connection.close()
+        received = receive_request(connection, _FDS)
+        if received is None:
             continue
+        request, fds = received
         pid = os.fork()
         if pid == 0:
             listener.close()

@@ -100,24 +100,17 @@ def serve(path: Path) -> None:
     (It ends with the process that started it: `start_server` ties it to that one's life.)"""
     import training.worker  # noqa: F401  (the import every job's ranks share)
 
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    staged = path.with_name(path.name + ".staged")
-    staged.unlink(missing_ok=True)
-    listener.bind(str(staged))
-    listener.listen(64)
-    staged.rename(path)  # the path appears only once it accepts connections
+    listener = listen_on(path)
     while True:
         ready, _, _ = select.select([listener], [], [], 1.0)
         _reap()
         if not ready:
             continue
         connection, _ = listener.accept()
-        try:
-            message, fds, _, _ = socket.recv_fds(connection, _MESSAGE_BYTES, _FDS)
-            request = json.loads(message)
-        except (OSError, ValueError):
-            connection.close()
+        received = receive_request(connection, _FDS)
+        if received is None:
             continue
+        request, fds = received
         agent = os.fork()
         if agent == 0:
             listener.close()
@@ -127,6 +120,28 @@ def serve(path: Path) -> None:
         with contextlib.suppress(OSError):
             connection.send(json.dumps({"agent": agent}).encode())
         connection.close()
+
+
+def listen_on(path: Path) -> socket.socket:
+    """A Unix socket listening at `path`, which appears only once it accepts connections."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    staged = path.with_name(path.name + ".staged")
+    staged.unlink(missing_ok=True)
+    listener.bind(str(staged))
+    listener.listen(64)
+    staged.rename(path)
+    return listener
+
+
+def receive_request(connection: socket.socket, fds: int) -> tuple[dict, list[int]] | None:
+    """A client's request (one JSON message) and the `fds` descriptors it passed; None, and
+    the connection closed, when it sent none that reads."""
+    try:
+        message, received, _, _ = socket.recv_fds(connection, _MESSAGE_BYTES, fds)
+        return json.loads(message), received
+    except (OSError, ValueError):
+        connection.close()
+        return None
 
 
 def _reap() -> None:
