@@ -1,4 +1,6 @@
-"""The `dlrm` command as a user runs it: one-line errors, JSON outputs."""
+"""The `dlrm` command as a user runs it: one-line errors, JSON outputs. (Each command is
+forked from this test process's warm server, tests/warm_commands.py: its own process,
+environment, output and exit code, without importing the pipeline again.)"""
 
 import gzip
 import json
