@@ -230,23 +230,14 @@ def _run_command(request: dict, fds: list[int]) -> int:
 
 def client(server: Path, argv: list[str]) -> int:
     """Hand the command to the server; forward stop signals to it; exit as it exits."""
-    command: list[int] = []
+    sys.path.insert(0, str(_ROOT))  # the warm-rank client's pieces: the standard library's only
+    from training.launch.warm_ranks import ForwardedStops, hand_over
 
-    def forward(signum: int, _frame: object) -> None:
-        if command:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(command[0], signum)
-
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, forward)
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        connection.connect(str(server))
-    except OSError as error:
-        print(f"no warm-command server at {server} ({error.strerror})", file=sys.stderr)
-        return 2
+    stops = ForwardedStops()
     request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
-    socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
+    connection = hand_over(server, request, [0, 1, 2], "warm-command server at {server} ({reason})")
+    if connection is None:
+        return 2
     while True:
         try:
             message = connection.recv(_MESSAGE_BYTES)
@@ -257,7 +248,7 @@ def client(server: Path, argv: list[str]) -> int:
             return 1
         reply = json.loads(message)
         if "pid" in reply:
-            command.append(reply["pid"])
+            stops.started(reply["pid"])
             continue
         code = int(reply["exit"])
         if code < 0:  # ended by a signal: end the same way

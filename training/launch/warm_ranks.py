@@ -318,37 +318,56 @@ def _report_failure(codes: dict[int, int], pids: dict[int, int], lock: threading
 # ---- the client: torchrun's stand-in ---------------------------------------------------------
 
 
-def client(server: Path, job_path: Path, nproc: int, log_dir: Path) -> int:
-    """Hand the job to the server; forward stop signals to its agent; exit as it exits."""
-    agent: list[int] = []
-    stopped: list[int] = []
+class ForwardedStops:
+    """A client's SIGINT, SIGTERM and SIGHUP, forwarded to the process group its server names;
+    a signal that comes before the server has named it goes there once it does."""
 
-    def forward(signum: int, _frame: object) -> None:
-        stopped.append(signum)
-        if agent:
+    def __init__(self) -> None:
+        self.group: int | None = None
+        self.stopped: list[int] = []
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, self._forward)
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        self.stopped.append(signum)
+        if self.group is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(agent[0], signum)
+                os.killpg(self.group, signum)
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, forward)
+    def started(self, group: int) -> None:
+        self.group = group
+        if self.stopped:
+            self._forward(self.stopped[-1], None)
+
+
+def hand_over(server: Path, request: dict, fds: list[int], no_server: str) -> socket.socket | None:
+    """Send `request` and the descriptors `fds` to the server at `server`; None, with one line
+    on stderr (`no_server` after the reason), when nothing listens there."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         connection.connect(str(server))
     except OSError as error:
-        print(f"no warm-rank server at {server} ({error.strerror}): unset {ENVIRONMENT_KEY} to launch with torchrun",
-              file=sys.stderr)  # fmt: skip
-        return 2
+        print(f"no {no_server.format(server=server, reason=error.strerror)}", file=sys.stderr)
+        return None
+    socket.send_fds(connection, [json.dumps(request).encode()], fds)
+    return connection
+
+
+def client(server: Path, job_path: Path, nproc: int, log_dir: Path) -> int:
+    """Hand the job to the server; forward stop signals to its agent; exit as it exits."""
+    stops = ForwardedStops()
     request = {"job": str(job_path), "nproc": nproc, "log_dir": str(log_dir), "env": dict(os.environ), "cwd": os.getcwd()}
-    socket.send_fds(connection, [json.dumps(request).encode()], [1, 2])
+    connection = hand_over(server, request, [1, 2], "warm-rank server at {server} ({reason}): unset "
+                           f"{ENVIRONMENT_KEY} to launch with torchrun")  # fmt: skip
+    if connection is None:
+        return 2
     while True:
         message = connection.recv(_MESSAGE_BYTES)
         if not message:  # the agent ended without a word: stopped by a signal
-            return 128 + stopped[0] if stopped else 1
+            return 128 + stops.stopped[0] if stops.stopped else 1
         reply = json.loads(message)
         if "agent" in reply:
-            agent.append(reply["agent"])
-            if stopped:
-                forward(stopped[-1], None)
+            stops.started(reply["agent"])
         if "exit" in reply:
             return int(reply["exit"])
 
