@@ -14,6 +14,7 @@ reports when done (`TrainSummary`), and every file of its folder (`JobFolder`).
     <out>/calibrator.json          the calibrator fitted on those scores (node 0, after training)
     <out>/checkpoints/<run id>/    the run's checkpoints (loop/checkpoint.py, launch/resume.py)
     <out>/logs/[node-R/]           torchrun's per-rank logs; failed-node-R.txt: a host's failure
+    <out>/pids/rank-R.pid          rank R's process id in the latest launch (for py-spy, gdb, kill)
     <out>/serving/                 the exported model (serving/export.py)
 
 `JobFolder` is the one module that names these files; both sides of torchrun (the
@@ -228,6 +229,25 @@ class JobFolder:
         """torchrun's per-rank logs; each host of a multi-host job its own folder."""
         return self.root / "logs" / f"node-{node_rank}" if node_rank is not None else self.root / "logs"
 
+    def pid_file(self, rank: int) -> Path:
+        return self.root / "pids" / f"rank-{rank}.pid"
+
+    def write_pid(self, rank: int, pid: int) -> None:
+        """Written whole, at a rank's start: under torchrun or warm ranks alike, the one way to
+        tell which process is which rank (a forked warm rank's command line is its server's)."""
+        path = self.pid_file(rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_name(path.name + ".staged")
+        staged.write_text(f"{pid}\n")
+        staged.replace(path)
+
+    def read_pid(self, rank: int) -> int | None:
+        """Rank `rank`'s process id in the latest launch, or None before it has started."""
+        try:
+            return int(self.pid_file(rank).read_text())
+        except (OSError, ValueError):
+            return None
+
     # -- the summary, the plan ------------------------------------------------------------
 
     def write_summary(self, summary: TrainSummary) -> None:
@@ -308,7 +328,8 @@ class JobFolder:
         run's). Checkpoints stay: a relaunch resumes from them."""
         stale = [self.logs(node_rank)]
         if leads:
-            stale += [self.root / "predictions", self.summary_file, self.profile_file] + ([self.metrics] if fresh else [])
+            stale += [self.root / "predictions", self.root / "pids", self.summary_file, self.profile_file] + \
+                ([self.metrics] if fresh else [])  # fmt: skip
         for path in stale:
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 

@@ -363,6 +363,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("usage: python -m training.worker JOB.json")
     die_with_parent()  # a torchrun killed outright takes its workers with it
     job = TrainJob.load(Path(args[0]))
+    job.folder.write_pid(int(os.environ.get("RANK", "0")), os.getpid())
     device = runtime_device(job.training.device, int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend_for(device))
     try:

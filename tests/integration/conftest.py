@@ -2,8 +2,8 @@
 
 Training jobs start from the warm-rank server (training/launch/warm_ranks.py: ranks forked
 from a process that imported the trainer once), except in the modules and tests marked
-`torchrun`: those test the launcher itself (recovery, stops, failure reports), and a
-launch across hosts always takes torchrun."""
+`torchrun`: those test the launcher itself (stops, failure reports, the pipeline's killed
+rank), and a launch across hosts always takes torchrun."""
 
 import dataclasses
 import tempfile

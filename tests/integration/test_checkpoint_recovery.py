@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 from dataclasses import replace
@@ -49,18 +48,6 @@ def _rows_given(job: TrainJob) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in job.train_files)
 
 
-def _worker_of_rank(job_path: Path, rank: int) -> int | None:
-    found = subprocess.run(["pgrep", "-f", f"training.worker {job_path}"], capture_output=True, text=True, check=False)
-    for pid in map(int, found.stdout.split()):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in environ:
-            return pid
-    return None
-
-
 def _logged_step(metrics: str) -> int:
     """The last step in the job's metrics file; a line still being written is not counted yet."""
     steps = [0]
@@ -77,7 +64,7 @@ def _kill_one_worker_after(job: TrainJob, step: int, metrics: Path | None = None
         deadline = time.time() + 120
         while time.time() < deadline:
             if metrics_file.is_file() and _logged_step(metrics_file.read_text()) >= step:
-                pid = _worker_of_rank(job.folder.job_file(), rank=1)
+                pid = job.folder.read_pid(rank=1)  # under warm ranks or torchrun alike
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
                     return
@@ -92,7 +79,6 @@ def _params(job: TrainJob) -> dict[str, torch.Tensor]:
     return export_model(job, latest_checkpoint(job.checkpoint_root)).state_dict()
 
 
-@pytest.mark.torchrun  # kills a rank, found by the command line torchrun gives it
 def test_killed_worker_resumes_to_the_same_parameters(tiny_features, uninterrupted: TrainJob, tmp_path: Path) -> None:
     reference = uninterrupted
     expected = encode(reference.folder.read_summary())
@@ -119,7 +105,6 @@ def test_killed_worker_resumes_to_the_same_parameters(tiny_features, uninterrupt
         assert torch.allclose(_params(job)[name], value, atol=1e-6), name
 
 
-@pytest.mark.torchrun  # kills a rank, found by the command line torchrun gives it
 def test_a_failed_launch_is_relaunched_and_resumes(tiny_features, uninterrupted: TrainJob, tmp_path: Path) -> None:
     job = _job(tiny_features, tmp_path / "restarted", max_restarts=1)
     watcher = _kill_one_worker_after(job, step=25)
@@ -155,7 +140,6 @@ def test_checkpoints_load_across_world_sizes(tiny_features, uninterrupted: Train
             assert torch.allclose(params[name], value, atol=1e-4), name  # lr 1e-12: the weights barely move
 
 
-@pytest.mark.torchrun  # kills a rank, found by the command line torchrun gives it
 def test_the_sparse_dist_pipeline_trains_what_plain_steps_train_and_resumes(tiny_features, uninterrupted: TrainJob,
                                                                            tmp_path: Path) -> None:  # fmt: skip
     """TorchRec's TrainPipelineSparseDist reads two batches ahead of the one it trains.
@@ -211,7 +195,6 @@ def _chosen_length_job(features, out: Path) -> TrainJob:
                    evaluation=replace(job.evaluation, calibration="none"))  # fmt: skip
 
 
-@pytest.mark.torchrun  # kills a rank, found by the command line torchrun gives it
 def test_a_run_killed_in_its_pass_over_the_held_out_rows_resumes_it(tiny_features, tmp_path: Path) -> None:
     """Killed in the pass that follows the chosen epochs, the relaunch resumes the pass from its
     own checkpoint, on the kept model it reloads: the same rows, the same parameters."""
