@@ -171,12 +171,14 @@ def test_a_retyped_column_stops_the_night_and_leaves_the_champion(warehouse_run,
 WEEKS = ["2026-09-07", "2026-09-14", "2026-09-21", "2026-09-28", "2026-10-05", "2026-10-12"]
 
 
-def test_a_retune_on_a_drifting_weekly_warehouse_is_never_worse_than_the_configured_values(prefect_server,
-                                                                                            tmp_path: Path) -> None:  # fmt: skip
+def test_a_retune_on_a_drifting_weekly_warehouse_validates_on_the_newest_week_and_stops_trials_early(
+        prefect_server, tmp_path: Path) -> None:  # fmt: skip
     """The default search space (batch sizes, up to 3 epochs with early stopping) on dated
-    data: trials are scored on the newest training week (what the next week's model faces)
-    and the tuned run's NE on the week after is never worse than the configured run's by
-    more than the noise the tuner's verdict computed."""
+    data: trials are scored on the newest training week (what the next week's model faces),
+    each stops at the epoch whose NE rises, and the run trains what the verdict kept. Whether
+    the tuned run is ever worse than the configured one on the week after is a quality
+    comparison: `bench/tuned_vs_configured.py --drifting-weeks 6` makes it on this warehouse
+    (docs/performance.md, "The retune gap")."""
     import optuna
     from mlflow.tracking import MlflowClient
 
@@ -185,10 +187,8 @@ def test_a_retune_on_a_drifting_weekly_warehouse_is_never_worse_than_the_configu
 
     write_sample_warehouse(tmp_path / "source", WEEKS, 5_000, seed=11, signal_drift=0.25)
     weeks = ", ".join(f'"{week}"' for week in WEEKS[:5])
-    common = [f'data.path="{tmp_path / "source"}"', f"data.train_days=[{weeks}]", f'data.eval_days=["{WEEKS[5]}"]',
-              *SMALLER, "tuning.n_trials=3"]  # fmt: skip
-    configured = run_pipeline(EXAMPLE, [f'run_dir="{tmp_path / "configured"}"', *common, 'tuning.policy="off"'])
-    overrides = [f'run_dir="{tmp_path / "tuned"}"', *common, 'tuning.policy="retune_first"']
+    overrides = [f'run_dir="{tmp_path / "tuned"}"', f'data.path="{tmp_path / "source"}"', f"data.train_days=[{weeks}]",
+                 f'data.eval_days=["{WEEKS[5]}"]', *SMALLER, "tuning.n_trials=3", 'tuning.policy="retune_first"']  # fmt: skip
     tuned = run_pipeline(EXAMPLE, overrides)
     storage = load_config(EXAMPLE, overrides).optuna_storage
     (summary,) = optuna.get_all_study_summaries(storage)
@@ -196,19 +196,20 @@ def test_a_retune_on_a_drifting_weekly_warehouse_is_never_worse_than_the_configu
     decision = study.user_attrs["decision"]
     assert decision["verdict"] in tuned["tuning_reason"]
     searched = {t.params.get("training.batch_size") for t in study.trials}
-    batch = configured["global_batch_size"]  # 1,024 halved for enough steps on these rows
+    batch = decision["configured_params"]["training.batch_size"]
+    assert batch < 1024, "the configured 1,024 lowered by the rule that gives these rows enough steps"
     assert searched <= {batch, batch // 2, batch // 4}
     config = load_config(EXAMPLE, overrides)
     _assert_trials_stopped_early(config, study)
     trained = MlflowClient(config.tracking_uri).get_run(tuned["mlflow_run_id"]).data.params
     if decision["kept_configured"]:
         assert "kept the configured values" in tuned["tuning_reason"] and trained["training.epochs"] == "1"
-    else:  # the run trains the epochs its trial chose
+        assert trained["training.batch_size"] == str(batch)
+    else:  # the run trains the epochs its trial chose, which measured better than the configured values
         assert trained["training.epochs"] == str(study.trials[decision["trial"]].user_attrs["chosen"]["training.epochs"])
+        assert decision["tuned_ne"] < decision["configured_ne"] and decision["gain_low"] > 0
     # progressive validation: the newest training week's rows (5,000 written), not a slice of every week
     assert 4_000 < decision["rows"] <= 5_000
-    noise = (decision["gain_high"] - decision["gain_low"]) / 2
-    assert tuned["eval_ne"] <= configured["eval_ne"] + noise, (tuned["eval_ne"], configured["eval_ne"], decision)
     assert tuned["eval_ne"] < tuned["baseline_constant_ne"]
 
 

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import warm_commands
 from process_tree import descendants
 
 from training.job import JobFolder
+from training.launch.warm_ranks import ENVIRONMENT_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.torchrun]
@@ -106,10 +108,10 @@ def _stop(process: subprocess.Popen, signum: int, times: int = 1, log: Path | No
 
 
 @pytest.fixture(scope="module")
-def stopped_twice_then_finished(tmp_path_factory: pytest.TempPathFactory, home: Path):
+def stopped_twice_then_finished(tmp_path_factory: pytest.TempPathFactory, home: Path, warm_rank_server: Path):
     """One run folder: `dlrm run` stopped by Ctrl-C twice, the same command stopped by SIGTERM
     (to the process only, as a supervisor stops it) once it has trained on past the first
-    stop, then the same command to its end. What each stop and the last run left."""
+    stop, then the same command to its end (warm). What each stop and the last run left."""
     tmp_path = tmp_path_factory.mktemp("stopping")
     run_dir = tmp_path / "run"
     stops = {}
@@ -124,8 +126,11 @@ def stopped_twice_then_finished(tmp_path_factory: pytest.TempPathFactory, home: 
     stops["SIGTERM"] = (process.wait(timeout=60), time.monotonic() - began, started,
                         (tmp_path / "sigterm.log").read_text(), _flow_run_states(home))  # fmt: skip
     second_stop = max(_checkpoint_steps(run_dir))
-    again = subprocess.run(_command(run_dir), check=False, cwd=ROOT, env=_environment(home), capture_output=True,
-                           text=True, timeout=600)  # fmt: skip
+    # the resume stops nothing: a warm command on warm ranks (tests/warm_commands.py), which
+    # resumes through the same launcher
+    warm = {**_environment(home), ENVIRONMENT_KEY: str(warm_rank_server)}
+    again = subprocess.run([*warm_commands.dlrm(), *_command(run_dir)[3:]], check=False, cwd=ROOT, env=warm,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
     return stops, (first_stop, second_stop), again
 
 
