@@ -6,15 +6,16 @@ pipeline once, in place of a new interpreter that imports it again (about 10 s o
             server (imported `flows.cli` and the pipeline once) ─fork─▶ the command
 
 The command is `flows.cli.main(ARGS)` in a process of its own, with the client's environment,
-folder and descriptors: what it prints, its exit code and its own child processes are those
+folder, descriptors and network and mount namespaces (a client on a simulated host runs its
+command on that host): what it prints, its exit code and its own child processes are those
 of `python -m flows.cli ARGS`. The client forwards SIGINT, SIGTERM and SIGHUP to the
 command's process group, exits with its exit code (or by the signal that ended it), and a
 client killed outright has the server stop the command (SIGTERM to its group).
 
 What a forked command does not test: the interpreter's start (`dlrm --help`'s time, the
 console script, `PYTHONPATH`) and code changed after the server started. Tests of the
-command's start, its stops and its processes (test_stopping.py, test_multi_host.py, the
-Slurm and production-stack tests) run it as a new process. Commands run in the test
+command's start, its stops and its processes (test_stopping.py, Ctrl-C across hosts and on
+Slurm, `dlrm serve` in the production stack) run it as a new process. Commands run in the test
 process itself would share its Prefect and MLflow state; these do not.
 
 The top of this module imports the standard library only: the client runs it.
@@ -37,7 +38,8 @@ import traceback
 from pathlib import Path
 
 _MESSAGE_BYTES = 1 << 20
-_FDS = 3  # stdin, stdout, stderr
+_FDS = 5  # stdin, stdout, stderr, and the client's network and mount namespaces
+_NAMESPACES = (("net", 0x40000000), ("mnt", 0x00020000))  # CLONE_NEWNET, CLONE_NEWNS (<sched.h>)
 _CLIENT = str(Path(__file__).resolve())
 _ROOT = Path(__file__).resolve().parents[1]
 # The modules a command would import: the pipeline and what its stages and reports load.
@@ -196,7 +198,8 @@ def _run_command(request: dict, fds: list[int]) -> int:
         for signum in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        for target, fd in enumerate(fds):
+        _enter_the_namespaces_of_the_client(fds[3:])
+        for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
             os.close(fd)
         os.environ.clear()
@@ -225,6 +228,21 @@ def _run_command(request: dict, fds: list[int]) -> int:
     return code
 
 
+def _enter_the_namespaces_of_the_client(namespaces: list[int]) -> None:
+    """A client run in a simulated host (`ip netns exec HOST`, tests/integration/test_multi_host.py,
+    the Slurm nodes) has its command run there too: in the client's network namespace, where it
+    binds, connects and resolves, and its mount namespace (that host's /sys and /etc/hosts).
+    Elsewhere both are the server's, and nothing changes. The forked command has one thread,
+    as setns(2) asks for a mount namespace."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for fd, (name, flag) in zip(namespaces, _NAMESPACES, strict=True):
+        if os.fstat(fd).st_ino != os.stat(f"/proc/self/ns/{name}").st_ino and libc.setns(fd, flag) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot enter the client's {name} namespace")
+        os.close(fd)
+
+
 # ---- the client ------------------------------------------------------------------------------
 
 
@@ -235,7 +253,8 @@ def client(server: Path, argv: list[str]) -> int:
 
     stops = ForwardedStops()
     request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
-    connection = hand_over(server, request, [0, 1, 2], "warm-command server at {server} ({reason})")
+    namespaces = [os.open(f"/proc/self/ns/{name}", os.O_RDONLY) for name, _ in _NAMESPACES]
+    connection = hand_over(server, request, [0, 1, 2, *namespaces], "warm-command server at {server} ({reason})")
     if connection is None:
         return 2
     while True:

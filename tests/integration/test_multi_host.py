@@ -1,6 +1,8 @@
 """`dlrm train` across two hosts, simulated as two Linux network namespaces joined by a veth
 pair (10.201.0.1 and 10.201.0.2), sharing one run folder: the job trains as one host with
-all the processes would, and a host that fails fails the job, which the same commands resume."""
+all the processes would, and a host that fails fails the job, which the same commands resume.
+The `dlrm` commands are warm (tests/warm_commands.py: forked into the host's namespaces), but
+for the Ctrl-C test's; the training they launch across hosts is torchrun's, as deployed."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import warm_commands
 from beside import start
 
 from flows.stages.prefect_database import copy_template_to
@@ -76,8 +79,11 @@ def prepared_run(pipeline_run: tuple[Path, dict]) -> Path:
     return pipeline_run[0]
 
 
-def _train(run_dir: Path, out: str, nproc: int, *extra: str, host: str | None = None) -> subprocess.Popen:
-    command = [DLRM, "train", "--config", TINY, "--set", f'run_dir="{run_dir}"',
+def _train(run_dir: Path, out: str, nproc: int, *extra: str, host: str | None = None, warm: bool = True) -> subprocess.Popen:
+    """`dlrm train`: a warm command (tests/warm_commands.py; on `host`, it runs in that host's
+    namespaces), or with `warm=False` the console script in a new interpreter."""
+    dlrm = warm_commands.dlrm() if warm else [DLRM]
+    command = [*dlrm, "train", "--config", TINY, "--set", f'run_dir="{run_dir}"',
                "--set", f"training.nproc={nproc}", "--set", "training.checkpoint_every=10",
                "--out", str(run_dir / out), "--json", *extra]  # fmt: skip
     if host is not None:
@@ -195,7 +201,7 @@ def test_ctrl_c_on_one_host_stops_every_host(two_hosts: list[str], prepared_run:
     out = prepared_run / "interrupted"
     hosts = [
         _train(prepared_run, "interrupted", 1, "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", ENDPOINT,
-               host=name)
+               host=name, warm=False)  # the command's own stop, as a user's terminal sends it
         for rank, name in enumerate(two_hosts)
     ]
     deadline = time.time() + 120
@@ -247,11 +253,12 @@ def test_the_pipeline_trains_across_hosts_served_as_trainer_nodes(
         _wait_until_answers(two_hosts[0], api, started[0], tmp_path / "server.log")
         config = ["--config", str(ROOT / "configs" / "tiny.toml"), "--set", f'run_dir="{prepared_run}"']
         for rank, host in enumerate(two_hosts):
-            started.append(_in_host(host, [DLRM, "serve", *config, "--trainer-node", str(rank)], env,
+            started.append(_in_host(host, [*warm_commands.dlrm(), "serve", *config, "--trainer-node", str(rank)], env,
                                     tmp_path / f"node-{rank}.log"))  # fmt: skip
         _wait_until_answers(two_hosts[0], api, started[0], tmp_path / "server.log",
                             path="/deployments/name/train-node/node-1", also="/deployments/name/train-node/node-0")
-        run = subprocess.run(["ip", "netns", "exec", two_hosts[0], DLRM, "run", *config, "--set", "training.nproc=1",
+        run = subprocess.run(["ip", "netns", "exec", two_hosts[0], *warm_commands.dlrm(), "run", *config,
+                              "--set", "training.nproc=1",
                               "--set", "orchestration.trainer_hosts=2", "--set", f'orchestration.rdzv_endpoint="{ENDPOINT}"',
                               "--json"], env=env, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
         assert run.returncode == 0, run.stderr[-4000:] + (tmp_path / "node-1.log").read_text()[-2000:]

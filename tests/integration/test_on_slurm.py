@@ -39,10 +39,16 @@ def dlrm(*args: str, env: dict[str, str] | None = None, timeout: float = 600) ->
                           timeout=timeout, check=False)  # fmt: skip
 
 
-def on_head(cluster: SlurmCluster, *args: str, **popen) -> subprocess.Popen:
+def head_dlrm(cluster: SlurmCluster, *args: str, warm: bool = True) -> list[str]:
+    """`dlrm ARGS` on the cluster's head node: a warm command (tests/warm_commands.py), which
+    runs in the head node's namespaces, or with `warm=False` a new interpreter."""
+    return cluster.command(*(warm_commands.dlrm() if warm else [sys.executable, "-m", "flows.cli"]), *args)
+
+
+def on_head(cluster: SlurmCluster, *args: str, warm: bool = True, **popen) -> subprocess.Popen:
     """`dlrm ARGS` started on the cluster's head node."""
-    return subprocess.Popen(cluster.command(sys.executable, "-m", "flows.cli", *args), cwd=ROOT, env=cluster.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)  # fmt: skip
+    return subprocess.Popen(head_dlrm(cluster, *args, warm=warm), cwd=ROOT, env=cluster.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)  # fmt: skip
 
 
 def sets(overrides: list[str]) -> list[str]:
@@ -160,8 +166,7 @@ def _eligible_once_the_nodes_are_idle(cluster: SlurmCluster, job_id: str) -> Non
 
 def test_what_slurm_refuses_is_one_line(slurm: SlurmCluster, prepared) -> None:
     overrides, _ = prepared
-    done = subprocess.run(slurm.command(sys.executable, "-m", "flows.cli", "submit", "--config", TINY, *sets(overrides),
-                                        "--partition", "no-such-partition"),
+    done = subprocess.run(head_dlrm(slurm, "submit", "--config", TINY, *sets(overrides), "--partition", "no-such-partition"),
                           cwd=ROOT, env=slurm.env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 2 and done.stderr.startswith("dlrm: error: sbatch ") and len(done.stderr.strip().splitlines()) == 1
     assert "invalid partition" in done.stderr.lower() and "Traceback" not in done.stderr
@@ -177,7 +182,8 @@ def test_ctrl_c_on_wait_cancels_the_job_and_its_processes_on_both_nodes(slurm: S
     overrides, _ = prepared
     run_dir = Path(overrides[0].split('"')[1])
     long_enough = [*overrides, *ONE_A_NODE, "training.epochs=30"]  # still running when Ctrl-C comes
-    process = on_head(slurm, "submit", "--config", TINY, *sets(long_enough), "--nodes", "2", "--wait")
+    process = on_head(slurm, "submit", "--config", TINY, *sets(long_enough), "--nodes", "2", "--wait",
+                      warm=False)  # the command's own stop, as a user's terminal sends it
     job_id, lines = None, []
     for line in process.stderr:
         lines.append(line)
@@ -226,8 +232,7 @@ def test_a_retrain_from_the_dashboard_trains_as_a_slurm_job_over_both_nodes(slur
     env["PREFECT_HOME"] = str(tmp_path / "prefect")
     env["PREFECT_RUNNER_POLL_FREQUENCY"] = "2"  # the button's run picked up within 2 s, not Prefect's 10
     port, log = 4391, tmp_path / "serve.log"  # in the head node's own network namespace: free
-    serve = subprocess.Popen(slurm.command(sys.executable, "-m", "flows.cli", "serve", "--config", TINY, *sets(on_slurm),
-                                           "--with-server", "--port", str(port)),
+    serve = subprocess.Popen(head_dlrm(slurm, "serve", "--config", TINY, *sets(on_slurm), "--with-server", "--port", str(port)),
                              cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)  # fmt: skip
     config = load_config(TINY, on_slurm)
     client = MlflowClient(config.tracking_uri)
@@ -271,8 +276,7 @@ def test_a_retunes_trials_and_its_comparison_train_as_slurm_jobs_over_both_nodes
     env = {key: value for key, value in slurm.env.items() if not key.startswith("PREFECT_API")}
     env["PREFECT_HOME"] = str(tmp_path / "prefect")
     started = time.time()
-    done = subprocess.run(slurm.command(sys.executable, "-m", "flows.cli", "retune", "--config", TINY, *sets(on_slurm),
-                                        "--trials", "1", "--json"),
+    done = subprocess.run(head_dlrm(slurm, "retune", "--config", TINY, *sets(on_slurm), "--trials", "1", "--json"),
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
