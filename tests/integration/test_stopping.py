@@ -223,7 +223,7 @@ def _use_the_dashboard_then_stop(process: subprocess.Popen, port: int, run_dir: 
 
 
 def test_serve_without_a_server_says_how_to_get_one(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "serve", "--config", str(ROOT / "configs" / "tiny.toml")],
+    done = subprocess.run([*warm_commands.dlrm(), "serve", "--config", str(ROOT / "configs" / "tiny.toml")],  # no stop: warm
                           check=False, cwd=ROOT, env=_environment(tmp_path / "prefect"), capture_output=True,
                           text=True)  # fmt: skip
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
