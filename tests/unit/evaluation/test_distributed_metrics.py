@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from forked_ranks import start_ranks
 
 from evaluation.distributed import all_reduce_state
 from evaluation.metrics import binary_state, compute_calibration, compute_log_loss, compute_ne
@@ -39,7 +40,7 @@ def _worker(rank: int, world: int, port: int, results) -> None:
 
 def test_two_gloo_processes_equal_one() -> None:
     results = mp.Manager().dict()
-    mp.spawn(_worker, args=(2, _free_port(), results), nprocs=2, join=True)
+    start_ranks(_worker, (2, _free_port(), results), 2)
     y, p, w = _examples()
     single = binary_state(y, p, w)
     from evaluation.metrics import BinaryState

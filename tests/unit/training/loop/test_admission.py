@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from forked_ranks import start_ranks
 
 from training.config import CpuConfig, ModelConfig, ShardingConfig, TrainingConfig
 from training.loop.admission import restart_rows, restart_targets
@@ -67,7 +68,7 @@ def _worker(rank: int, port: int, update: str, results) -> None:
 @pytest.mark.parametrize("update", ["fbgemm", "vectorized"])
 def test_a_restarted_row_draws_afresh_and_its_momentum_starts_at_zero(update: str) -> None:
     results = mp.Manager().dict()
-    mp.spawn(_worker, args=(_free_port(), update, results), nprocs=1, join=True)
+    start_ranks(_worker, (_free_port(), update, results), 1)
     before, momenta_before, after, momenta_after = results[update]
     for feature, rows in {"C1": [0, 7], "C2": [19]}.items():
         generator = torch.Generator().manual_seed(5 * 1_000_003 + 40 * 7_919 + zlib.crc32(feature.encode()))

@@ -12,6 +12,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     SplitTableBatchedEmbeddingBagsCodegen,
     WeightDecayMode,
 )
+from forked_ranks import start_ranks
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
 from ingestion.schema import SPARSE_COLUMNS
@@ -51,7 +52,7 @@ def _worker(rank: int, port: int, decay: float, results) -> None:
 def test_embedding_weight_decay_reaches_the_sharded_tables_as_l2() -> None:
     results = mp.Manager().dict()
     for decay in (0.0, 0.01):
-        mp.spawn(_worker, args=(_free_port(), decay, results), nprocs=1, join=True)
+        start_ranks(_worker, (_free_port(), decay, results), 1)
     assert results[0.0] and results[0.01]
     for optimizer, mode, decay, lr, eps in results[0.01]:
         assert (optimizer, mode) == (EmbOptimType.EXACT_ROWWISE_ADAGRAD, WeightDecayMode.L2)
@@ -104,7 +105,7 @@ def test_every_step_trains_the_tables_at_the_scheduled_rate() -> None:
     """Plain steps step only the dense optimizer: the schedule alone puts each step's rate
     into the fused kernels, before the backward that applies it."""
     results = mp.Manager().dict()
-    mp.spawn(_schedule_worker, args=(_free_port(), results), nprocs=1, join=True)
+    start_ranks(_schedule_worker, (_free_port(), results), 1)
     rates = [expected for expected, _, _ in results["seen"]]
     assert rates[0] < rates[1] == rates[2] > rates[3] > rates[4] > rates[5], "warm-up, then decay"
     for expected, kernels, groups in results["seen"]:

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from forked_ranks import start_ranks
 
 from ingestion.reader import build_reader
 from training.config import ModelConfig, ShardingConfig
@@ -154,7 +155,7 @@ def test_the_wide_columns_start_at_zero_or_at_given_weights_on_every_shard() -> 
     """Own columns zeroed, then set to known weights; the deep columns keep their drawn
     values throughout; the dense linear term and the logit's bias follow the start."""
     results = mp.Manager().dict()
-    mp.spawn(_start_sharded, args=(2, _free_port(), results), nprocs=2, join=True)
+    start_ranks(_start_sharded, (2, _free_port(), results), 2)
     results = dict(results)
     assert {sharding_type for sharding_type, _ in results} == set(SHARDING_TYPES)
     assert len(results) == (len(TABLES) + 1) * len(SHARDING_TYPES), results
@@ -238,7 +239,7 @@ def test_every_rank_of_a_fresh_job_gets_the_references_fit_and_a_warm_start_none
     jobs = {"fresh": job, "warm": dataclasses.replace(job, init_checkpoint=str(tmp_path / "champion")),
             "zero": dataclasses.replace(job, model=WIDE)}  # fmt: skip
     results = mp.Manager().dict()
-    mp.spawn(_fetch_wide_start, args=(2, _free_port(), jobs, results), nprocs=2, join=True)
+    start_ranks(_fetch_wide_start, (2, _free_port(), jobs, results), 2)
     fit = fit_logistic_regression(state.table_sizes, job.train_files, seed=3, max_rows=3000)
     expected = WideStart.of_regression(fit.model)
     assert fit.train_rows < fit.rows_available, "the reference's row sample applies"

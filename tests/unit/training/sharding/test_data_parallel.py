@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from forked_ranks import start_ranks
 from torch.nn.parallel import DistributedDataParallel
 
 from ingestion.schema import SPARSE_COLUMNS
@@ -40,7 +41,7 @@ def _worker(rank: int, world: int, port: int, results) -> None:
 def test_one_process_trains_without_ddp_and_two_with_it_under_the_same_names() -> None:
     results = mp.Manager().dict()
     for world in (1, 2):
-        mp.spawn(_worker, args=(world, _free_port(), results), nprocs=world, join=True)
+        start_ranks(_worker, (world, _free_port(), results), world)
     assert results[(1, 0)][0] is False
     assert results[(2, 0)][0] is True and results[(2, 1)][0] is True
     assert results[(1, 0)][1] == results[(2, 0)][1] != []  # checkpoints name parameters alike
