@@ -148,27 +148,17 @@ def _assert_trains_as_one_host(run_dir: Path, out: str, nproc: int, names: list[
     assert {p.name for p in folder.logs().iterdir()} == {folder.logs(0).name, folder.logs(1).name}
 
 
-def _is_worker(pid: int) -> bool:
-    try:
-        return b"LOCAL_RANK=" in Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
-
-
-def _kill_rank_after(folder: JobFolder, node_rank: int, step: int) -> threading.Thread:
-    """SIGKILL the worker that node `node_rank`'s launch started once the job has logged `step`."""
+def _kill_rank_after(folder: JobFolder, rank: int, step: int) -> threading.Thread:
+    """SIGKILL rank `rank`'s process (by the pid it wrote into the shared folder) once the job has logged `step`."""
 
     def watch() -> None:
         deadline = time.time() + 120
         while time.time() < deadline:
             steps = [record.step for record in read_records(folder.metrics)]
-            if steps and max(steps) >= step:
-                found = subprocess.run(["pgrep", "-f", f"training.worker {folder.job_file(node_rank)}"], capture_output=True,
-                                       text=True, check=False).stdout.split()  # fmt: skip
-                workers = [pid for pid in map(int, found) if _is_worker(pid)]  # not torchrun itself
-                if workers:
-                    os.kill(workers[0], signal.SIGKILL)
-                    return
+            pid = folder.read_pid(rank)
+            if steps and max(steps) >= step and pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                return
             time.sleep(0.02)
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -181,7 +171,7 @@ def test_a_killed_worker_fails_the_job_on_both_hosts_and_the_same_commands_resum
 ) -> None:
     prepared_run, uninterrupted = pipeline_run  # `dlrm run`'s job: as two hosts train it, tested above
     out = prepared_run / "killed"
-    watcher = _kill_rank_after(JobFolder(out), node_rank=1, step=25)
+    watcher = _kill_rank_after(JobFolder(out), rank=1, step=25)  # node 1's one process
     results = _on_two_hosts(prepared_run, "killed", 1, two_hosts)
     watcher.join(timeout=10)
     (leader, _, leader_err), (follower, _, follower_err) = results
