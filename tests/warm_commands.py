@@ -118,7 +118,7 @@ def serve(path: Path) -> None:
     import importlib
 
     from training.launch.processes import die_with_parent
-    from training.launch.warm_ranks import listen_on, receive_request
+    from training.launch.warm_ranks import fork_for_request, listen_on
 
     die_with_parent(signal.SIGTERM)
     for name in _PRELOADED:
@@ -144,23 +144,16 @@ def serve(path: Path) -> None:
                 clients[pid] = None
         if listener not in ready:
             continue
-        connection, _ = listener.accept()
-        received = receive_request(connection, _FDS)
-        if received is None:
-            continue
-        request, fds = received
-        pid = os.fork()
-        if pid == 0:
-            listener.close()
-            for other in filter(None, clients.values()):
+
+        def command(connection: socket.socket, request: dict, fds: list[int]) -> None:
+            for other in (connection, *filter(None, clients.values())):
                 other.close()
-            connection.close()
             os._exit(_run_command(request, fds))  # the interpreter's exit work ran inside (see there)
-        for fd in fds:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            connection.send(json.dumps({"pid": pid}).encode())
-        clients[pid] = connection
+
+        accepted = fork_for_request(listener, _FDS, "pid", command)
+        if accepted is not None:
+            pid, connection = accepted
+            clients[pid] = connection
 
 
 def _client_left(connection: socket.socket) -> bool:

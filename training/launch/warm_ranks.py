@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from training.launch.host_role import free_local_port  # these two: the standard library's only
@@ -106,20 +107,9 @@ def serve(path: Path) -> None:
         _reap()
         if not ready:
             continue
-        connection, _ = listener.accept()
-        received = receive_request(connection, _FDS)
-        if received is None:
-            continue
-        request, fds = received
-        agent = os.fork()
-        if agent == 0:
-            listener.close()
-            _run_agent(connection, request, fds)  # never returns
-        for fd in fds:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            connection.send(json.dumps({"agent": agent}).encode())
-        connection.close()
+        accepted = fork_for_request(listener, _FDS, "agent", _run_agent)
+        if accepted is not None:
+            accepted[1].close()
 
 
 def listen_on(path: Path) -> socket.socket:
@@ -142,6 +132,29 @@ def receive_request(connection: socket.socket, fds: int) -> tuple[dict, list[int
     except (OSError, ValueError):
         connection.close()
         return None
+
+
+def fork_for_request(listener: socket.socket, fds: int, reply_key: str,
+                     child: Callable[[socket.socket, dict, list[int]], None]) -> tuple[int, socket.socket] | None:  # fmt: skip
+    """Accept one client and fork `child(connection, request, descriptors)` for its request (the
+    child ends in it, with the listener closed); the parent closes its copies of the passed
+    descriptors and tells the client the child's pid (`{reply_key: pid}`). Returns the child's
+    pid and the connection, or None when the client sent no request that reads."""
+    connection, _ = listener.accept()
+    received = receive_request(connection, fds)
+    if received is None:
+        return None
+    request, passed = received
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        child(connection, request, passed)
+        os._exit(1)  # a child that returned: it was meant to end inside
+    for fd in passed:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        connection.send(json.dumps({reply_key: pid}).encode())
+    return pid, connection
 
 
 def _reap() -> None:
