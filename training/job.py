@@ -235,11 +235,8 @@ class JobFolder:
     def write_pid(self, rank: int, pid: int) -> None:
         """Written whole, at a rank's start: under torchrun or warm ranks alike, the one way to
         tell which process is which rank (a forked warm rank's command line is its server's)."""
-        path = self.pid_file(rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staged = path.with_name(path.name + ".staged")
-        staged.write_text(f"{pid}\n")
-        staged.replace(path)
+        self.pid_file(rank).parent.mkdir(parents=True, exist_ok=True)
+        _write_whole(self.pid_file(rank), f"{pid}\n")
 
     def read_pid(self, rank: int) -> int | None:
         """Rank `rank`'s process id in the latest launch, or None before it has started."""
@@ -252,9 +249,7 @@ class JobFolder:
 
     def write_summary(self, summary: TrainSummary) -> None:
         """Written whole: a reader never sees half of it."""
-        staged = self.summary_file.with_name(self.summary_file.name + ".staged")
-        staged.write_text(dumps(summary, indent=2) + "\n")
-        staged.replace(self.summary_file)
+        _write_whole(self.summary_file, dumps(summary, indent=2) + "\n")
 
     def read_summary(self) -> TrainSummary:
         """The summary; `SchemaError` names any field missing or of the wrong type."""
@@ -355,3 +350,10 @@ class JobFolder:
             if node != node_rank and mark.is_file():
                 return f"node {node}: {mark.read_text(errors='replace').strip()}"
         return None
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """`text` into `path` by a rename: a reader sees the old file or the new one, never half."""
+    staged = path.with_name(path.name + ".staged")
+    staged.write_text(text)
+    staged.replace(path)

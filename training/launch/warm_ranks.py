@@ -126,10 +126,13 @@ def listen_on(path: Path) -> socket.socket:
 def receive_request(connection: socket.socket, fds: int) -> tuple[dict, list[int]] | None:
     """A client's request (one JSON message) and the `fds` descriptors it passed; None, and
     the connection closed, when it sent none that reads."""
+    received: list[int] = []
     try:
         message, received, _, _ = socket.recv_fds(connection, _MESSAGE_BYTES, fds)
         return json.loads(message), received
     except (OSError, ValueError):
+        for fd in received:  # a message that does not read: its descriptors are not kept open
+            os.close(fd)
         connection.close()
         return None
 
