@@ -132,11 +132,9 @@ def _kill_the_worker_after(job: TrainJob, step: int) -> threading.Thread:
             steps = [json.loads(line)["step"] for line in (metrics.read_text().splitlines(keepends=True)
                                                            if metrics.is_file() else []) if line.endswith("\n")]  # fmt: skip
             if steps and max(steps) >= step:
-                found = subprocess.run(["pgrep", "-f", f"training.worker {job.folder.job_file()}"], capture_output=True,
-                                       text=True, check=False)  # fmt: skip
-                for pid in map(int, found.stdout.split()):
+                pid = job.folder.read_pid(0)  # the worker wrote it at its start
+                if pid is not None:
                     os.kill(pid, signal.SIGKILL)
-                if found.stdout.split():
                     return
             time.sleep(0.02)
 
