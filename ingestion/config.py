@@ -281,13 +281,15 @@ class PreprocessConfig:
     ids share the out-of-vocabulary row until a new lineage refits (docs/recurring.md)"""
     # Hash and managed modes: how many rows each table gets. "ids_seen": room for twice the
     # distinct ids the training days hold (at most hash_size), so small features don't pay
-    # for hash_size rows. "hash_size": every table hash_size rows, as a production hash table
+    # for hash_size rows; in hash mode a feature of few ids gets the fewest buckets from
+    # there that keep them apart (ingestion/bucket_count.py). "hash_size": every table hash_size rows, as a production hash table
     # is sized: room for the ids later nights bring, fewer collisions as they come.
     table_rows: Literal["ids_seen", "hash_size"] = "ids_seen"
     """hash and managed modes: each table's rows. `ids_seen`: twice the distinct ids the training days hold, at most
-    `hash_size`, so small features don't pay for a full table; `hash_size`: every table `hash_size` rows, as a production hash
-    table is sized (room for the ids later nights bring: a recurring lineage keeps its first state's table sizes). Vocab mode
-    sizes its tables by `vocab_headroom`"""
+    `hash_size`, so small features don't pay for a full table (in hash mode a feature of few ids gets the fewest buckets
+    from there that keep its frequent ids apart: at twice the ids, two of three values would share a row four times in
+    ten); `hash_size`: every table `hash_size` rows, as a production hash table is sized (room for the ids later nights
+    bring: a recurring lineage keeps its first state's table sizes). Vocab mode sizes its tables by `vocab_headroom`"""
     managed: ManagedIdsConfig = field(default_factory=ManagedIdsConfig)
     features_dir: str = "features"
     """where feature Parquet and the versioned preprocessing state go"""

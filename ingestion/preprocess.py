@@ -4,8 +4,9 @@ Dense: missing → 0, negative → 0, then ln(1 + x). Categorical: row 0 of each
 table is "missing". Then, by `categorical_mode`:
 - hash: a present value v maps to 1 + v mod buckets, where each feature gets
   `min(hash_size - 1, 2 × distinct values seen in the training days)` buckets, so small
-  features don't pay for a table of `hash_size` rows (`table_rows = "hash_size"`: every
-  feature `hash_size - 1`);
+  features don't pay for a table of `hash_size` rows, or for a feature of few values the
+  fewest buckets from there that keep its values apart (ingestion/bucket_count.py;
+  `table_rows = "hash_size"`: every feature `hash_size - 1`);
 - vocab: values seen at least `min_count` times on the training days get rows 2, 3, … (the
   most frequent first, at most hash_size - 2); any other value maps to row 1, out of
   vocabulary. Each feature's vocabulary is a Parquet file (value, index) beside the state;
@@ -38,8 +39,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow.parquet as pq
 
+from ingestion.bucket_count import SEARCHED_IDS, bucket_count
 from ingestion.config import PreprocessConfig
 from ingestion.schema import DENSE_COLUMNS, FeatureLayout, multi_hot_of
 from ingestion.staging import new_staging, release
@@ -158,6 +161,19 @@ def _seen_rows(config: PreprocessConfig, distinct_ids: int) -> int:
     return max(1, min(config.hash_size - 1, 2 * int(distinct_ids)))
 
 
+def _hash_buckets(con: duckdb.DuckDBPyConnection, config: PreprocessConfig, globs: list[str], feature: str,
+                  multi_hot: bool, approx_ids: int) -> int:  # fmt: skip
+    """Hash mode's buckets for `feature` under `table_rows = "ids_seen"`: twice its ids, or for a
+    feature of few ids the count that keeps them apart (ingestion/bucket_count.py)."""
+    if int(approx_ids) > 2 * SEARCHED_IDS:  # the count is approximate: look only where it may be small
+        return _seen_rows(config, approx_ids)
+    column = quoted(feature)
+    each_id = f"unnest({column})" if multi_hot else column  # a bag's every id
+    ids = f"(SELECT {each_id} AS id FROM read_parquet(?))"
+    seen = con.execute(f"SELECT id, count(*) AS n FROM {ids} WHERE id IS NOT NULL GROUP BY id", [globs]).fetchnumpy()
+    return bucket_count(np.asarray(seen["id"]), np.asarray(seen["n"], dtype=np.int64), config.hash_size - 1)
+
+
 def state_id_for(config: PreprocessConfig, warehouse: Path, train_days: Sequence[int]) -> str:
     """Hash of what the fitted state depends on: the config and the training days' manifests."""
     manifests = [read_manifest(warehouse, day) for day in sorted(train_days)]
@@ -209,6 +225,8 @@ def fit_state(config: PreprocessConfig, warehouse: Path, features_root: Path, tr
         # hash_size rows (the last one every id without a row of its own shares)
         table_rows = {name: _seen_rows(config, counts[name]) + 1 for name in layout.sparse}
         buckets = dict(table_rows)
+    elif config.table_rows == "ids_seen":
+        buckets = {name: _hash_buckets(con, config, globs, name, name in multi_hot, counts[name]) for name in layout.sparse}
     else:
         buckets = {name: _seen_rows(config, counts[name]) for name in layout.sparse}
     state = PreprocessState(state_id, buckets, tuple(sorted(train_days)), rows, click_rate, config.categorical_mode,

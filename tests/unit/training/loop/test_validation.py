@@ -36,3 +36,18 @@ def test_a_nan_score_is_never_the_best_and_ties_keep_fewer_epochs() -> None:
     scores.add(1, 0.9)
     assert not scores.add(2, math.nan) and scores.ne[2] == math.inf
     assert not scores.add(3, 0.9) and scores.best_epochs == 1
+
+
+def test_a_regression_start_is_replaced_only_by_an_epoch_that_beats_it_by_the_margin() -> None:
+    scores = EpochScores(patience=2, max_epochs=8, start_margin=0.005)
+    assert scores.add(0, 0.80)
+    assert not scores.add(1, 0.799), "0.1 % lower: within the margin, the start stays"
+    assert scores.best_epochs == 0 and not scores.done()
+    assert scores.add(2, 0.79) and scores.best_epochs == 2, "1.25 % lower: past it"
+    assert not scores.add(3, 0.795) and not scores.add(4, 0.792) and scores.done()
+    assert "kept epoch 2's model" in scores.reason()
+    within = EpochScores(patience=2, max_epochs=8, start_margin=0.005)
+    for epochs, ne in ((0, 0.80), (1, 0.798), (2, 0.7965)):
+        within.add(epochs, ne)
+    assert within.done() and within.best_epochs == 0
+    assert "by more than 0.5 %" in within.reason().replace("0.5%", "0.5 %")
