@@ -99,6 +99,14 @@ class TrainJob:
         return {**self.eval_files, **({CALIBRATION_PART: self.calibration_files} if self.calibration_files else {})}
 
     @property
+    def starts_at_regression(self) -> bool:
+        """A fresh wide model's own weights start as the fitted logistic regression
+        (`model.wide_start`): not a run that continues a model, nor managed ids (their rows
+        are admitted ids, not the regression's hashed ones)."""
+        return (self.model.wide_start == "logistic_regression" and not self.init_checkpoint
+                and self.managed_ids is None)  # fmt: skip
+
+    @property
     def chooses_epochs(self) -> bool:
         """The run chooses its length: `training.epochs = "auto"` and rows to choose on."""
         return self.training.chooses_epochs and bool(self.validation_files)

@@ -288,9 +288,7 @@ def _wide_start(job: TrainJob) -> WideStart | None:
     rank 0, as the pipeline's reference is (same rows, seed and sample), and sent to every
     rank, since replicated weights must start equal. None: the own weights start at zero
     (so does a run that will load a checkpoint over them)."""
-    if job.model.wide_start != "logistic_regression" or latest_checkpoint(job.checkpoint_root) or job.init_checkpoint:
-        return None
-    if job.managed_ids is not None:  # the regression's rows are hashed ids, not the admitted ids' rows
+    if not job.starts_at_regression or latest_checkpoint(job.checkpoint_root):
         return None
     fitted: list[WideStart | None] = [None]
     if dist.get_rank() == 0:

@@ -106,8 +106,8 @@ class EpochValidation:
         self.job, self.device = job, device
         self.root = job.checkpoint_root / BEST_FOLDER
         config = job.training
-        regression_start = job.model.wide_start == "logistic_regression" and not job.init_checkpoint
-        self.scores = EpochScores(config.patience, config.max_epochs, start_margin=REGRESSION_MARGIN if regression_start else 0.0)
+        margin = REGRESSION_MARGIN if job.starts_at_regression else 0.0
+        self.scores = EpochScores(config.patience, config.max_epochs, start_margin=margin)
         self.rows = 0  # the validation rows scored
         scores_file = self.root / SCORES_FILE
         if resumed and scores_file.is_file():
