@@ -10,9 +10,12 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.characterize.sweeps import parse_sweep, series_of
 from flows.run.config import flow_config_path, load_flow_config, read_toml
+from flows.stages import heartbeats
 from flows.stages.features import run_logger
 from flows.stages.stopped_runs import cancel_when_stopped
 from training.codec import encode
+
+heartbeats.install()  # this module's flow runs end when their work ends
 
 
 @flow(name="characterize", log_prints=True, on_crashed=[cancel_when_stopped])

@@ -39,6 +39,7 @@ from flows.run.reports import RunSummary, SkippedNight
 from flows.run.resolve import ResolvedRun, resolve_run
 from flows.run.rows import training_rows
 from flows.run.sources import resolve_as_of
+from flows.stages import heartbeats
 from flows.stages.calibrate import calibrate_task
 from flows.stages.evaluate import DayScores, champion_ne, evaluate_model, export_task, promote_task
 from flows.stages.features import prepare_features
@@ -69,6 +70,8 @@ from flows.tuning.hyperparameters import choose_hyperparameters
 from flows.tuning.port import port_summary, with_batch
 from training.codec import encode
 from training.serving.export import ServingModel
+
+heartbeats.install()  # this module's flow runs end when their work ends
 
 
 @flow(name="pipeline", log_prints=True, on_crashed=[cancel_when_stopped])

@@ -19,6 +19,7 @@ from evaluation.report import EvalReport, Scores, build_report
 from flows.run.config import PipelineConfig
 from flows.run.feature_files import Features
 from flows.run.job import TrainedModel, build_job
+from flows.stages import heartbeats
 from flows.stages.features import STAGE
 from flows.stages.stopped_runs import cancel_when_stopped
 from flows.tracking.registry import promote_if_better, promotion_lock, record_promotion, registered_scorer
@@ -29,6 +30,8 @@ from training.job import JobFolder
 from training.reference import fit_logistic_regression
 from training.serving.export import ServingModel, write_serving_model
 from training.serving.scoring import score_files
+
+heartbeats.install()  # this module's flow runs end when their work ends
 
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion

@@ -28,6 +28,7 @@ from flows.run.config import ConfigError, PipelineConfig
 from flows.run.feature_files import Features
 from flows.run.reports import IngestDay
 from flows.run.sources import raw_sources
+from flows.stages import heartbeats
 from flows.stages.stopped_runs import cancel_when_stopped
 from ingestion.parquet_source import SchemaChangeError, ingest_parquet_day
 from ingestion.preprocess import (
@@ -39,6 +40,8 @@ from ingestion.preprocess import (
 )
 from ingestion.synthetic import existing_day, generate_day, shared_ground_truth
 from ingestion.warehouse import ingest_day
+
+heartbeats.install()  # this module's flow runs end when their work ends
 
 # Work is skipped by the stages' own manifests (a day already ingested, features already
 # written for this preprocessing state), which stay right when files change underneath;

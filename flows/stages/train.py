@@ -22,6 +22,7 @@ from flows.run.config import PipelineConfig
 from flows.run.feature_files import Features
 from flows.run.job import TrainedModel, build_job
 from flows.run.rows import TrainingRows
+from flows.stages import heartbeats
 from flows.stages.features import STAGE
 from flows.stages.stopped_runs import cancel_when_stopped
 from flows.stages.train_nodes import train_on_hosts
@@ -30,6 +31,8 @@ from flows.stages.trainer_slots import trainer_slot
 from training.job import JobFolder
 from training.launch.launcher import launch
 from training.loop.progress import MetricsRecord
+
+heartbeats.install()  # this module's flow runs end when their work ends
 
 
 @flow(name="train", on_crashed=[cancel_when_stopped])

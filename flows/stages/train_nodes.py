@@ -20,10 +20,13 @@ from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelling
 
+from flows.stages import heartbeats
 from flows.stages.stopped_runs import cancel_when_stopped
 from training.job import TrainJob
 from training.launch.host_role import HostRole
 from training.launch.launcher import TrainingFailed, launch
+
+heartbeats.install()  # this module's flow runs end when their work ends
 
 FLOW_NAME = "train-node"
 POLL_S = 2.0

@@ -27,6 +27,7 @@ from flows.run.config import PipelineConfig, load_flow_config
 from flows.run.feature_files import Features
 from flows.run.reports import RetuneReport
 from flows.run.resolve import ResolvedRun, resolve_run
+from flows.stages import heartbeats
 from flows.stages.features import prepare_features, run_logger
 from flows.stages.stopped_runs import cancel_when_stopped
 from flows.stages.train_slurm import train_where_configured
@@ -56,6 +57,8 @@ from training.tuning.study import (
     run_worker,
     tuned_keys,
 )
+
+heartbeats.install()  # this module's flow runs end when their work ends
 
 
 @dataclass(frozen=True)
