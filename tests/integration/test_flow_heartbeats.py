@@ -1,10 +1,10 @@
 """A real flow run on the session's Prefect server sends its heartbeats from the prompt
-heartbeat thread (flows/stages/heartbeats.py), and its end does not wait for the next one."""
+heartbeat thread (flows/stages/heartbeats.py)."""
 
 from __future__ import annotations
 
 import inspect
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,16 +14,15 @@ from flows.stages import heartbeats
 
 pytestmark = pytest.mark.slow  # the session's Prefect server: left out of `make test-fast`
 HEARTBEATS = str(Path(heartbeats.__file__).resolve())
+BEAT = threading.Event()
 
 
 @flow
-def _a_short_flow() -> str:
-    time.sleep(0.2)
-    return "done"
+def _a_flow_that_waits_for_its_heartbeat() -> bool:
+    return BEAT.wait(30)
 
 
-def test_a_flow_run_beats_from_the_prompt_thread_and_ends_with_its_work(prefect_server: str,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_flow_run_beats_from_the_prompt_thread(prefect_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert heartbeats.install()
     senders: list[str] = []
     emit = flow_engine.FlowRunEngine._emit_flow_run_heartbeat
@@ -31,12 +30,13 @@ def test_a_flow_run_beats_from_the_prompt_thread_and_ends_with_its_work(prefect_
     def emit_and_note_who_sent(self, *arguments):  # Prefect's own emission, with the function that called it noted
         caller = inspect.stack()[1]
         senders.append(f"{Path(caller.filename).resolve()}:{caller.function}")
-        return emit(self, *arguments)
+        try:
+            return emit(self, *arguments)
+        finally:
+            BEAT.set()
 
     monkeypatch.setattr(flow_engine.FlowRunEngine, "_emit_flow_run_heartbeat", emit_and_note_who_sent)
-    began = time.monotonic()
-    assert _a_short_flow() == "done"
-    took = time.monotonic() - began
+    assert _a_flow_that_waits_for_its_heartbeat(), "a heartbeat while the run ran"
+    # (how long its end waits is tests/unit/flows/test_heartbeats.py's, on a stand-in engine,
+    # and bench/flow_run_end.py's: a flow call's time on a busy machine is no measure of it)
     assert senders == [f"{HEARTBEATS}:beat"], "one heartbeat, as the run started, from the prompt thread"
-    # Prefect's own thread sleeps whole seconds and the run's end joins it: 0.2 s of work took ~1 s or more
-    assert took < 0.9, f"the flow call took {took:.2f} s for 0.2 s of work"
