@@ -2,8 +2,8 @@
 
 Prefect keeps a flow run's heartbeat in a thread that sleeps in steps of one second and
 joins it when the run ends, so every flow run's end waits for that thread's current second
-to pass: half a second on average, about 2 s of each `dlrm run` (its five flows' runs) and
-of every night. Here the thread waits on its stop event instead, so it ends the moment the
+to pass: up to a second a flow run, about 2 s of each `dlrm run` (its five flows' runs) and
+of every night (bench/flow_run_end.py). Here the thread waits on its stop event instead, so it ends the moment the
 run does. The heartbeats are Prefect's own (its event template, emitter and interval); only
 the wait between two of them changes. Each module that declares flows installs it when it is
 imported; a Prefect whose engine lacks the function it replaces is left as it is.
@@ -20,6 +20,8 @@ from typing import Any
 from prefect import flow_engine
 
 _REPLACED = "_send_heartbeats"
+# what `prompt_heartbeats` reads and calls of Prefect's engine: a Prefect without them keeps its own
+_ENGINE_PARTS = ("heartbeat_seconds", "_build_heartbeat_event_template", "_emit_flow_run_heartbeat")
 PREFECTS_OWN = getattr(flow_engine, _REPLACED, None)  # what `install` replaces (bench/flow_run_end.py times both)
 
 
@@ -59,9 +61,9 @@ def prompt_heartbeats(engine: Any, join_on_exit: bool = True) -> Iterator[None]:
 
 def install() -> bool:
     """Replace Prefect's heartbeat context with `prompt_heartbeats`; whether it is in place."""
-    replaced = getattr(flow_engine, _REPLACED, None)
-    needed = ("MINIMUM_HEARTBEAT_INTERVAL",)
-    if replaced is None or not all(hasattr(flow_engine, name) for name in needed):
+    engine = getattr(flow_engine, "BaseFlowRunEngine", None)
+    if (PREFECTS_OWN is None or not hasattr(flow_engine, "MINIMUM_HEARTBEAT_INTERVAL")
+            or not all(hasattr(engine, part) for part in _ENGINE_PARTS)):  # fmt: skip
         return False
     setattr(flow_engine, _REPLACED, prompt_heartbeats)
     return True
