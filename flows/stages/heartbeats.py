@@ -3,10 +3,11 @@
 Prefect keeps a flow run's heartbeat in a thread that sleeps in steps of one second and
 joins it when the run ends, so every flow run's end waits for that thread's current second
 to pass: up to a second a flow run, about 2 s of each `dlrm run` (its five flows' runs) and
-of every night (bench/flow_run_end.py). Here the thread waits on its stop event instead, so it ends the moment the
-run does. The heartbeats are Prefect's own (its event template, emitter and interval); only
-the wait between two of them changes. Each module that declares flows installs it when it is
-imported; a Prefect whose engine lacks the function it replaces is left as it is.
+of every night (bench/flow_run_end.py). Here the thread waits on its stop event instead, so
+it ends the moment the run does. The heartbeats are Prefect's own (its event template,
+emitter and interval); only the wait between two of them changes. Each module that declares
+flows installs it when it is imported; a Prefect whose engine lacks what it replaces, reads
+or calls is left as it is.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from typing import Any
 
 from prefect import flow_engine
 
-_REPLACED = "_send_heartbeats"
 # what `prompt_heartbeats` reads and calls of Prefect's engine: a Prefect without them keeps its own
 _ENGINE_PARTS = ("heartbeat_seconds", "_build_heartbeat_event_template", "_emit_flow_run_heartbeat")
-PREFECTS_OWN = getattr(flow_engine, _REPLACED, None)  # what `install` replaces (bench/flow_run_end.py times both)
+PREFECTS_OWN = getattr(flow_engine, "_send_heartbeats", None)  # what `install` replaces (bench/flow_run_end.py times both)
 
 
 @contextmanager
@@ -65,5 +65,5 @@ def install() -> bool:
     if (PREFECTS_OWN is None or not hasattr(flow_engine, "MINIMUM_HEARTBEAT_INTERVAL")
             or not all(hasattr(engine, part) for part in _ENGINE_PARTS)):  # fmt: skip
         return False
-    setattr(flow_engine, _REPLACED, prompt_heartbeats)
+    flow_engine._send_heartbeats = prompt_heartbeats
     return True
