@@ -2,6 +2,7 @@
 same job trains the same parameters as under torchrun, a failing rank is named as torchrun
 names it, and a stopped or killed launch leaves no rank behind."""
 
+import json
 import os
 import signal
 import subprocess
@@ -17,8 +18,9 @@ from tiny_jobs import tiny_job
 
 from training.codec import encode
 from training.job import TrainJob
+from training.launch.host_role import free_local_port
 from training.launch.launcher import TrainingFailed, launch
-from training.launch.warm_ranks import ENVIRONMENT_KEY, client_command
+from training.launch.warm_ranks import ENVIRONMENT_KEY, FIRST_USE_IMPORTS, client_command
 from training.loop.checkpoint_chain import latest_checkpoint
 from training.loop.progress import HeldoutRecord, MetricsRecord
 from training.serving.export import export_model
@@ -62,6 +64,42 @@ def test_warm_ranks_train_exactly_what_torchrun_trains(tiny_features, tmp_path: 
     for name, value in torchrun_params.items():
         assert torch.equal(warm_params[name], value), name
     assert warm.folder.read_predictions("2").predictions.tolist() == torchrun.folder.read_predictions("2").predictions.tolist()
+
+
+# A rank of one process, run as the server's ranks run (training.worker.main after the
+# server's imports); prints the modules it imported itself.
+_RANK_IMPORTS = """
+import json, os, sys
+from training.launch.warm_ranks import import_the_trainer
+import_the_trainer()
+before = set(sys.modules)
+from training.worker import main
+main([sys.argv[1]])
+print(json.dumps(sorted(set(sys.modules) - before)))
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_a_rank_imports_nothing_large_that_the_server_has_not(tiny_features, tmp_path: Path) -> None:
+    """What a rank imports on first use is the server's import (FIRST_USE_IMPORTS): a job run
+    after `import_the_trainer` imports a few small modules of its own (DCP's fsspec writer,
+    about 15 ms), not pandas (about 300 modules), TorchRec's optimizers or this project's."""
+    job = _job(tiny_features, tmp_path)
+    job = replace(job, training=replace(job.training, nproc=1, epochs=1))
+    job.out.mkdir(parents=True, exist_ok=True)
+    job.save(job.folder.job_file())
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_local_port())}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _RANK_IMPORTS, str(job.folder.job_file())], capture_output=True,
+                          text=True, env=env, cwd=Path(__file__).resolve().parents[2], timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert job.folder.read_summary().steps > 0, "the rank trained"
+    imported = json.loads(done.stdout.splitlines()[-1])
+    own = [name for name in imported if name.split(".")[0] in {"pandas", "torchrec", "fbgemm_gpu", "training"}
+           or name.startswith("torch.distributed.optim")]  # fmt: skip
+    assert not own and len(imported) < 60, imported
+    assert {"torch.distributed.optim", "pandas", "training.cpu"} <= set(FIRST_USE_IMPORTS)
 
 
 def test_a_failing_rank_is_named_with_its_error(tiny_features, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ The top of this module imports the standard library only: the client runs it.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import select
@@ -96,10 +97,27 @@ def stop_server(server: subprocess.Popen) -> None:
 # ---- the server -------------------------------------------------------------------------
 
 
+# What a job's ranks import on first use, beyond `training.worker`'s own imports: TorchRec's
+# optimizer in the backward pass imports torch.distributed.optim (its TorchScript optimizers)
+# as the model is built, pyarrow's to_numpy imports pandas on the first batch, and a CPU
+# host's build imports this project's CPU kernels. Imported once by the server, not again in
+# every rank of every job: a tiny job's launch took 3.98 s of CPU with them in the ranks,
+# 2.87 s without (bench/launch_overhead.py; docs/performance.md).
+FIRST_USE_IMPORTS = ("torch.distributed.optim", "pandas", "training.cpu")
+
+
+def import_the_trainer() -> None:
+    """Import what every job's ranks import: the trainer and `FIRST_USE_IMPORTS`."""
+    import training.worker  # noqa: F401
+
+    for name in FIRST_USE_IMPORTS:
+        importlib.import_module(name)
+
+
 def serve(path: Path) -> None:
     """Import the trainer, listen on `path`, fork an agent for each request; never returns.
     (It ends with the process that started it: `start_server` ties it to that one's life.)"""
-    import training.worker  # noqa: F401  (the import every job's ranks share)
+    import_the_trainer()
 
     listener = listen_on(path)
     while True:
