@@ -42,10 +42,13 @@ _FDS = 5  # stdin, stdout, stderr, and the client's network and mount namespaces
 _NAMESPACES = (("net", 0x40000000), ("mnt", 0x00020000))  # CLONE_NEWNET, CLONE_NEWNS (<sched.h>)
 _CLIENT = str(Path(__file__).resolve())
 _ROOT = Path(__file__).resolve().parents[1]
-# The modules a command would import: the pipeline and what its stages and reports load.
+# The modules a command would import: the pipeline and what its stages and reports load,
+# and what MLflow and Optuna import on first use (their SQL stores: about 1 s a command).
 _PRELOADED = ("flows.cli", "flows.cli.commands", "flows.deployments.pipeline", "flows.deployments.serve",
               "flows.run.reports", "flows.stages.local_server", "flows.tracking.model_delta", "flows.tuning.retune",
-              "flows.deployments.characterize", "evaluation.metrics")  # fmt: skip
+              "flows.deployments.characterize", "evaluation.metrics", "mlflow.store.tracking.sqlalchemy_store",
+              "mlflow.store.model_registry.sqlalchemy_store", "optuna.storages._rdb.storage", "pandas",
+              "torch.distributed.optim")  # fmt: skip
 
 
 COLD_KEY = "DLRM_TESTS_COLD_COMMANDS"  # set (to 1) to run every test's `dlrm` in a new interpreter
