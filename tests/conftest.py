@@ -93,7 +93,7 @@ MODULE_SECONDS = {
     "test_tracking_outage.py": 60, "test_bundle_round_trip.py": 90, "test_cli.py": 55, "test_reference.py": 55,
     "test_small_real_data.py": 45, "test_characterize.py": 40, "test_dask_runner.py": 40, "test_chosen_run_length.py": 35,
     "test_delta_checkpoints.py": 35, "test_model.py": 35, "test_tuning_study.py": 30, "test_wide_model.py": 30,
-    "test_warm_ranks.py": 25, "test_warm_commands.py": 20, "test_prefect_database.py": 20, "test_trainer_slots.py": 15,
+    "test_warm_ranks.py": 40, "test_warm_commands.py": 20, "test_prefect_database.py": 20, "test_trainer_slots.py": 15,
     "test_flow_heartbeats.py": 3,
 }  # fmt: skip
 
