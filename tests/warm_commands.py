@@ -43,12 +43,12 @@ _NAMESPACES = (("net", 0x40000000), ("mnt", 0x00020000))  # CLONE_NEWNET, CLONE_
 _CLIENT = str(Path(__file__).resolve())
 _ROOT = Path(__file__).resolve().parents[1]
 # The modules a command would import: the pipeline and what its stages and reports load,
-# and what MLflow and Optuna import on first use (their SQL stores: about 1 s a command).
+# and what MLflow and Optuna import on first use (their SQL stores: about 1 s a command);
+# the server adds what training imports on first use (warm_ranks.FIRST_USE_IMPORTS).
 _PRELOADED = ("flows.cli", "flows.cli.commands", "flows.deployments.pipeline", "flows.deployments.serve",
               "flows.run.reports", "flows.stages.local_server", "flows.tracking.model_delta", "flows.tuning.retune",
               "flows.deployments.characterize", "evaluation.metrics", "mlflow.store.tracking.sqlalchemy_store",
-              "mlflow.store.model_registry.sqlalchemy_store", "optuna.storages._rdb.storage", "pandas",
-              "torch.distributed.optim")  # fmt: skip
+              "mlflow.store.model_registry.sqlalchemy_store", "optuna.storages._rdb.storage")  # fmt: skip
 
 
 COLD_KEY = "DLRM_TESTS_COLD_COMMANDS"  # set (to 1) to run every test's `dlrm` in a new interpreter
@@ -121,10 +121,10 @@ def serve(path: Path) -> None:
     import importlib
 
     from training.launch.processes import die_with_parent
-    from training.launch.warm_ranks import fork_for_request, listen_on
+    from training.launch.warm_ranks import FIRST_USE_IMPORTS, fork_for_request, listen_on
 
     die_with_parent(signal.SIGTERM)
-    for name in _PRELOADED:
+    for name in (*_PRELOADED, *FIRST_USE_IMPORTS):
         importlib.import_module(name)
     listener = listen_on(path)
     clients: dict[int, socket.socket | None] = {}  # a running command's pid -> its client (None: gone)
