@@ -47,7 +47,7 @@ from training.model.dot_interaction import swap_dot_interaction
 from training.model.managed_ids import ManagedIds, churn_advice
 from training.model.objective import attach_managed_ids, managed_ids_of
 from training.model.precision import allow_tf32, logit_in_float32, resolve_precision
-from training.reference import fit_logistic_regression
+from training.reference_cache import fitted_reference
 from training.sharding.plan import describe_plan, format_plan, plan_as_json, shard_model
 from training.sharding.start import WideStart, start_wide
 from training.trainer import TrainStats, train
@@ -293,11 +293,11 @@ def _wide_start(job: TrainJob) -> WideStart | None:
     fitted: list[WideStart | None] = [None]
     if dist.get_rank() == 0:
         evaluation = job.evaluation
-        fit = fit_logistic_regression(job.table_sizes, job.train_files, seed=job.training.seed,
-                                      max_rows=evaluation.reference_max_rows, folds=evaluation.reference_folds)  # fmt: skip
-        print(f"[train] the wide part starts as the logistic regression fitted on {fit.train_rows:,} rows "
-              f"({fit.how_chosen})", flush=True)  # fmt: skip
-        fitted = [WideStart.of_regression(fit.model)]
+        reference = fitted_reference(job.table_sizes, job.train_files, seed=job.training.seed,
+                                     max_rows=evaluation.reference_max_rows, folds=evaluation.reference_folds)  # fmt: skip
+        print(f"[train] the wide part starts as the logistic regression fitted on {reference.fit.train_rows:,} rows "
+              f"({reference.how_chosen})", flush=True)  # fmt: skip
+        fitted = [WideStart.of_regression(reference.fit.model)]
     dist.broadcast_object_list(fitted, src=0)
     return fitted[0]
 

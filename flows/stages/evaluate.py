@@ -27,7 +27,7 @@ from flows.tracking.runs import logged_state_or_none, tracking_client
 from ingestion.preprocess import PreprocessState, apply_state
 from ingestion.synthetic import read_day_stats
 from training.job import JobFolder
-from training.reference import fit_logistic_regression
+from training.reference_cache import fitted_reference
 from training.serving.export import ServingModel, write_serving_model
 from training.serving.scoring import score_files
 
@@ -55,11 +55,12 @@ def baseline_task(config: PipelineConfig, features: Features, train_files: tuple
     the same rows as the model (training/reference.py)."""
     torch.set_num_threads(max(1, config.training.nproc * config.training.threads_per_proc))
     data = config.data
-    fit = fit_logistic_regression(features.state.table_sizes, list(train_files), seed=config.training.seed,
-                                  max_rows=config.evaluation.reference_max_rows, folds=config.evaluation.reference_folds,
-                                  raw_ids=features.state.mode == "managed")  # fmt: skip
+    reference = fitted_reference(features.state.table_sizes, train_files, seed=config.training.seed,
+                                 max_rows=config.evaluation.reference_max_rows, folds=config.evaluation.reference_folds,
+                                 raw_ids=features.state.mode == "managed")  # fmt: skip
+    fit = reference.fit
     get_run_logger().info(
-        "logistic regression: %s, refit on %s; %s", fit.how_chosen,
+        "logistic regression: %s, refit on %s; %s", reference.how_chosen,
         f"all {fit.train_rows:,}" if fit.train_rows == fit.rows_available else
         f"{fit.train_rows:,} of {fit.rows_available:,} (a hashed sample: evaluation.reference_max_rows)",
         "converged" if fit.converged else f"stopped after {fit.iterations} iterations without converging",

@@ -1,0 +1,122 @@
+"""Fitted references kept by what they were fitted on: the same rows, seed, sample and folds
+give the same regression (training/reference.py: full batch, fixed starts), so a run fits
+it once and every later use reuses it: the refit of a run that chose its length and the
+evaluate stage that follows it, a rerun of the same command, a retune's comparison, another
+run folder over byte-identical feature files.
+
+An entry is named by a digest of the inputs: each training file's bytes (not its path: the
+same features in another folder are the same rows), the table sizes, the options, and the
+code that fits and reads (a change to either fits again). Entries live in the user's cache
+(`training/user_cache.py`), the newest `KEPT_ENTRIES` of them; an entry that cannot be read
+is fitted again and replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+import ingestion.reader
+import training.reference
+from training.reference import HashedLogisticRegression, LogisticFit, fit_logistic_regression
+from training.user_cache import user_cache
+
+KEPT_ENTRIES = 32
+_CHUNK = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceFit:
+    """A fitted reference, and whether it was read back rather than fitted by this call."""
+
+    fit: LogisticFit
+    reused: bool
+
+    @property
+    def how_chosen(self) -> str:
+        return self.fit.how_chosen + (" (the same rows' fit, reused)" if self.reused else "")
+
+
+def reference_cache() -> Path:
+    return user_cache() / "reference"
+
+
+def fitted_reference(table_sizes: Mapping[str, int], train_files: Sequence[str], *, seed: int = 0, max_rows: int = 0,
+                     folds: int = 0, raw_ids: bool = False, cache: Path | None = None) -> ReferenceFit:  # fmt: skip
+    """`fit_logistic_regression` with these options, read from `cache` (default: the user's)
+    when the same inputs were fitted before, else fitted and kept there."""
+    folder = cache or reference_cache()
+    entry = folder / f"{inputs_digest(table_sizes, train_files, seed, max_rows, folds, raw_ids)}.pt"
+    kept = _read(entry, table_sizes, raw_ids)
+    if kept is not None:
+        with contextlib.suppress(OSError):
+            os.utime(entry)  # newest use: kept longest
+        return ReferenceFit(kept, reused=True)
+    fit = fit_logistic_regression(table_sizes, list(train_files), seed=seed, max_rows=max_rows, folds=folds,
+                                  raw_ids=raw_ids)  # fmt: skip
+    with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next run a fit
+        _write(entry, fit)
+        _prune(folder, KEPT_ENTRIES)
+    return ReferenceFit(fit, reused=False)
+
+
+def inputs_digest(table_sizes: Mapping[str, int], train_files: Sequence[str], seed: int, max_rows: int, folds: int,
+                  raw_ids: bool) -> str:  # fmt: skip
+    """Names everything a fit depends on: the files' bytes in their order, the options, the code."""
+    digest = hashlib.sha256()
+    options = {"tables": list(table_sizes.items()), "seed": seed, "max_rows": max_rows, "folds": folds,
+               "raw_ids": raw_ids, "torch": torch.__version__}  # fmt: skip
+    digest.update(json.dumps(options, sort_keys=True).encode())
+    for module in (training.reference, ingestion.reader):
+        digest.update(Path(module.__file__).read_bytes())
+    for file in train_files:
+        digest.update(_file_digest(Path(file)))
+    return digest.hexdigest()[:32]
+
+
+def _file_digest(path: Path) -> bytes:
+    digest = hashlib.blake2b(digest_size=32)
+    with path.open("rb") as handle:
+        while block := handle.read(_CHUNK):
+            digest.update(block)
+    return digest.digest()
+
+
+def _write(entry: Path, fit: LogisticFit) -> None:
+    """The weights and every figure of the fit, published by a rename (a reader sees a whole entry)."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    figures = {field.name: getattr(fit, field.name) for field in dataclasses.fields(fit) if field.name != "model"}
+    figures["validation_ne_by_c"] = [[c, ne] for c, ne in fit.validation_ne_by_c.items()]
+    staged = entry.with_name(f".{entry.name}.{os.getpid()}-{threading.get_ident()}.staged")
+    text = json.dumps(figures, default=lambda value: value.item())  # numpy scalars as Python numbers
+    torch.save({"figures": text, "dense_features": fit.model.dense.in_features, "weights": fit.model.state_dict()}, staged)
+    os.replace(staged, entry)
+
+
+def _read(entry: Path, table_sizes: Mapping[str, int], raw_ids: bool) -> LogisticFit | None:
+    if not entry.is_file():
+        return None
+    try:
+        kept = torch.load(entry, weights_only=True)
+        model = HashedLogisticRegression(table_sizes, int(kept["dense_features"]), raw_ids)
+        model.load_state_dict(kept["weights"])
+        figures = json.loads(kept["figures"])
+        figures["validation_ne_by_c"] = {float(c): float(ne) for c, ne in figures["validation_ne_by_c"]}
+        return LogisticFit(model=model.eval(), **figures)
+    except Exception:  # noqa: BLE001 - a torn or foreign entry: fit again (and replace it)
+        return None
+
+
+def _prune(folder: Path, keep: int) -> None:
+    """Only the `keep` most recently used entries stay."""
+    entries = sorted(folder.glob("*.pt"), key=lambda path: path.stat().st_mtime_ns, reverse=True)
+    for old in entries[keep:]:
+        old.unlink(missing_ok=True)
