@@ -17,7 +17,7 @@ from training.reference_cache import fitted_reference
 SIZES = {name: 1 for name in SPARSE_COLUMNS} | {"C1": 5, "C2": 40, "C3": 200}
 
 
-def _features(folder: Path, seed: int, rows: int = 1500) -> list[str]:
+def _features(folder: Path, seed: int, rows: int = 800) -> list[str]:
     """Feature Parquet as preprocessing writes it, with a signal on three categoricals."""
     rng = np.random.default_rng(seed)
     columns = {name: np.zeros(rows, np.int32) for name in SPARSE_COLUMNS}
@@ -46,7 +46,7 @@ def cache(tmp_path: Path) -> Path:
 def test_the_same_rows_in_another_folder_are_read_back_as_a_fresh_fit_gives_them(tmp_path: Path, cache: Path) -> None:
     first = fitted_reference(SIZES, _features(tmp_path / "a", seed=1), seed=2, cache=cache)
     again = fitted_reference(SIZES, _features(tmp_path / "b", seed=1), seed=2, cache=cache)
-    fresh = fit_logistic_regression(SIZES, _features(tmp_path / "c", seed=1), seed=2)
+    fresh = fit_logistic_regression(SIZES, _features(tmp_path / "c", seed=1), seed=2)  # 5 folds, as by default
     assert not first.reused and again.reused
     assert _same_weights(again.fit.model, fresh.model)
     assert again.fit.validation_ne_by_c == fresh.validation_ne_by_c and again.fit.c == fresh.c
@@ -56,28 +56,28 @@ def test_the_same_rows_in_another_folder_are_read_back_as_a_fresh_fit_gives_them
 
 def test_other_rows_or_options_fit_again(tmp_path: Path, cache: Path) -> None:
     files = _features(tmp_path / "a", seed=1)
-    assert not fitted_reference(SIZES, files, seed=2, cache=cache).reused
+    assert not fitted_reference(SIZES, files, seed=2, folds=2, cache=cache).reused
     other_rows = _features(tmp_path / "b", seed=5)
-    for changed in ({"seed": 3}, {"seed": 2, "folds": 3}, {"seed": 2, "max_rows": 900}):
+    for changed in ({"seed": 3, "folds": 2}, {"seed": 2, "folds": 3}, {"seed": 2, "folds": 2, "max_rows": 500}):
         assert not fitted_reference(SIZES, files, cache=cache, **changed).reused, changed
-    assert not fitted_reference(SIZES, other_rows, seed=2, cache=cache).reused
-    assert not fitted_reference(SIZES | {"C3": 250}, files, seed=2, cache=cache).reused
+    assert not fitted_reference(SIZES, other_rows, seed=2, folds=2, cache=cache).reused
+    assert not fitted_reference(SIZES | {"C3": 250}, files, seed=2, folds=2, cache=cache).reused
     assert fitted_reference(SIZES, files, seed=2, folds=3, cache=cache).reused
 
 
 def test_a_torn_entry_is_fitted_again_and_replaced(tmp_path: Path, cache: Path) -> None:
     files = _features(tmp_path / "a", seed=1)
-    first = fitted_reference(SIZES, files, seed=2, cache=cache)
+    first = fitted_reference(SIZES, files, seed=2, folds=2, cache=cache)
     (entry,) = cache.glob("*.pt")
     entry.write_bytes(entry.read_bytes()[:100])
-    refit = fitted_reference(SIZES, files, seed=2, cache=cache)
+    refit = fitted_reference(SIZES, files, seed=2, folds=2, cache=cache)
     assert not refit.reused and _same_weights(refit.fit.model, first.fit.model)
-    assert fitted_reference(SIZES, files, seed=2, cache=cache).reused
+    assert fitted_reference(SIZES, files, seed=2, folds=2, cache=cache).reused
 
 
 def test_only_the_newest_entries_stay(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("training.reference_cache.KEPT_ENTRIES", 2)
-    files = _features(tmp_path / "a", seed=1, rows=600)
+    files = _features(tmp_path / "a", seed=1, rows=400)
     for seed in range(3):
         fitted_reference(SIZES, files, seed=seed, folds=2, cache=cache)
     assert len(list(cache.glob("*.pt"))) == 2
