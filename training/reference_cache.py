@@ -54,17 +54,21 @@ def fitted_reference(table_sizes: Mapping[str, int], train_files: Sequence[str],
     """`fit_logistic_regression` with these options, read from `cache` (default: the user's)
     when the same inputs were fitted before, else fitted and kept there."""
     folder = cache or reference_cache()
-    entry = folder / f"{inputs_digest(table_sizes, train_files, seed, max_rows, folds, raw_ids)}.pt"
-    kept = _read(entry, table_sizes, raw_ids)
-    if kept is not None:
+    try:
+        entry: Path | None = folder / f"{inputs_digest(table_sizes, train_files, seed, max_rows, folds, raw_ids)}.pt"
+    except OSError:  # a file that cannot be read as bytes here: the fit says what is wrong with it
+        entry = None
+    kept = _read(entry, table_sizes, raw_ids) if entry else None
+    if entry and kept is not None:
         with contextlib.suppress(OSError):
             os.utime(entry)  # newest use: kept longest
         return ReferenceFit(kept, reused=True)
     fit = fit_logistic_regression(table_sizes, list(train_files), seed=seed, max_rows=max_rows, folds=folds,
                                   raw_ids=raw_ids)  # fmt: skip
-    with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next run a fit
-        _write(entry, fit)
-        _prune(folder, KEPT_ENTRIES)
+    if entry:
+        with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next run a fit
+            _write(entry, fit)
+            _prune(folder, KEPT_ENTRIES)
     return ReferenceFit(fit, reused=False)
 
 

@@ -83,3 +83,10 @@ def test_only_the_newest_entries_stay(tmp_path: Path, cache: Path, monkeypatch: 
     assert len(list(cache.glob("*.pt"))) == 2
     assert not fitted_reference(SIZES, files, seed=0, folds=2, cache=cache).reused, "the oldest was removed"
     assert fitted_reference(SIZES, files, seed=2, folds=2, cache=cache).reused
+
+
+def test_a_cache_that_cannot_be_written_still_fits(tmp_path: Path) -> None:
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder would be")
+    fit = fitted_reference(SIZES, _features(tmp_path / "a", seed=1, rows=400), seed=2, folds=2, cache=blocked)
+    assert not fit.reused and fit.fit.converged and blocked.is_file()
