@@ -21,7 +21,6 @@ published: the earlier days stay as they were, and so does every model trained o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -37,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ingestion.config import DataConfig
+from ingestion.file_digest import content_digest
 from ingestion.id_hash import hash_strings
 from ingestion.schema import SCHEMA_VERSION, FeatureLayout
 from ingestion.staging import new_staging
@@ -243,7 +243,7 @@ def _ingest_file(source: str, day: int, staging: Path, index: int, kinds: dict[s
                 report.rows_quarantined += bad.num_rows
             log.info("%s: %s: %s rows read, %s quarantined", partition, Path(source).name, f"{report.rows_read:,}",
                      f"{report.rows_quarantined:,}")  # fmt: skip
-        report.sha256, report.size_bytes = _content_digest(source)
+        report.sha256, report.size_bytes = content_digest(source)
     except (OSError, pa.ArrowInvalid) as error:
         report.error = f"{source}: cannot read: {error}"
         report.rows_read = report.rows_written = report.rows_quarantined = 0
@@ -251,16 +251,6 @@ def _ingest_file(source: str, day: int, staging: Path, index: int, kinds: dict[s
     assert report.error or report.rows_read == report.rows_written + report.rows_quarantined
     report.seconds = time.perf_counter() - started
     return report
-
-
-def _content_digest(source: str) -> tuple[str, int]:
-    """sha256 and size of the file's bytes: what a preprocessing state is versioned by."""
-    digest, size = hashlib.sha256(), 0
-    with fsspec.open(source, "rb") as handle:
-        while chunk := handle.read(4 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
 
 
 def validate_batch(table: pa.Table, kinds: dict[str, ColumnKind], layout: FeatureLayout, first_row: int,

@@ -26,11 +26,11 @@ import torch
 
 import ingestion.reader
 import training.reference
+from ingestion.file_digest import content_digest
 from training.reference import HashedLogisticRegression, LogisticFit, fit_logistic_regression
 from training.user_cache import user_cache
 
 KEPT_ENTRIES = 32
-_CHUNK = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,16 +82,8 @@ def inputs_digest(table_sizes: Mapping[str, int], train_files: Sequence[str], se
     for module in (training.reference, ingestion.reader):
         digest.update(Path(module.__file__).read_bytes())
     for file in train_files:
-        digest.update(_file_digest(Path(file)))
+        digest.update(content_digest(str(file))[0].encode())
     return digest.hexdigest()[:32]
-
-
-def _file_digest(path: Path) -> bytes:
-    digest = hashlib.blake2b(digest_size=32)
-    with path.open("rb") as handle:
-        while block := handle.read(_CHUNK):
-            digest.update(block)
-    return digest.digest()
 
 
 def _write(entry: Path, fit: LogisticFit) -> None:
