@@ -63,6 +63,13 @@ class SlurmCluster:
         shown = self.scontrol("show", "job", "--oneliner", job_id)
         return shown.split("JobState=")[1].split()[0] if "JobState=" in shown else ""
 
+    def pending_rpcs(self) -> str:
+        """The messages the controller still has to deliver to a node it could not reach, as
+        `sdiag` lists them ("" when none): slurmctld queues them and retries once a minute."""
+        done = subprocess.run(self.command("sdiag"), env=self.env, capture_output=True, text=True, timeout=60, check=False)
+        listed = done.stdout.split("Pending RPC statistics", 1)[-1] if done.returncode == 0 else done.stderr or "sdiag failed"
+        return "" if "No pending RPCs" in listed else listed.strip()
+
 
 def start_cluster(folder: Path, cpus: int) -> tuple[SlurmCluster, list[subprocess.Popen]]:
     """The namespaces, slurmctld and both slurmd; every node idle and the partition up."""
