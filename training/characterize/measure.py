@@ -11,12 +11,8 @@ asked for the same model, plan and per-rank batch.
 
 from __future__ import annotations
 
-import logging
 import math
 import statistics
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -121,29 +117,9 @@ def estimated_step_ms(setup: PointSetup, device: torch.device) -> float:
     workers = setup.workers
     topology = cluster_topology(this_job_cluster(device, workers.world_size, setup.training.nproc))
     pooling = {table_name(f): factor for f, factor in setup.pooling_factors.items()}
-    with _planner_notices_quiet():
-        _, estimates = plan_sharding(model, setup.sharding, topology, workers.per_rank_batch(setup.training.batch_size),
-                                     pooling_factor=pooling or 1.0)  # fmt: skip
+    _, estimates = plan_sharding(model, setup.sharding, topology, workers.per_rank_batch(setup.training.batch_size),
+                                 pooling_factor=pooling or 1.0)  # fmt: skip
     return max((e.perf_ms for e in estimates), default=0.0)
-
-
-@contextmanager
-def _planner_notices_quiet() -> Iterator[None]:
-    """TorchRec's planner warns, on every plan made on the meta device, of estimates it makes
-    for tensors that are not materialised and of a directly built topology: notices for its
-    developers, repeated at each point of a sweep."""
-    planner_logs = [logging.getLogger(name) for name in ("torchrec.distributed.planner.types",
-                                                           "torchrec.distributed.planner.storage_reservations")]  # fmt: skip
-    levels = [log.level for log in planner_logs]
-    for log in planner_logs:
-        log.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            yield
-    finally:
-        for log, level in zip(planner_logs, levels, strict=True):
-            log.setLevel(level)
 
 
 def point_job(setup: PointSetup, windows: Windows, out_dir: Path) -> TrainJob:

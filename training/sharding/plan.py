@@ -8,6 +8,7 @@ row-wise and table-row-wise need CUDA, as do the host-memory (UVM) kernels.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,8 @@ from torchrec.distributed.planner.proposers import (
     GridSearchProposer,
     UniformProposer,
 )
-from torchrec.distributed.planner.types import PlannerError, Proposer
+from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+from torchrec.distributed.planner.types import KernelConfig, PlannerError, Proposer, TopologyFactory, TrainerConfig
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
@@ -132,13 +134,14 @@ def cluster_topology(cluster: ClusterConfig, reserved_bytes: int = 0) -> Topolog
     shared by the devices of a host. `reserved_bytes`: each process's memory the tables may
     not use (managed ids' remapper, on the device the process computes on)."""
     cuda = cluster.compute_device == "cuda"
-    return Topology(
+    # TorchRec's factory (its direct constructor warns, on every plan, that it is not the factory)
+    trainer = TrainerConfig(
         world_size=cluster.workers.world_size,
         local_world_size=cluster.devices_per_host,
-        compute_device=cluster.compute_device,
-        hbm_cap=int(cluster.device_memory_gb * 2**30) - reserved_bytes if cuda else None,
-        ddr_cap=int(cluster.host_memory_gb * 2**30 / cluster.devices_per_host) - (0 if cuda else reserved_bytes),
+        hbm_cap_bytes=int(cluster.device_memory_gb * 2**30) - reserved_bytes if cuda else None,
+        ddr_cap_bytes=int(cluster.host_memory_gb * 2**30 / cluster.devices_per_host) - (0 if cuda else reserved_bytes),
     )
+    return TopologyFactory.create_topology(trainer, kernel_config=KernelConfig(compute_device=cluster.compute_device))
 
 
 def plan_sharding(
@@ -157,22 +160,53 @@ def plan_sharding(
         chosen[:] = options
         return options
 
+    sharders = sharders_for(config)
     planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=batch_size_per_rank,
         constraints=constraints_for(model, config, topology.compute_device, pooling_factor),
         proposer=proposers(config.search_patience),
+        storage_reservation=dense_reservation(model, sharders),
         debug=False,
         callbacks=[keep_best],
     )
     try:
         if group is not None:
-            plan = planner.collective_plan(model, sharders_for(config), group)
+            plan = planner.collective_plan(model, sharders, group)
         else:
-            plan = planner.plan(model, sharders_for(config))
+            plan = planner.plan(model, sharders)
     except PlannerError:
         raise ShardingError(_no_fit_message(model, topology)) from None
     return plan, _rank_estimates(chosen, topology.world_size)
+
+
+# TorchRec's heuristic: the dense parameters take 6 times their size (the weights, the
+# optimizer's state, DDP's buckets), its buffers once; and 15 % of each device is kept free.
+DENSE_PARAMETER_MULTIPLIER = 6.0
+RESERVED_FRACTION = 0.15
+
+
+def dense_bytes_estimate(model: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> int:
+    """What TorchRec's heuristic reserves on each rank for the model's dense part (every
+    parameter and buffer outside the modules the sharders shard), computed from the shapes,
+    which a model on the meta device has too."""
+    sharded_types = {sharder.module_type for sharder in sharders}
+    sharded = {id(t) for m in model.modules() if type(m) in sharded_types for t in [*m.parameters(), *m.buffers()]}
+    parameters = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in sharded)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers() if id(b) not in sharded)
+    return round(DENSE_PARAMETER_MULTIPLIER * parameters + buffers)
+
+
+def dense_reservation(model: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> HeuristicalStorageReservation:
+    """TorchRec's default reservation, given the dense part's size. Without it the planner
+    measures the dense part itself and warns, on every plan (in `dlrm plan`'s output and in
+    every rank's log), that the measure may be wrong where tensors are not materialised, and
+    asks for this estimate; the estimate is the same measure, so the plan is the same. The
+    reservation's own notice (it may be retired) is TorchRec's to its developers."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="HeuristicalStorageReservation is known", category=FutureWarning)
+        return HeuristicalStorageReservation(percentage=RESERVED_FRACTION, parameter_multiplier=DENSE_PARAMETER_MULTIPLIER,
+                                             dense_tensor_estimate=dense_bytes_estimate(model, sharders))  # fmt: skip
 
 
 def quantized_comms(config: ShardingConfig) -> bool:

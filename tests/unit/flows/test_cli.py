@@ -150,6 +150,7 @@ def test_ingest_multi_hot_stores_bags_and_names_a_bad_feature(tmp_path: Path) ->
 def test_plan_of_scaled_m3_on_a_declared_gpu_cluster() -> None:
     result = dlrm("plan", "--config", "configs/m3-scaled.toml", "--cluster", "configs/clusters/h100-2x8.toml", "--json")
     assert result.returncode == 0, result.stderr[-2000:]
+    assert "WARNING" not in result.stderr and "Warning" not in result.stderr, "no planner notices: " + result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["tables"] == 127 and report["embedding_gib"] > 1000, "far larger than one 80 GB GPU"
     assert len(report["per_rank"]) == 16

@@ -272,3 +272,40 @@ def test_the_planner_reads_the_fitted_states_mode_not_the_configs(tmp_path) -> N
     PreprocessState("s", {"C1": 10, "C2": 5}, (0,), 100, 0.25, mode="managed").save(folder / "state.json")
     tables = tables_to_plan(config)
     assert tables.categorical_mode == "managed" and tables.sizes == {"C1": 11, "C2": 6}
+
+
+def test_the_dense_estimate_is_torchrecs_own_measure_of_the_dense_part() -> None:
+    """The estimate handed to the planner is what TorchRec's heuristic measures (its private
+    function, the oracle here): the plan stays the plan the heuristic gave."""
+    from torchrec.distributed.planner.storage_reservations import _get_dense_tensor_size
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from training.sharding.plan import DENSE_PARAMETER_MULTIPLIER, dense_bytes_estimate, sharders_for
+
+    model = _model()
+    tables = {m for m in model.modules() if isinstance(m, EmbeddingBagCollection)}
+    expected = _get_dense_tensor_size(model, tables, DENSE_PARAMETER_MULTIPLIER)
+    estimate = dense_bytes_estimate(model, sharders_for(ShardingConfig()))
+    assert len(tables) == 1 and estimate == expected > 0
+    dense = sum(p.numel() * 4 for name, p in model.named_parameters() if "embedding_bag_collection" not in name)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())  # the interaction's pair indices
+    assert estimate == 6 * dense + buffers > 6 * dense, "the dense parameters (fp32) six times, the buffers once"
+
+
+def test_a_plan_over_a_declared_cluster_leaves_no_planner_notice(caplog: pytest.LogCaptureFixture) -> None:
+    """Neither the topology (built by TorchRec's factory) nor the storage reservation (given the
+    dense part's size) makes TorchRec's planner warn: `dlrm plan` and the ranks' logs stay clean."""
+    import logging
+    import warnings
+
+    from training.config import ClusterConfig
+    from training.sharding.plan import cluster_topology
+
+    cluster = ClusterConfig(name="two hosts", hosts=2, devices_per_host=8, compute_device="cuda", device_memory_gb=80,
+                            host_memory_gb=1024)  # fmt: skip
+    with warnings.catch_warnings(record=True) as warned, caplog.at_level(logging.WARNING, logger="torchrec"):
+        warnings.simplefilter("always")
+        plan, estimates = plan_sharding(_model(), ShardingConfig(), cluster_topology(cluster), 1024)
+    assert len(estimates) == 16 and plan.plan
+    assert not [w for w in warned if "torchrec" in w.filename], [str(w.message) for w in warned]
+    assert not [r for r in caplog.records if r.name.startswith("torchrec")], [r.getMessage() for r in caplog.records]
