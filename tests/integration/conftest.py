@@ -5,34 +5,67 @@ from a process that imported the trainer once), except in the modules and tests 
 `torchrun`: those test the launcher itself (stops, failure reports, the pipeline's killed
 rank), and a launch across hosts always takes torchrun."""
 
+import contextlib
 import dataclasses
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from services import create_database, databases_named, drop_database, postgres_answers
 
 from training.launch.warm_ranks import ENVIRONMENT_KEY, start_server, stop_server
 
 
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The session's temporary Prefect server, started as a `dlrm` command starts its own, on
-    a database of its own (copied from the template: flows/stages/prefect_database.py); yields
-    its API URL, for in-process flows and `dlrm` subprocesses (each would otherwise start a
-    temporary server of its own: ~15 s)."""
+    """The session's temporary Prefect server, started as a `dlrm` command starts its own;
+    yields its API URL, for in-process flows and `dlrm` subprocesses (each would otherwise
+    start a temporary server of its own: ~15 s).
+
+    Its database is PostgreSQL's when the local server answers (as docker-compose.yml runs
+    Prefect), a new database for this test process: a whole suite's flow runs on one SQLite
+    file stalled a run for a minute now and then, a write waiting out the 60 s busy timeout
+    Prefect sets ("database is locked", Prefect's own SQLite issue). Without PostgreSQL, a
+    SQLite file of its own, copied from the template (flows/stages/prefect_database.py)."""
     from prefect.context import refresh_global_settings_context
 
     from flows.stages.local_server import prefect_api, temporary_server
 
-    database = tmp_path_factory.mktemp("prefect-server") / "prefect.db"
-    server = temporary_server()
-    server = dataclasses.replace(server, env={**server.env, "PREFECT_SERVER_DATABASE_CONNECTION_URL":
-                                              f"sqlite+aiosqlite:///{database}"})  # fmt: skip
-    with prefect_api(server) as url:
-        refresh_global_settings_context()  # threads a test starts read the process-wide settings
+    with _session_database(tmp_path_factory) as database_url:
+        server = temporary_server()
+        server = dataclasses.replace(server, env={**server.env, "PREFECT_SERVER_DATABASE_CONNECTION_URL": database_url})
+        with prefect_api(server) as url:
+            refresh_global_settings_context()  # threads a test starts read the process-wide settings
+            yield url
+        refresh_global_settings_context()
+
+
+@contextlib.contextmanager
+def _session_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A new PostgreSQL database (dropped at the end, and any an ended test process left
+    behind), or a SQLite file when no PostgreSQL server answers."""
+    if not postgres_answers():
+        yield f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('prefect-server') / 'prefect.db'}"
+        return
+    for name in databases_named(SESSION_DATABASE_PREFIX):
+        if not _process_alive(int(name.removeprefix(SESSION_DATABASE_PREFIX))):
+            drop_database(name)
+    name = f"{SESSION_DATABASE_PREFIX}{os.getpid()}"
+    drop_database(name)
+    url = create_database(name).replace("postgresql://", "postgresql+asyncpg://", 1)
+    try:
         yield url
-    refresh_global_settings_context()
+    finally:
+        drop_database(name)
+
+
+SESSION_DATABASE_PREFIX = "dlrm_tests_prefect_"
+
+
+def _process_alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
 
 
 @pytest.fixture(scope="session")

@@ -80,3 +80,22 @@ def drop_database(name: str) -> None:
 
     with psycopg.connect(f"postgresql://{POSTGRES}/postgres", autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def postgres_answers() -> bool:
+    """Whether the local PostgreSQL server takes connections (trust auth, user postgres)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(f"postgresql://{POSTGRES}/postgres", connect_timeout=3):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+def databases_named(prefix: str) -> list[str]:
+    import psycopg
+
+    with psycopg.connect(f"postgresql://{POSTGRES}/postgres", autocommit=True) as admin:
+        rows = admin.execute("SELECT datname FROM pg_database WHERE starts_with(datname, %s)", (prefix,)).fetchall()
+    return [row[0] for row in rows]
