@@ -87,7 +87,7 @@ def multi_hot_features(multi_hot_warehouse: Path, tmp_path_factory: pytest.TempP
 # the next module as it finishes one: the longest first, so that no long module starts last
 # and runs alone.
 MODULE_SECONDS = {
-    "test_on_slurm.py": 230, "test_stopping.py": 265, "test_multi_host.py": 150, "test_recurring.py": 215,
+    "test_on_slurm.py": 160, "test_stopping.py": 265, "test_multi_host.py": 150, "test_recurring.py": 215,
     "test_checkpoint_recovery.py": 60, "test_own_warehouse.py": 100, "test_production_stack.py": 115,
     "test_retune_flow.py": 115, "test_sharded_training.py": 115, "test_pipeline_flow.py": 110, "test_id_churn.py": 95,
     "test_tracking_outage.py": 60, "test_bundle_round_trip.py": 90, "test_cli.py": 55, "test_reference.py": 55,

@@ -122,7 +122,7 @@ def test_a_lost_node_requeues_the_job_which_resumes_and_ends_as_one_host_never_s
     assert "node dlrm-sn1 DOWN" in told[-1], "".join(told)
     restart_node(slurm, "dlrm-sn1")
     back = time.monotonic()
-    _eligible_once_the_nodes_are_idle(slurm, job_id)
+    owed = _eligible_once_the_nodes_are_idle(slurm, job_id)
     stdout, stderr = submit.communicate(timeout=600)
     ended_s = time.monotonic() - back
     nodes = [(run_dir / "slurm" / f"{job_id}-node{rank}.out").read_text() for rank in (0, 1)]
@@ -130,10 +130,12 @@ def test_a_lost_node_requeues_the_job_which_resumes_and_ends_as_one_host_never_s
     assert submit.returncode == 0, "\n".join([
         "".join(told) + stderr[-2000:], "--- the batch script's log:", batch_log[-1500:],
         "--- node 0:", nodes[0][-2000:], "--- node 1:", nodes[1][-1500:],
-        "--- slurmd on node 1:", _tail(slurm.folder / "slurmd-dlrm-sn1.log", 1000)])  # fmt: skip
+        "--- slurmd on node 1:", _tail(slurm.folder / "slurmd-dlrm-sn1.log", 1000),
+        "--- owed to node 1 when the hold was lifted:", owed or "nothing"])  # fmt: skip
     report = json.loads(stdout.strip().splitlines()[-1])
     print(f"node lost → requeue told: {requeued_s:.0f} s; node back → job ended: {ended_s:.0f} s; job {job_id} ended "
-          f"{report['state']} after {report['restarts']} restart(s); eval NE {report['eval_ne']} (one host: {direct['eval_ne']})")
+          f"{report['state']} after {report['restarts']} restart(s), the hold lifted with {'a message' if owed else 'nothing'} "
+          f"owed to the lost node; eval NE {report['eval_ne']} (one host: {direct['eval_ne']})")
     assert report["job_id"] == job_id and report["state"] == "COMPLETED" and report["exit_code"] == "0:0"
     assert report["restarts"] >= 1, "".join(told) + stderr
     script = Path(report["script"])
@@ -154,27 +156,27 @@ def test_a_lost_node_requeues_the_job_which_resumes_and_ends_as_one_host_never_s
 SETTLE_S = 10.0
 
 
-def _eligible_once_the_nodes_are_idle(cluster: SlurmCluster, job_id: str) -> None:
+def _eligible_once_the_nodes_are_idle(cluster: SlurmCluster, job_id: str) -> str:
     """Slurm holds a requeued job back for two minutes before it may start again (its begin
     time; measured 144 s from requeue to the next allocation). The test makes it eligible
     sooner, as an administrator would (`scontrol update … StartTime=now`), once the node is back
-    in service, both nodes are idle, the job is pending, and the controller has delivered what
-    it queued for the lost node, then SETTLE_S later. The last matters:
-    the first run's srun asked to signal its step when node 0's rank failed, the controller could
-    not reach node 1 and queued the signal, and retries it about a minute later. Delivered to a
-    relaunched job, it lands on the new step, which has the same id (1.0), and can kill node 1's
-    training mid-run: a relaunch that runs longer than what is left of that minute, as under
-    load, is exposed. (sdiag listed the signal as pending for 61–74 s after it was queued.)"""
+    in service, both nodes are idle and the job is pending, then SETTLE_S later. What the
+    controller still owes the lost node from the first run (`sdiag`'s pending RPCs: the signal
+    node 0's srun asked for when its peer vanished, retried a minute after it was queued) is
+    returned: the relaunch must survive it (the batch script gives each run's training a step
+    id of its own)."""
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         idle = all("State=IDLE " in cluster.scontrol("show", "node", "--oneliner", n) for n in cluster.nodes)
-        if idle and cluster.job_state(job_id) == "PENDING" and not cluster.pending_rpcs():
+        if idle and cluster.job_state(job_id) == "PENDING":
             time.sleep(SETTLE_S)
+            owed = cluster.pending_rpcs()
             cluster.scontrol("update", f"JobId={job_id}", "StartTime=now")
-            return
+            return owed
         if cluster.job_state(job_id) in ("RUNNING", *ENDED):
-            return
+            return ""
         time.sleep(0.5)
+    return ""
 
 
 def test_what_slurm_refuses_is_one_line(slurm: SlurmCluster, prepared) -> None:

@@ -58,6 +58,10 @@ class BatchRequest:
             *(f"#SBATCH {option}" for option in options),
             "set -euo pipefail",
             f"cd {shlex.quote(self.workdir)}",
+            "# A requeued job numbers its steps from 0 again, and the controller may still owe a node",
+            "# a signal for the last run's step (one it could not reach, such as a lost node's: it retries",
+            "# a minute later). Each run's training takes a step of its own: run N starts N empty steps first.",
+            'for _ in $(seq "${SLURM_RESTART_COUNT:-0}"); do srun --nodes=1 --ntasks=1 --output=/dev/null true || true; done',
             "# one training command a node; each takes its place in the job from Slurm's environment",
             f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 --open-mode=append --output={shlex.quote(node_log)} "
             + " ".join(shlex.quote(part) for part in self.command),

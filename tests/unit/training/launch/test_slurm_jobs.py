@@ -31,6 +31,27 @@ def test_the_batch_script_asks_for_one_task_a_node_and_runs_train_under_srun(tmp
     assert "--partition" not in plain and "--time" not in plain and "--gpus-per-node" not in plain
 
 
+@pytest.mark.parametrize("restarts", [None, "0", "2"])
+def test_each_run_of_a_requeued_script_trains_in_a_step_of_its_own_with_a_stand_in_srun(tmp_path: Path,
+                                                                                         restarts: str | None):  # fmt: skip
+    """Run N of the script (Slurm's SLURM_RESTART_COUNT) starts N empty steps before the
+    training step, so a signal still owed to the last run's training step misses this one's;
+    an empty step that fails stops nothing. `srun` is a stand-in that records its calls."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f'#!/bin/bash\necho "$*" >> {calls}\n[ "${{@: -1}}" != true ]\n')
+    (bin_dir / "srun").chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(BatchRequest("j", ("dlrm", "train"), str(tmp_path)).script(tmp_path))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **({"SLURM_RESTART_COUNT": restarts} if restarts else {})}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    steps = calls.read_text().splitlines()
+    empty = int(restarts or 0)
+    assert steps[:empty] == ["--nodes=1 --ntasks=1 --output=/dev/null true"] * empty
+    assert len(steps) == empty + 1 and steps[-1].endswith("dlrm train"), steps
+
+
 def _answers(*outputs: tuple[int, str, str]):
     """A stand-in for Slurm's commands: each call gets the next recorded answer."""
     calls, queue = [], list(outputs)
