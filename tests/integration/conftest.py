@@ -17,6 +17,9 @@ from services import create_database, databases_named, drop_database, postgres_a
 
 from training.launch.warm_ranks import ENVIRONMENT_KEY, start_server, stop_server
 
+# The session servers' PostgreSQL databases: the prefix and the test process's id
+SESSION_DATABASE_PREFIX = "dlrm_tests_prefect_"
+
 
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -59,9 +62,6 @@ def _session_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
         yield url
     finally:
         drop_database(name)
-
-
-SESSION_DATABASE_PREFIX = "dlrm_tests_prefect_"
 
 
 def _process_alive(pid: int) -> bool:
