@@ -52,11 +52,11 @@ $(SLURM):
 	   || (apt-get update -q && apt-get install -y -q slurmctld slurmd slurm-client munge) ) > $(VENV)/apt-slurm.log 2>&1 \
 	|| { tail -5 $(VENV)/apt-slurm.log; echo "could not install Slurm: run 'sudo apt-get install slurmctld slurmd slurm-client munge'"; exit 1; }
 
-# Three test processes on a 2-core machine: much of an end-to-end test is waiting (servers
-# starting, a stopped run ending); with two the cores were idle 11 % of the run, with three 1 %
-# (docs/performance.md). Each test module runs whole in one of them (fixtures are
-# module-wide), the longest first (tests/conftest.py).
-TEST_WORKERS ?= 3
+# Two test processes: much of an end-to-end test is waiting (servers starting, a stopped
+# run ending), so two share a 2-core machine well; three kept the cores busier and ended no
+# sooner from a fresh clone (docs/performance.md). Each test module runs whole in one of them
+# (fixtures are module-wide), the longest first (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: install lint $(CHROMIUM) $(SLURM)
 	PREFECT_HOME=$(CURDIR)/.pytest-prefect $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder --durations=30

@@ -83,7 +83,7 @@ def multi_hot_features(multi_hot_warehouse: Path, tmp_path_factory: pytest.TempP
 
 
 # Seconds each end-to-end module took in `make test` on a 2-core machine, two modules at once
-# (measured, rounded; only an order). `make test` runs modules in three processes, each taking
+# (measured, rounded; only an order). `make test` runs modules in two processes, each taking
 # the next module as it finishes one: the longest first, so that no long module starts last
 # and runs alone.
 MODULE_SECONDS = {
