@@ -40,6 +40,7 @@ from real_data import avazu_warehouse, movielens_warehouse  # bench/, the script
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
+from evaluation.metrics import binary_state, compute_ne
 from flows.run.config import load_config
 from ingestion.synthetic import GroundTruth, generate_day
 
@@ -101,10 +102,7 @@ def _as_text(value: object) -> str:
 
 
 def normalized_entropy(labels: np.ndarray, p: np.ndarray) -> float:
-    p = np.clip(p, 1e-7, 1 - 1e-7)
-    rate = labels.mean()
-    loss = -np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p))
-    return float(loss / -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate)))
+    return compute_ne(binary_state(labels, p))
 
 
 def folds_of(rows: int) -> list[np.ndarray]:
