@@ -54,6 +54,7 @@ from training.launch.device import device_memory_bytes
 from training.launch.launcher import launch
 from training.loop.progress import read_records
 from training.model.precision import allow_tf32
+from training.worker import exit_skipping_teardown
 
 TABLE_ROWS = 100_000
 MODEL = ModelConfig(embedding_dim=64, bottom_mlp=(512, 256, 64), top_mlp=(512, 256, 1))
@@ -235,3 +236,4 @@ if __name__ == "__main__":
     parser.add_argument("--only", default="", help="comma-separated variants (the one-GPU fp32 one always runs)")
     args = parser.parse_args()
     print(json.dumps(main(args.rows, args.batch, tuple(filter(None, args.only.split(","))))))
+    exit_skipping_teardown()  # as the trainer's workers leave: gloo's threads outlive the destroy

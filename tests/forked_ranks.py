@@ -7,6 +7,11 @@ A rank still starts as a spawned one does: a fresh process whose function and ar
 pickled, with the test process's `sys.path` and working folder; only the imports are done
 already. What a rank needs from the environment it sets itself (MASTER_ADDR, MASTER_PORT):
 the forkserver's environment is the test process's as it was at the first call.
+
+A rank that returned leaves as the trainer's workers do (`training.worker.exit_skipping_teardown`):
+gloo's threads outlive `destroy_process_group`, and the interpreter's teardown rarely stopped
+them with SIGABRT ("terminate called without an active exception") after the rank had done
+its work and stored its results.
 """
 
 from __future__ import annotations
@@ -24,4 +29,12 @@ def start_ranks(function: Callable[..., None], args: tuple[Any, ...], nprocs: in
     """`function(rank, *args)` in `nprocs` processes; returns once all have ended, and raises
     as `mp.spawn` does when one fails."""
     multiprocessing.set_forkserver_preload(_PRELOADED)  # read when the forkserver starts: the first call
-    mp.start_processes(function, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+    mp.start_processes(_rank_then_leave, args=(function, *args), nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def _rank_then_leave(rank: int, function: Callable[..., None], *args: Any) -> None:
+    # an exception propagates to the start method's wrapper, which reports it and exits 1
+    function(rank, *args)
+    from training.worker import exit_skipping_teardown
+
+    exit_skipping_teardown()

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from training.job import TrainJob
 from training.loop.checkpoint import RowLedger, TrainPosition, load_checkpoint, save_checkpoint
-from training.worker import build
+from training.worker import build, exit_skipping_teardown
 
 
 def main(job_file: str, checkpoint: str, out: str) -> None:
@@ -26,3 +26,4 @@ def main(job_file: str, checkpoint: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    exit_skipping_teardown()  # as the trainer's workers leave: gloo's threads outlive the destroy

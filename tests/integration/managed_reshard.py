@@ -18,6 +18,7 @@ from training.model.build import build_train_model
 from training.model.managed_ids import ManagedIds
 from training.model.objective import attach_managed_ids
 from training.sharding.plan import shard_model
+from training.worker import exit_skipping_teardown
 
 
 def main(job_file: str, checkpoint: str, out: str, save_to: str = "") -> None:
@@ -40,3 +41,4 @@ def main(job_file: str, checkpoint: str, out: str, save_to: str = "") -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    exit_skipping_teardown()  # as the trainer's workers leave: gloo's threads outlive the destroy
