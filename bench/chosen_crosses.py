@@ -12,10 +12,10 @@ vectors, which a plain regression cannot learn (small-real's ids are mostly seen
 `avazu` and `movielens` are the public samples of bench/real_data.py, read from DIR (kept
 outside the repository) and split as that bench splits them.
 
-A pair is scored against the plain regression's out-of-fold predictions p: over the pair's
-values seen at least 5 times, Σ_value (Σ (y − p))² / Σ p(1 − p), the score test of adding that
-pair's crosses, which is about χ² with one degree of freedom a value when the pair adds
-nothing; its z-score, (statistic − values) / √(2 · values), ranks the pairs. Pairs at or above
+A pair is scored against the plain regression's out-of-fold predictions p by the score test
+of ingestion/crosses.py: over the pair's values seen at least 5 times, Σ_value (Σ (y − p))² /
+Σ p(1 − p), about χ² with one degree of freedom a value when the pair adds nothing; its
+z-score, (statistic − values) / √(2 · values), ranks the pairs. Pairs at or above
 `--z` are crossed, the `--most` strongest. Scikit-learn fits the regressions: this bench
 measures the idea, not the project's reference.
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import itertools
 import json
 import tempfile
 import time
@@ -42,13 +41,14 @@ from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
 from evaluation.metrics import binary_state, compute_ne
 from flows.run.config import load_config
+from ingestion import crosses
 from ingestion.synthetic import GroundTruth, generate_day
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = {"tiny": "tiny.toml", "small-real": "small-real.toml"}
 C_GRID = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 FOLDS = 5
-MIN_COUNT = 5  # a pair's value counts toward its score once seen this often
+MIN_COUNT = crosses.MIN_COUNT  # a pair's value counts toward its score once seen this often
 
 
 class Split:
@@ -129,18 +129,12 @@ def fit_by_cv(x: sp.csr_matrix, y: np.ndarray, folds: list[np.ndarray]) -> tuple
 
 
 def pair_scores(split: Split, out_of_fold: np.ndarray) -> list[tuple[float, tuple[int, int], int]]:
-    """(z, pair, values scored) for every pair of categorical columns, strongest first."""
-    residual, weight = split.y - out_of_fold, out_of_fold * (1 - out_of_fold)
-    scores = []
-    for a, b in itertools.combinations(range(len(split.names)), 2):
-        _, value = np.unique(_crossed(split.cats, a, b), return_inverse=True)
-        count = np.bincount(value)
-        sums, weights = np.bincount(value, residual), np.bincount(value, weight)
-        seen = count >= MIN_COUNT
-        values = int(seen.sum())
-        statistic = float((sums[seen] ** 2 / np.maximum(weights[seen], 1e-12)).sum())
-        scores.append(((statistic - values) / np.sqrt(2 * max(values, 1)), (a, b), values))
-    return sorted(scores, key=lambda s: -s[0])
+    """(z, pair, values scored) for every pair of categorical columns, strongest first
+    (the score test of ingestion/crosses.py)."""
+    codes = np.stack([np.unique(split.cats[:, column].astype(str), return_inverse=True)[1].reshape(-1)
+                      for column in range(split.cats.shape[1])], axis=1)  # fmt: skip
+    return [(score.z, (score.first, score.second), score.values)
+            for score in crosses.pair_scores(codes, split.y, out_of_fold, MIN_COUNT)]  # fmt: skip
 
 
 def _crossed(cats: np.ndarray, a: int, b: int) -> np.ndarray:
