@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -95,6 +95,11 @@ class LogisticFit:
     converged: bool  # the final fit met its stopping rule before `max_iter`
     rows_available: int = 0  # training rows in the files (train_rows: those fitted, with `max_rows`)
     folds: int = 1  # k of the k-fold cross-validation that chose C (1: one held-out slice)
+    # [train_rows] each row's prediction at the chosen C by the fit that did not see it, in the
+    # files' row order (NaN for the rows no fit left out: those fitted with one held-out
+    # slice); None when C was not validated. What a pair of columns is scored against
+    # (ingestion/crosses.py).
+    out_of_fold: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def how_chosen(self) -> str:
@@ -174,26 +179,28 @@ def fit_logistic_regression(
         return _lbfgs(rows, 1.0 / (c * len(rows.labels)), start, max_iter, tolerance)
 
     splits = [(design(fold_of != f), design(fold_of == f)) for f in range(k)]
-    ne_by_c, c, start = _choose_c(splits, fit, c_grid, len(columns))
+    ne_by_c, c, thetas = _choose_c(splits, fit, c_grid, len(columns))
+    out_of_fold = _out_of_fold(splits, thetas, fold_of) if ne_by_c else None
+    start = thetas[0]
     validation = int(np.sum(fold_of == 0)) if k == 1 else n
     del splits
     everything = design(np.ones(n, dtype=bool))  # after the validation designs are freed
     theta, iterations, converged = fit(everything, c, start)
     model = _to_model(table_sizes, theta, columns, raw_ids)
     return LogisticFit(model, 1.0 / (c * n), c, ne_by_c.get(c, math.nan), ne_by_c, n, validation,
-                       iterations, converged, total, k)  # fmt: skip
+                       iterations, converged, total, k, out_of_fold)  # fmt: skip
 
 
 def _choose_c(splits: list[tuple[_Rows, _Rows]], fit, c_grid: Sequence[float], columns: int):
-    """(validation NE by C tried, the chosen C, a fit at it to start the refit from), the NE
-    of each C pooled over the splits' (fit, check) pairs: every check row scored by the fit
-    that did not see it."""
+    """(validation NE by C tried, the chosen C, each split's fit at it: the first starts the
+    refit), the NE of each C pooled over the splits' (fit, check) pairs: every check row
+    scored by the fit that did not see it."""
     first = splits[0][0]
     ctr = float(first.labels.mean()) if len(first.labels) else 0.5
     start = torch.zeros(1 + first.dense.shape[1] + columns, dtype=torch.float64)
     start[0] = math.log(max(ctr, 1e-6) / max(1.0 - ctr, 1e-6))  # the constant predictor
     if not all(_both_classes(check.labels) and _both_classes(rows.labels) for rows, check in splits):
-        return {}, _nearest(sorted(c_grid), START_C), start  # too few rows to choose: unvalidated
+        return {}, _nearest(sorted(c_grid), START_C), [start]  # too few rows to choose: unvalidated
     labels = np.concatenate([check.labels.numpy() for _, check in splits])
 
     def pooled_ne(thetas: list[torch.Tensor]) -> float:
@@ -204,7 +211,16 @@ def _choose_c(splits: list[tuple[_Rows, _Rows]], fit, c_grid: Sequence[float], c
         return [fit(rows, c, theta)[0] for (rows, _), theta in zip(splits, warm, strict=True)]
 
     ne_by_c, c, thetas = _search_c(fit_each, pooled_ne, c_grid, [start] * len(splits))
-    return ne_by_c, c, thetas[0]
+    return ne_by_c, c, thetas
+
+
+def _out_of_fold(splits: list[tuple[_Rows, _Rows]], thetas: list[torch.Tensor], fold_of: np.ndarray) -> np.ndarray:
+    """Each row's prediction by the split's fit that left it out; a split's check rows are
+    the rows of its fold in file order (NaN where no split checks a row)."""
+    predictions = np.full(len(fold_of), np.nan)
+    for f, ((_, check), theta) in enumerate(zip(splits, thetas, strict=True)):
+        predictions[fold_of == f] = _predict(check, theta)
+    return predictions
 
 
 def _search_c(fit, validation_ne, c_grid: Sequence[float], start: Any):

@@ -89,11 +89,14 @@ def inputs_digest(table_sizes: Mapping[str, int], train_files: Sequence[str], se
 def _write(entry: Path, fit: LogisticFit) -> None:
     """The weights and every figure of the fit, published by a rename (a reader sees a whole entry)."""
     entry.parent.mkdir(parents=True, exist_ok=True)
-    figures = {field.name: getattr(fit, field.name) for field in dataclasses.fields(fit) if field.name != "model"}
+    arrays = ("model", "out_of_fold")  # kept as tensors, not figures
+    figures = {field.name: getattr(fit, field.name) for field in dataclasses.fields(fit) if field.name not in arrays}
     figures["validation_ne_by_c"] = [[c, ne] for c, ne in fit.validation_ne_by_c.items()]
     staged = entry.with_name(f".{entry.name}.{os.getpid()}-{threading.get_ident()}.staged")
     text = json.dumps(figures, default=lambda value: value.item())  # numpy scalars as Python numbers
-    torch.save({"figures": text, "dense_features": fit.model.dense.in_features, "weights": fit.model.state_dict()}, staged)
+    out_of_fold = torch.from_numpy(fit.out_of_fold) if fit.out_of_fold is not None else None
+    torch.save({"figures": text, "dense_features": fit.model.dense.in_features, "weights": fit.model.state_dict(),
+                "out_of_fold": out_of_fold}, staged)  # fmt: skip
     os.replace(staged, entry)
 
 
@@ -106,7 +109,8 @@ def _read(entry: Path, table_sizes: Mapping[str, int], raw_ids: bool) -> Logisti
         model.load_state_dict(kept["weights"])
         figures = json.loads(kept["figures"])
         figures["validation_ne_by_c"] = {float(c): float(ne) for c, ne in figures["validation_ne_by_c"]}
-        return LogisticFit(model=model.eval(), **figures)
+        out_of_fold = kept["out_of_fold"].numpy() if kept["out_of_fold"] is not None else None
+        return LogisticFit(model=model.eval(), out_of_fold=out_of_fold, **figures)
     except Exception:  # noqa: BLE001 - a torn or foreign entry: fit again (and replace it)
         return None
 

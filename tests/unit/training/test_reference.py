@@ -248,17 +248,18 @@ def test_max_rows_fits_a_fixed_hashed_sample_and_still_learns(signal_data) -> No
 
 def _sklearn_cross_validated(train: dict[str, np.ndarray], sizes: dict[str, int], grid, folds: int):
     """scikit-learn with C chosen as the project chooses it on few rows: the same hashed folds,
-    the out-of-fold predictions of every fold pooled into one NE per C, then a refit."""
+    the out-of-fold predictions of every fold pooled into one NE per C, then a refit. Returns
+    the refit, the C, the NE by C and the chosen C's out-of-fold predictions."""
     x, y = _one_hot(train, sizes, train), train["label"]
     fold = fold_index(row_id_hash([train[name] for name in SPARSE_COLUMNS]), folds, SEED)
-    ne = {}
+    ne, out_of_fold = {}, {}
     for c in grid:
         predictions = np.empty(len(y))
         for f in range(folds):
             predictions[fold == f] = _sklearn(x[fold != f], y[fold != f], c).predict_proba(x[fold == f])[:, 1]
-        ne[c] = compute_ne(binary_state(y, predictions))
+        ne[c], out_of_fold[c] = compute_ne(binary_state(y, predictions)), predictions
     best = min(ne, key=ne.get)
-    return _sklearn(x, y, best), best, ne
+    return _sklearn(x, y, best), best, ne, out_of_fold[best]
 
 
 @pytest.mark.slow  # over 5 s: left out of `make test-fast`
@@ -270,10 +271,15 @@ def test_on_few_rows_c_is_chosen_by_cross_validation_as_scikit_learn_chooses_it(
     fit = fit_logistic_regression(sizes, train_files, seed=SEED)
     assert fit.folds == 5 and fit.validation_rows == fit.train_rows == 4500 and fit.converged
     assert "5-fold cross-validation over 4,500 training rows" in fit.how_chosen
-    reference, c, ne_by_c = _sklearn_cross_validated(train, sizes, fit.validation_ne_by_c, 5)
+    reference, c, ne_by_c, sklearn_out_of_fold = _sklearn_cross_validated(train, sizes, fit.validation_ne_by_c, 5)
     assert fit.c == c, (fit.validation_ne_by_c, ne_by_c)
     for tried, ne in fit.validation_ne_by_c.items():
         assert abs(ne - ne_by_c[tried]) < 2e-3 * ne, (tried, ne, ne_by_c[tried])
+    # each row's out-of-fold prediction, in the files' row order, is scikit-learn's on the same folds
+    assert fit.out_of_fold is not None and fit.out_of_fold.shape == (4500,)
+    difference = np.abs(fit.out_of_fold - sklearn_out_of_fold)
+    print(f"out of fold: mean |difference| {difference.mean():.2e}, largest {difference.max():.2e}")
+    assert difference.mean() < 2e-4 and difference.max() < 2e-3
     one_hot_test = _one_hot(test, sizes, train)
     sklearn_ne = compute_ne(binary_state(test["label"], reference.predict_proba(one_hot_test)[:, 1]))
     with one_blas_thread():  # the analyst keeps scikit-learn's tolerance (1e-4): 5 s, not 25 s at 1e-6, the same C

@@ -52,6 +52,20 @@ def test_the_same_rows_in_another_folder_are_read_back_as_a_fresh_fit_gives_them
     assert again.fit.validation_ne_by_c == fresh.validation_ne_by_c and again.fit.c == fresh.c
     assert (again.fit.train_rows, again.fit.folds, again.fit.converged) == (fresh.train_rows, fresh.folds, fresh.converged)
     assert again.how_chosen == fresh.how_chosen + " (the same rows' fit, reused)"
+    assert np.array_equal(again.fit.out_of_fold, fresh.out_of_fold) and np.isfinite(fresh.out_of_fold).all()
+
+
+def test_one_held_out_slice_predicts_only_its_own_rows_and_is_kept_so(tmp_path: Path, cache: Path) -> None:
+    """With one held-out slice (folds = 1) only its rows have a prediction by a fit that did
+    not see them; the others are NaN, in the fit and in the entry read back."""
+    files = _features(tmp_path / "a", seed=3, rows=2_000)
+    fresh = fitted_reference(SIZES, files, seed=2, folds=1, cache=cache)
+    again = fitted_reference(SIZES, files, seed=2, folds=1, cache=cache)
+    assert not fresh.reused and again.reused and fresh.fit.folds == 1
+    scored = np.isfinite(fresh.fit.out_of_fold)
+    assert scored.sum() == fresh.fit.validation_rows and 0 < scored.sum() < fresh.fit.train_rows
+    assert np.array_equal(again.fit.out_of_fold, fresh.fit.out_of_fold, equal_nan=True)
+    assert ((fresh.fit.out_of_fold[scored] > 0) & (fresh.fit.out_of_fold[scored] < 1)).all()
 
 
 def test_other_rows_or_options_fit_again(tmp_path: Path, cache: Path) -> None:
