@@ -24,9 +24,12 @@ test and measures what crossing them is worth to a regression, on generated and 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 MIN_COUNT = 5  # a combined value counts toward its pair's score once seen this often
 CHOSEN_Z = 4.0  # the lowest z-score a pair is crossed at
@@ -72,3 +75,27 @@ def pair_scores(codes: np.ndarray, labels: np.ndarray, predictions: np.ndarray, 
 def chosen_pairs(scores: list[PairScore], z: float = CHOSEN_Z, most: int = MOST_PAIRS) -> list[tuple[int, int]]:
     """The pairs scored at or above `z`, the `most` strongest."""
     return [(score.first, score.second) for score in sorted(scores, key=lambda s: -s.z) if score.z >= z][:most]
+
+
+def feature_pairs(train_files: Sequence[str], features: Sequence[str], out_of_fold: np.ndarray, z: float = CHOSEN_Z,
+                  most: int = MOST_PAIRS) -> list[tuple[str, str]]:  # fmt: skip
+    """The pairs of one-id `features` of the feature files to cross, by name: scored on the
+    rows that `out_of_fold` predicts (its length is the files' rows, in their order; NaN
+    where no fit left the row out). Bag features (lists of ids) are not paired."""
+    columns: dict[str, list[np.ndarray | None]] = {name: [] for name in ("label", *features)}
+    for path in train_files:
+        table = pq.read_table(path, columns=list(columns))
+        for name, parts in columns.items():
+            parts.append(None if _is_bag(table.schema.field(name).type) else table.column(name).to_numpy())
+    singles = [name for name in features if all(part is not None for part in columns[name])]
+    labels = np.concatenate(columns["label"]).astype(np.float64)
+    if len(labels) != len(out_of_fold):
+        raise ValueError(f"{len(out_of_fold):,} out-of-fold predictions for {len(labels):,} rows of the feature files")
+    scored = np.isfinite(out_of_fold)
+    codes = np.stack([np.concatenate(columns[name]).astype(np.int64)[scored] for name in singles], axis=1)
+    pairs = chosen_pairs(pair_scores(codes, labels[scored], out_of_fold[scored]), z, most)
+    return [(singles[a], singles[b]) for a, b in pairs]
+
+
+def _is_bag(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)

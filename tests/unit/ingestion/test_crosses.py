@@ -98,3 +98,38 @@ def test_the_strongest_pairs_over_the_threshold_are_chosen() -> None:
 def test_rows_that_do_not_line_up_are_refused() -> None:
     with pytest.raises(ValueError, match="one length"):
         pair_scores(np.zeros((10, 3), dtype=np.int64), np.zeros(10), np.zeros(9))
+
+
+def test_on_the_tiny_features_the_pairs_chosen_are_the_generators(tiny_features) -> None:
+    """The tiny days' features (hashed ids, days 0–1) scored against the project's own
+    reference's out-of-fold predictions: the chosen pairs are pairs the generator makes
+    interact."""
+    from ingestion.crosses import feature_pairs
+    from ingestion.synthetic import GroundTruth
+    from tests.conftest import TINY_SYNTHETIC
+    from training.reference import fit_logistic_regression
+
+    state, files = tiny_features
+    train_files = [*files[0], *files[1]]
+    fit = fit_logistic_regression(state.table_sizes, train_files, seed=0)
+    assert fit.folds == 5 and fit.out_of_fold is not None
+    chosen = feature_pairs(train_files, list(state.table_sizes), fit.out_of_fold)
+    generators = {frozenset((f"C{a + 1}", f"C{b + 1}")) for a, b in GroundTruth(TINY_SYNTHETIC).pairs}
+    print("chosen", chosen, "generator's", sorted(tuple(sorted(p)) for p in generators))
+    assert chosen and all(frozenset(pair) in generators for pair in chosen), (chosen, generators)
+
+
+def test_bags_of_ids_are_not_paired_and_predictions_must_cover_the_rows(multi_hot_features) -> None:
+    from ingestion.crosses import feature_pairs
+    from tests.conftest import TINY_MULTI_HOT
+    from training.reference import fit_logistic_regression
+
+    state, files = multi_hot_features
+    train_files = [*files[0], *files[1]]
+    fit = fit_logistic_regression(state.table_sizes, train_files, seed=0)
+    every = feature_pairs(train_files, list(state.table_sizes), fit.out_of_fold, z=-np.inf, most=10_000)
+    singles = len(state.table_sizes) - len(TINY_MULTI_HOT)
+    assert len(every) == singles * (singles - 1) // 2
+    assert not {name for pair in every for name in pair} & set(TINY_MULTI_HOT)
+    with pytest.raises(ValueError, match="out-of-fold predictions for"):
+        feature_pairs(train_files, list(state.table_sizes), fit.out_of_fold[:-1])
