@@ -95,10 +95,10 @@ class LogisticFit:
     converged: bool  # the final fit met its stopping rule before `max_iter`
     rows_available: int = 0  # training rows in the files (train_rows: those fitted, with `max_rows`)
     folds: int = 1  # k of the k-fold cross-validation that chose C (1: one held-out slice)
-    # [train_rows] each row's prediction at the chosen C by the fit that did not see it, in the
-    # files' row order (NaN for the rows no fit left out: those fitted with one held-out
-    # slice); None when C was not validated. What a pair of columns is scored against
-    # (ingestion/crosses.py).
+    # [train_rows] each fitted row's prediction at the chosen C by the fit that did not see it,
+    # in the files' row order (every row of the files unless `max_rows` sampled them; NaN for
+    # the rows no fit left out: those fitted with one held-out slice); None when C was not
+    # validated. What a pair of columns is scored against (ingestion/crosses.py).
     out_of_fold: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
