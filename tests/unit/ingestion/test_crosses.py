@@ -100,6 +100,7 @@ def test_rows_that_do_not_line_up_are_refused() -> None:
         pair_scores(np.zeros((10, 3), dtype=np.int64), np.zeros(10), np.zeros(9))
 
 
+@pytest.mark.slow  # a cross-validated fit: seconds alone, far more beside another test process's fit
 def test_on_the_tiny_features_the_pairs_chosen_are_the_generators(tiny_features) -> None:
     """The tiny days' features (hashed ids, days 0–1) scored against the project's own
     reference's out-of-fold predictions: the chosen pairs are pairs the generator makes
@@ -120,16 +121,19 @@ def test_on_the_tiny_features_the_pairs_chosen_are_the_generators(tiny_features)
 
 
 def test_bags_of_ids_are_not_paired_and_predictions_must_cover_the_rows(multi_hot_features) -> None:
+    """Every pair of one-id features, none with a bag (any predictions will do: every pair is kept)."""
+    import pyarrow.parquet as pq
+
     from ingestion.crosses import feature_pairs
     from tests.conftest import TINY_MULTI_HOT
-    from training.reference import fit_logistic_regression
 
     state, files = multi_hot_features
     train_files = [*files[0], *files[1]]
-    fit = fit_logistic_regression(state.table_sizes, train_files, seed=0)
-    every = feature_pairs(train_files, list(state.table_sizes), fit.out_of_fold, z=-np.inf, most=10_000)
+    rows = sum(pq.ParquetFile(path).metadata.num_rows for path in train_files)
+    predictions = np.random.default_rng(4).uniform(0.1, 0.4, rows)
+    every = feature_pairs(train_files, list(state.table_sizes), predictions, z=-np.inf, most=10_000)
     singles = len(state.table_sizes) - len(TINY_MULTI_HOT)
     assert len(every) == singles * (singles - 1) // 2
     assert not {name for pair in every for name in pair} & set(TINY_MULTI_HOT)
     with pytest.raises(ValueError, match="out-of-fold predictions for"):
-        feature_pairs(train_files, list(state.table_sizes), fit.out_of_fold[:-1])
+        feature_pairs(train_files, list(state.table_sizes), predictions[:-1])
