@@ -16,9 +16,10 @@ The predictions must come from a model that did not train on the rows scored (ou
 on its own training rows a regression's residuals are fitted to zero per value of each
 column, and a pair would be scored against that overfit.
 
-The pipeline does not cross columns yet: `bench/chosen_crosses.py` chooses pairs with this
-test and measures what crossing them is worth to a regression, on generated and real data
-(docs/run-length.md).
+`choose_crosses` turns the chosen pairs into crosses (ingestion/cross_ids.py), each with a
+table sized so that its frequent combinations keep rows of their own; a run crosses them
+when `model.crosses = "auto"` (flows/run/crosses.py). `bench/chosen_crosses.py` measures
+what crossing them is worth to a regression, on generated and real data (docs/run-length.md).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from ingestion.bucket_count import bucket_count
+from ingestion.cross_ids import Cross, combined_keys
 
 MIN_COUNT = 5  # a combined value counts toward its pair's score once seen this often
 CHOSEN_Z = 4.0  # the lowest z-score a pair is crossed at
@@ -62,7 +66,9 @@ def pair_scores(codes: np.ndarray, labels: np.ndarray, predictions: np.ndarray, 
     sizes = [len(values) for values, _ in dense]
     scores = []
     for a, b in itertools.combinations(range(codes.shape[1]), 2):
-        _, combined = np.unique(indexes[a] * sizes[b] + indexes[b], return_inverse=True)
+        combined = indexes[a] * sizes[b] + indexes[b]
+        if sizes[a] * sizes[b] > 4 * len(combined) + 65_536:  # sparse combinations: count the ones seen
+            _, combined = np.unique(combined, return_inverse=True)
         count = np.bincount(combined)
         sums, weights = np.bincount(combined, residual), np.bincount(combined, weight)
         seen = count >= min_count
@@ -82,19 +88,50 @@ def feature_pairs(train_files: Sequence[str], features: Sequence[str], out_of_fo
     """The pairs of one-id `features` of the feature files to cross, by name: scored on the
     rows that `out_of_fold` predicts (its length is the files' rows, in their order; NaN
     where no fit left the row out). Bag features (lists of ids) are not paired."""
+    labels, columns = _single_columns(train_files, features)
+    return _chosen_names(labels, columns, out_of_fold, z, most)
+
+
+def choose_crosses(train_files: Sequence[str], features: Sequence[str], out_of_fold: np.ndarray, most_rows: int,
+                   z: float = CHOSEN_Z, most: int = MOST_PAIRS) -> tuple[Cross, ...]:  # fmt: skip
+    """`feature_pairs`' pairs as crosses, strongest first, each with the table rows
+    (`cross_table_rows`, at most `most_rows`) its combinations in the files need."""
+    labels, columns = _single_columns(train_files, features)
+    pairs = _chosen_names(labels, columns, out_of_fold, z, most)
+    return tuple(Cross(a, b, cross_table_rows(columns[a], columns[b], most_rows)) for a, b in pairs)
+
+
+def cross_table_rows(first_rows: np.ndarray, second_rows: np.ndarray, most_rows: int) -> int:
+    """Rows for a cross of these two columns (each training row's ids): from twice the
+    combinations seen, the fewest at which none seen often shares a row with a more frequent
+    one, as a hashed feature's table is sized (ingestion/bucket_count.py)."""
+    keys, counts = np.unique(combined_keys(first_rows, second_rows), return_counts=True)
+    return bucket_count(keys, counts.astype(np.int64), max(1, most_rows))
+
+
+def _single_columns(train_files: Sequence[str], features: Sequence[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The files' labels, and their one-id columns among `features` (bags left out), in file order."""
     columns: dict[str, list[np.ndarray | None]] = {name: [] for name in ("label", *features)}
     for path in train_files:
         table = pq.read_table(path, columns=list(columns))
         for name, parts in columns.items():
             parts.append(None if _is_bag(table.schema.field(name).type) else table.column(name).to_numpy())
-    singles = [name for name in features if all(part is not None for part in columns[name])]
-    labels = np.concatenate(columns["label"]).astype(np.float64)
+    singles = {name: np.concatenate(parts).astype(np.int64) for name, parts in columns.items()  # type: ignore[arg-type]
+               if name != "label" and all(part is not None for part in parts)}  # fmt: skip
+    return np.concatenate(columns["label"]).astype(np.float64), singles  # type: ignore[arg-type]
+
+
+def _chosen_names(labels: np.ndarray, columns: dict[str, np.ndarray], out_of_fold: np.ndarray, z: float,
+                  most: int) -> list[tuple[str, str]]:  # fmt: skip
     if len(labels) != len(out_of_fold):
         raise ValueError(f"{len(out_of_fold):,} out-of-fold predictions for {len(labels):,} rows of the feature files")
+    names = list(columns)
     scored = np.isfinite(out_of_fold)
-    codes = np.stack([np.concatenate(columns[name]).astype(np.int64)[scored] for name in singles], axis=1)
+    if len(names) < 2 or not scored.any():
+        return []
+    codes = np.stack([columns[name][scored] for name in names], axis=1)
     pairs = chosen_pairs(pair_scores(codes, labels[scored], out_of_fold[scored]), z, most)
-    return [(singles[a], singles[b]) for a, b in pairs]
+    return [(names[a], names[b]) for a, b in pairs]
 
 
 def _is_bag(kind: pa.DataType) -> bool:

@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 
 from ingestion.bucket_count import SEARCHED_IDS, bucket_count
 from ingestion.config import PreprocessConfig
+from ingestion.cross_ids import Cross, crosses_from
 from ingestion.schema import DENSE_COLUMNS, FeatureLayout, multi_hot_of
 from ingestion.staging import new_staging, release
 from ingestion.warehouse import partition_dir, read_manifest
@@ -82,13 +83,23 @@ class PreprocessState:
     # how each categorical feature's ids were given (empty: the Criteo layout)
     dense: tuple[str, ...] = DENSE_COLUMNS
     id_types: dict[str, str] = field(default_factory=dict)
+    # Pairs of features the model crosses (ingestion/cross_ids.py), chosen after the features
+    # are written (`model.crosses`, flows/run/crosses.py) and kept by every run that continues
+    # the model; not part of `state_id`: the feature files do not hold them.
+    crosses: tuple[Cross, ...] = ()
 
     @property
     def table_sizes(self) -> dict[str, int]:
+        """The features' own tables (what the feature files' ids index)."""
         if self.table_rows:
             return dict(self.table_rows)
         reserved = 2 if self.mode == "vocab" else 1  # missing (+ out of vocabulary)
         return {name: buckets + reserved for name, buckets in self.buckets.items()}
+
+    @property
+    def model_table_sizes(self) -> dict[str, int]:
+        """The model's tables: the features' own, then one per cross."""
+        return {**self.table_sizes, **{cross.name: cross.rows for cross in self.crosses}}
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -96,7 +107,8 @@ class PreprocessState:
     @classmethod
     def load(cls, path: Path) -> PreprocessState:
         data = json.loads(path.read_text())  # states saved before `mode` existed are hash states
-        return cls(**{**data, "train_days": tuple(data["train_days"]), "dense": tuple(data.get("dense", DENSE_COLUMNS))})
+        return cls(**{**data, "train_days": tuple(data["train_days"]), "dense": tuple(data.get("dense", DENSE_COLUMNS)),
+                      "crosses": crosses_from(data.get("crosses", ()))})  # fmt: skip
 
 
 def connect(config: PreprocessConfig, spill_dir: Path, keep_order: bool = False) -> duckdb.DuckDBPyConnection:
@@ -285,7 +297,7 @@ def continue_state(config: PreprocessConfig, parent: PreprocessState, warehouse:
     state_path = features_root / state_id / "state.json"
     if state_path.is_file():
         return dataclasses.replace(PreprocessState.load(state_path), train_rows=int(rows),
-                                   train_click_rate=float(click_rate or 0.0))  # fmt: skip
+                                   train_click_rate=float(click_rate or 0.0), crosses=parent.crosses)  # fmt: skip
     folder = state_path.parent / "vocab"
     folder.mkdir(parents=True, exist_ok=True)
     sizes, added, left_out = {}, 0, 0

@@ -22,6 +22,8 @@ at a time as it is decoded, so a batch costs the ledger two reductions.
 
 Multi-hot features (list columns, found in the files' schema) become jagged KJT entries
 with one length per example; every other feature has length 1. Padding rows carry id 0.
+`crosses` (ingestion/cross_ids.py) add one id column each, computed from two one-id
+columns as a row group is decoded, keyed after the files' features.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ingestion.batch_count import batches_per_rank
+from ingestion.cross_ids import Cross, cross_rows
 from ingestion.prefetch import prefetched
 from ingestion.schema import FeatureLayout, feature_layout
 
@@ -203,6 +206,7 @@ class BatchReader:
         start_batch: int = 0,
         prefetch: int = 4,
         decode_threads: int = 1,
+        crosses: Sequence[Cross] = (),
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
@@ -214,8 +218,12 @@ class BatchReader:
         order_seed = None if shuffle_seed is None else [shuffle_seed, epoch]
         self.segments = rank_segments(groups, rank, world_size, order_seed)
         layout = files_layout(paths)
-        self.dense, self.sparse, self.multi_hot = layout.dense, layout.sparse, layout.multi_hot
-        self.one_hot = tuple(name for name in self.sparse if name not in self.multi_hot)
+        self.dense, self.multi_hot = layout.dense, layout.multi_hot
+        self.file_one_hot = tuple(name for name in layout.sparse if name not in self.multi_hot)  # the files' columns
+        self.crosses = tuple(crosses)
+        _check_crosses(self.crosses, self.file_one_hot)
+        self.sparse = (*layout.sparse, *(cross.name for cross in self.crosses))
+        self.one_hot = (*self.file_one_hot, *(cross.name for cross in self.crosses))
         self.rank_rows = sum(s.rows for s in self.segments)
         self.num_batches = batches_per_rank(total, batch_size, world_size, drop_remainder)
         self.start_batch = min(start_batch, self.num_batches)
@@ -273,7 +281,9 @@ class BatchReader:
         handles = _thread_handles() if handles is None else handles
         if segment.path not in handles:
             handles[segment.path] = pq.ParquetFile(segment.path)
-        rows = _read_segment(handles[segment.path], segment, self.dense, self.one_hot, self.multi_hot)
+        rows = _read_segment(handles[segment.path], segment, self.dense, self.file_one_hot, self.multi_hot)
+        if self.crosses:
+            rows = _with_crosses(rows, self.crosses, self.file_one_hot)
         if hashed:  # a row group at a time: carried along through the shuffle and the batches
             rows = dataclasses.replace(rows, hashes=row_hashes(rows, self.sparse, self.one_hot, self.multi_hot))
         if self.shuffle_seed is not None:
@@ -321,6 +331,19 @@ def _thread_handles() -> dict[str, pq.ParquetFile]:
     if not hasattr(_local, "handles"):
         _local.handles = {}
     return _local.handles
+
+
+def _check_crosses(crosses: Sequence[Cross], one_hot: Sequence[str]) -> None:
+    wrong = [cross.name for cross in crosses if cross.first not in one_hot or cross.second not in one_hot]
+    if wrong:
+        raise ValueError(f"crosses {wrong}: each crosses two one-id features of the files ({list(one_hot)})")
+
+
+def _with_crosses(rows: Rows, crosses: Sequence[Cross], one_hot: Sequence[str]) -> Rows:
+    """`rows` with each cross's id column after the files' own."""
+    column = {name: ids for name, ids in zip(one_hot, rows.ids, strict=True)}
+    crossed = tuple(cross_rows(column[c.first], column[c.second], c.rows) for c in crosses)
+    return dataclasses.replace(rows, ids=(*rows.ids, *crossed))
 
 
 def _read_segment(handle: pq.ParquetFile, segment: Segment, dense_columns: Sequence[str], one_hot: Sequence[str],

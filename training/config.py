@@ -59,6 +59,12 @@ class ModelConfig:
     model keeps that rate; measured ahead of the regression on Avazu's 8,000 rows where the plain DLRM stayed 0.8 % behind
     ([run-length.md](run-length.md)). Said in the run's resolved changes. It leaves a config that sets `wide = true` itself,
     `arch = "dlrm_dcn"` and managed ids as they are. `configured`: train the model as configured"""
+    # Pairs of features crossed into tables of their own (flows/run/crosses.py).
+    crosses: Literal["auto", "none"] = "auto"
+    """`auto`: a fresh run crosses the pairs of one-id features that a score test against the logistic-regression reference's
+    out-of-fold predictions finds (z ≥ 4, the 12 strongest at most; [run-length.md](run-length.md)): each pair's combined
+    rows get a table of their own, in the model, the wide start and the served model alike; a night keeps its champion's
+    pairs. Managed ids cross nothing. `none`: no crosses"""
     # Tables declared by shape, for planning a model without its data (empty: from the data).
     declared_tables: DeclaredTables = field(default_factory=lambda: DeclaredTables())
 

@@ -38,6 +38,7 @@ from evaluation.calibration import Calibrator
 from evaluation.config import EvaluationConfig
 from evaluation.report import Scores
 from ingestion.config import ManagedIdsConfig
+from ingestion.cross_ids import Cross
 from training.codec import dumps, loads
 from training.config import ModelConfig, ShardingConfig, TrainingConfig, Workers
 from training.loop.profile import StepProfile
@@ -92,6 +93,9 @@ class TrainJob:
     # Managed-collision ids (`preprocess.categorical_mode = "managed"`): the features hold raw
     # ids and these settings admit and evict them (training/model/managed_ids.py). None: rows.
     managed_ids: ManagedIdsConfig | None = None
+    # Pairs of features crossed into tables of their own (ingestion/cross_ids.py), computed by
+    # every reader of the job's files; their tables are among `table_sizes`.
+    crosses: tuple[Cross, ...] = ()
 
     @property
     def scored_parts(self) -> dict[str, tuple[str, ...]]:

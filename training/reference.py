@@ -34,6 +34,7 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from evaluation.metrics import binary_state, compute_ne
+from ingestion.cross_ids import Cross
 from ingestion.reader import PAD_LABEL, build_reader, example_of_values
 from training.model.stock_dlrm import DENSE_FEATURES
 
@@ -141,6 +142,7 @@ def fit_logistic_regression(
     max_rows: int = 0,
     raw_ids: bool = False,
     folds: int = 0,
+    crosses: Sequence[Cross] = (),
 ) -> LogisticFit:
     """Choose C on hashed validation rows of the training rows, refit on all of them.
 
@@ -153,7 +155,9 @@ def fit_logistic_regression(
     `max_iter`. The rows fitted are held in memory: at the peak about 1.7 GB per million
     rows (26 ids each). `max_rows` > 0 fits on a sample of about that many training rows,
     picked by a hash of each row (the same rows on every run); 0 fits on all. `raw_ids`: the
-    files hold raw ids (managed mode), hashed into the tables' rows (id mod rows).
+    files hold raw ids (managed mode), hashed into the tables' rows (id mod rows). `crosses`:
+    the crossed pairs' columns too (their tables among `table_sizes`); the folds and the
+    sample stay those of the plain features, so the fits with and without compare row for row.
     """
     if not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"validation_fraction: must be in (0, 1), got {validation_fraction}")
@@ -162,7 +166,7 @@ def fit_logistic_regression(
     total = sum(pq.ParquetFile(f).metadata.num_rows for f in train_files)
     sample = min(1.0, max_rows / total) if max_rows and total else 1.0
     dense, ids, rows_of_ids, labels, row_hash = _read_training_rows(train_files, features, sizes, batch_size, sample,
-                                                                    raw_ids)  # fmt: skip
+                                                                    raw_ids, crosses)  # fmt: skip
     n = len(labels)
     k = folds or (CV_FOLDS if n < CV_BELOW_ROWS else 1)
     # each row's fold: with k = 1 the validation slice is "fold 0", the rest "fold 1"
@@ -276,19 +280,21 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 
 
 def _read_training_rows(files: Sequence[str], features: Sequence[str], sizes: Sequence[int], batch_size: int,
-                        sample: float = 1.0, raw_ids: bool = False):  # fmt: skip
+                        sample: float = 1.0, raw_ids: bool = False, crosses: Sequence[Cross] = ()):  # fmt: skip
     """The rows of `files` in file order (with `sample` < 1, the rows in that fraction of a
     salted id hash's range): dense [n, D], the ids (offset into one index space) with the
-    row of each, labels [n], and each row's id hash."""
+    row of each, labels [n], and each row's id hash (of the files' own features)."""
     offsets = np.concatenate(([0], np.cumsum(sizes[:-1]))).astype(np.int64)
+    crossed = {cross.name for cross in crosses}
+    own = [i for i, name in enumerate(features) if name not in crossed]  # the files' features
     dense, ids, rows_of_ids, labels, hashes, seen = [], [], [], [], [], 0
-    for batch in build_reader(files, batch_size, drop_remainder=False, prefetch=1):
+    for batch in build_reader(files, batch_size, drop_remainder=False, prefetch=1, crosses=crosses):
         kjt = batch.sparse_features
         if kjt.keys() != list(features):
             kjt = kjt.permute([kjt.keys().index(name) for name in features])
         values = kjt.values().numpy()
         starts = np.concatenate(([0], np.cumsum(kjt.lengths().numpy())[:-1])).reshape(len(features), -1)
-        row_hash = row_id_hash(list(values[starts]))
+        row_hash = row_id_hash(list(values[starts[own]]))
         keep = (batch.labels != PAD_LABEL).numpy()
         if sample < 1.0:
             keep &= validation_rows(row_hash, sample, seed=SAMPLE_SALT)

@@ -24,8 +24,10 @@ from pathlib import Path
 
 import torch
 
+import ingestion.cross_ids
 import ingestion.reader
 import training.reference
+from ingestion.cross_ids import Cross
 from ingestion.file_digest import content_digest
 from training.reference import HashedLogisticRegression, LogisticFit, fit_logistic_regression
 from training.user_cache import user_cache
@@ -50,12 +52,14 @@ def reference_cache() -> Path:
 
 
 def fitted_reference(table_sizes: Mapping[str, int], train_files: Sequence[str], *, seed: int = 0, max_rows: int = 0,
-                     folds: int = 0, raw_ids: bool = False, cache: Path | None = None) -> ReferenceFit:  # fmt: skip
+                     folds: int = 0, raw_ids: bool = False, crosses: Sequence[Cross] = (),
+                     cache: Path | None = None) -> ReferenceFit:  # fmt: skip
     """`fit_logistic_regression` with these options, read from `cache` (default: the user's)
     when the same inputs were fitted before, else fitted and kept there."""
     folder = cache or reference_cache()
     try:
-        entry: Path | None = folder / f"{inputs_digest(table_sizes, train_files, seed, max_rows, folds, raw_ids)}.pt"
+        digest = inputs_digest(table_sizes, train_files, seed, max_rows, folds, raw_ids, crosses)
+        entry: Path | None = folder / f"{digest}.pt"
     except OSError:  # a file that cannot be read as bytes here: the fit says what is wrong with it
         entry = None
     kept = _read(entry, table_sizes, raw_ids) if entry else None
@@ -64,7 +68,7 @@ def fitted_reference(table_sizes: Mapping[str, int], train_files: Sequence[str],
             os.utime(entry)  # newest use: kept longest
         return ReferenceFit(kept, reused=True)
     fit = fit_logistic_regression(table_sizes, list(train_files), seed=seed, max_rows=max_rows, folds=folds,
-                                  raw_ids=raw_ids)  # fmt: skip
+                                  raw_ids=raw_ids, crosses=crosses)  # fmt: skip
     if entry:
         with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next run a fit
             _write(entry, fit)
@@ -73,13 +77,14 @@ def fitted_reference(table_sizes: Mapping[str, int], train_files: Sequence[str],
 
 
 def inputs_digest(table_sizes: Mapping[str, int], train_files: Sequence[str], seed: int, max_rows: int, folds: int,
-                  raw_ids: bool) -> str:  # fmt: skip
+                  raw_ids: bool, crosses: Sequence[Cross] = ()) -> str:  # fmt: skip
     """Names everything a fit depends on: the files' bytes in their order, the options, the code."""
     digest = hashlib.sha256()
     options = {"tables": list(table_sizes.items()), "seed": seed, "max_rows": max_rows, "folds": folds,
-               "raw_ids": raw_ids, "torch": torch.__version__}  # fmt: skip
+               "raw_ids": raw_ids, "crosses": [dataclasses.astuple(cross) for cross in crosses],
+               "torch": torch.__version__}  # fmt: skip
     digest.update(json.dumps(options, sort_keys=True).encode())
-    for module in (training.reference, ingestion.reader):
+    for module in (training.reference, ingestion.reader, ingestion.cross_ids):
         digest.update(Path(module.__file__).read_bytes())
     for file in train_files:
         digest.update(content_digest(str(file))[0].encode())

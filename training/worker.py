@@ -294,9 +294,11 @@ def _wide_start(job: TrainJob) -> WideStart | None:
     if dist.get_rank() == 0:
         evaluation = job.evaluation
         reference = fitted_reference(job.table_sizes, job.train_files, seed=job.training.seed,
-                                     max_rows=evaluation.reference_max_rows, folds=evaluation.reference_folds)  # fmt: skip
-        print(f"[train] the wide part starts as the logistic regression fitted on {reference.fit.train_rows:,} rows "
-              f"({reference.how_chosen})", flush=True)  # fmt: skip
+                                     max_rows=evaluation.reference_max_rows, folds=evaluation.reference_folds,
+                                     crosses=job.crosses)  # fmt: skip
+        crossed = f" with its {len(job.crosses)} crossed pair(s)" if job.crosses else ""
+        print(f"[train] the wide part starts as the logistic regression{crossed} fitted on {reference.fit.train_rows:,} "
+              f"rows ({reference.how_chosen})", flush=True)  # fmt: skip
         fitted = [WideStart.of_regression(reference.fit.model)]
     dist.broadcast_object_list(fitted, src=0)
     return fitted[0]

@@ -32,6 +32,7 @@ from flows.run.config import (
     load_config,
     load_flow_config,
 )
+from flows.run.crosses import with_chosen_crosses
 from flows.run.feature_files import Features
 from flows.run.job import TrainedModel
 from flows.run.nights import Night, waits_for_rows
@@ -135,6 +136,9 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
         logger.info("%s", line)
     config = run.config
     rows = training_rows(config, features, night.lineage_days, continues=night.warm_start is not None)
+    features, crossed = with_chosen_crosses(config, features, rows.train_files, continues=night.warm_start is not None)
+    if crossed:
+        logger.info("%s", crossed)
     trained = train_model(config, features, night.warm_checkpoint, rows)
     calibrator = calibrate_task(config, trained.folder)
     report, scores = evaluate_model(config, features, trained.folder, rows.model_files(trained.summary.refit), calibrator)
@@ -213,7 +217,8 @@ def run_summary(run: ResolvedRun, features: Features, report: EvalReport, traine
         metrics=report.flat_metrics(),
         train_samples_per_s=job.samples_per_s, samples_per_s=job.samples_per_s,
         rows_trained=job.rows_trained, checkpoint_bytes=job.checkpoint_bytes, resumed_from_step=job.resumed_from_step,
-        rows_changed=model.rows_changed, table_rows=sum(features.state.table_sizes.values()),
+        rows_changed=model.rows_changed, table_rows=sum(features.state.model_table_sizes.values()),
+        crosses=[cross.name for cross in features.state.crosses],
         steps=job.steps,
         world_size=job.world_size, global_batch_size=job.global_batch_size,
         mlflow_run_id=tracked.run_id,
@@ -291,6 +296,8 @@ def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: Day
             **({"training.slurm_job_id": trained.slurm_job_id} if trained.slurm_job_id else {}),
             "evaluation.days": ",".join(config.data.day_label(day) for day in config.data.eval_days),
             "evaluation.calibration": calibrator.method,
+            # the pairs crossed (`model.crosses`; the config's value says only "auto")
+            **({"model.crossed_pairs": ",".join(c.name for c in features.state.crosses)} if features.state.crosses else {}),
             **run.key.as_tags(), **run.tuning.as_tags(), **lineage,
             # on the registered version too: how many of its rows a serving tier must take
             **({TAG_ROWS_CHANGED: str(model.rows_changed)} if model.rows_changed is not None else {}),

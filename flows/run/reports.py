@@ -71,6 +71,8 @@ class RunSummary(Checked):
     # registered model's rows_changed.parquet says which); None for a fresh model
     rows_changed: int | None = None
     table_rows: int = 0  # every table's rows together
+    # the pairs of features the model crosses (`model.crosses`; a night: its champion's), "A_x_B"
+    crosses: list[str] = field(default_factory=list)
     resumed_from_step: int = 0
     steps: int = 0
     world_size: int = 0

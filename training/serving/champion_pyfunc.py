@@ -1,7 +1,7 @@
 """The registered model as an MLflow pyfunc: raw rows in, click probabilities out.
 
 MLflow loads this file as the model's code ("models from code"), with `stock_dlrm.py`,
-`id_hash.py` and `calibration.py` bundled beside it, so it imports nothing else of this
+`id_hash.py`, `cross_ids.py` and `calibration.py` bundled beside it, so it imports nothing else of this
 project: numpy, pandas, pyarrow, torch, torchrec and mlflow only. Its artifact folder holds
 the DLRM's state dict (`dlrm.pt`), its shape, the run's preprocessing state and its
 calibrator (`model.json`), and in vocab mode the vocabularies (`vocabularies.npz`; in managed
@@ -21,7 +21,9 @@ The features are those of the run's preprocessing (ingestion/preprocess.py), her
 dense x → ln(1 + max(x, 0)) with missing → 0; a categorical id v → 1 + v mod buckets (hash
 mode) or its vocabulary row, 1 when unseen (vocab mode); missing → 0; in managed mode the
 row training admitted the id to, the table's last row otherwise, and missing is the id
-−2^63; each id of a multi-hot bag maps alike and an empty bag is [missing].
+−2^63; each id of a multi-hot bag maps alike and an empty bag is [missing]. A crossed pair
+of features (`model.crosses`) adds one more id per row, computed from the two rows as
+training's reader computes it (`cross_ids.py`).
 """
 
 from __future__ import annotations
@@ -45,10 +47,12 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 try:  # the copies bundled with the model (MLflow puts code_paths on sys.path)
     from calibration import Calibrator
+    from cross_ids import cross_rows, crosses_from
     from id_hash import hash_texts
     from stock_dlrm import SERVING_FORMAT, build_stock_dlrm
 except ModuleNotFoundError:  # this file imported from within the project
     from evaluation.calibration import Calibrator
+    from ingestion.cross_ids import cross_rows, crosses_from
     from ingestion.id_hash import hash_texts
     from training.model.stock_dlrm import SERVING_FORMAT, build_stock_dlrm
 
@@ -168,6 +172,7 @@ class FeatureMap:
         self.dense: tuple[str, ...] = tuple(preprocessing.get("dense", DENSE))
         self.sparse: tuple[str, ...] = tuple(self.buckets)
         self.id_types: dict[str, str] = preprocessing.get("id_types", {})
+        self.crosses = crosses_from(preprocessing.get("crosses", ()))
         self.vocabularies = vocabularies  # "<feature>.values" (sorted), "<feature>.rows"
 
     def rows(self, feature: str, ids: np.ndarray) -> np.ndarray:
@@ -181,11 +186,23 @@ class FeatureMap:
         return np.where(found, rows[at] if len(values) else unseen, unseen)
 
     def feature_rows(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        """A batch of feature files' ids (managed mode: raw ids) as this model's table rows."""
+        """A batch of feature files' ids (managed mode: raw ids) as this model's table rows,
+        its crosses added."""
         if self.mode != "managed":
-            return kjt
+            return self.with_crosses(kjt)
         rows = [torch.from_numpy(self.rows(feature, jagged.values().numpy())) for feature, jagged in kjt.to_dict().items()]
         return KeyedJaggedTensor(keys=kjt.keys(), values=torch.cat(rows), lengths=kjt.lengths(), stride=kjt.stride())
+
+    def with_crosses(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """`kjt` (one id a row of each crossed feature) with each cross's rows keyed after its own."""
+        if not self.crosses:
+            return kjt
+        ids = {feature: jagged.values().numpy() for feature, jagged in kjt.to_dict().items()}
+        crossed = [torch.from_numpy(cross_rows(ids[c.first], ids[c.second], c.rows)) for c in self.crosses]
+        ones = torch.ones(len(self.crosses) * kjt.stride(), dtype=kjt.lengths().dtype)
+        return KeyedJaggedTensor(keys=[*kjt.keys(), *(c.name for c in self.crosses)],
+                                 values=torch.cat([kjt.values(), *crossed]), lengths=torch.cat([kjt.lengths(), ones]),
+                                 stride=kjt.stride())  # fmt: skip
 
     def missing_row(self, feature: str) -> int:
         """The row of a missing value: row 0, or in managed mode the row of the id standing
@@ -205,9 +222,9 @@ class FeatureMap:
             starts = np.cumsum(sizes) - sizes
             values.append(np.insert(mapped, starts[sizes == 0], self.missing_row(feature)))  # an empty bag: [missing]
             lengths.append(np.maximum(sizes, 1))
-        return KeyedJaggedTensor(keys=list(self.sparse), values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
-                                 lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int32)),
-                                 stride=len(frame))  # fmt: skip
+        return self.with_crosses(KeyedJaggedTensor(
+            keys=list(self.sparse), values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
+            lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int32)), stride=len(frame)))  # fmt: skip
 
 
 def serving_device(chosen_at_export: str) -> torch.device:

@@ -100,26 +100,6 @@ def test_rows_that_do_not_line_up_are_refused() -> None:
         pair_scores(np.zeros((10, 3), dtype=np.int64), np.zeros(10), np.zeros(9))
 
 
-@pytest.mark.slow  # a cross-validated fit: seconds alone, far more beside another test process's fit
-def test_on_the_tiny_features_the_pairs_chosen_are_the_generators(tiny_features) -> None:
-    """The tiny days' features (hashed ids, days 0–1) scored against the project's own
-    reference's out-of-fold predictions: the chosen pairs are pairs the generator makes
-    interact."""
-    from ingestion.crosses import feature_pairs
-    from ingestion.synthetic import GroundTruth
-    from tests.conftest import TINY_SYNTHETIC
-    from training.reference import fit_logistic_regression
-
-    state, files = tiny_features
-    train_files = [*files[0], *files[1]]
-    fit = fit_logistic_regression(state.table_sizes, train_files, seed=0)
-    assert fit.folds == 5 and fit.out_of_fold is not None
-    chosen = feature_pairs(train_files, list(state.table_sizes), fit.out_of_fold)
-    generators = {frozenset((f"C{a + 1}", f"C{b + 1}")) for a, b in GroundTruth(TINY_SYNTHETIC).pairs}
-    print("chosen", chosen, "generator's", sorted(tuple(sorted(p)) for p in generators))
-    assert chosen and all(frozenset(pair) in generators for pair in chosen), (chosen, generators)
-
-
 def test_bags_of_ids_are_not_paired_and_predictions_must_cover_the_rows(multi_hot_features) -> None:
     """Every pair of one-id features, none with a bag (any predictions will do: every pair is kept)."""
     import pyarrow.parquet as pq

@@ -188,3 +188,26 @@ def test_the_served_probabilities_go_through_the_runs_calibrator(tiny_raw: Path,
     (tmp_path / "model.json").write_text(json.dumps(description))
     served.load_context(SimpleNamespace(artifacts={"model": str(tmp_path)}))
     np.testing.assert_allclose(served.predict(None, lines), own, rtol=0, atol=1e-12)
+
+
+def test_crossed_pairs_are_served_as_the_reader_crosses_them(tiny_raw: Path, tiny_features) -> None:
+    """Raw lines through the served preprocessing, and the feature files through the served
+    model's `feature_rows` (how a champion scores new days), give each cross the rows the
+    training reader gives it."""
+    from dataclasses import asdict
+
+    from ingestion.cross_ids import Cross
+    from ingestion.reader import build_reader
+
+    state, files = tiny_features
+    crosses = (Cross("C6", "C11", 69), Cross("C18", "C19", 60))
+    served = FeatureMap({"mode": state.mode, "buckets": state.buckets, "multi_hot": [],
+                         "crosses": [asdict(cross) for cross in crosses]}, {})  # fmt: skip
+    kjt = served.kjt(lines_to_columns(pd.Series(_raw_lines(tiny_raw, 2))))
+    assert kjt.keys() == [*SPARSE_COLUMNS, "C6_x_C11", "C18_x_C19"] and kjt.stride() == 6000
+    trained = next(iter(build_reader(files[2], 6000, drop_remainder=False, crosses=crosses))).sparse_features
+    scored = served.feature_rows(next(iter(build_reader(files[2], 6000, drop_remainder=False))).sparse_features)
+    for name in [*SPARSE_COLUMNS, *(cross.name for cross in crosses)]:
+        np.testing.assert_array_equal(kjt[name].values().numpy(), trained[name].values().numpy(), err_msg=name)
+        np.testing.assert_array_equal(scored[name].values().numpy(), trained[name].values().numpy(), err_msg=name)
+    assert len(np.unique(kjt["C6_x_C11"].values().numpy())) > 10

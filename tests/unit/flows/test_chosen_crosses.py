@@ -1,0 +1,78 @@
+"""flows/run/crosses.py: which runs choose pairs to cross (`model.crosses`), what they choose
+on the tiny days' features, and that the job and a night continuing it carry them."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from flows.run.config import PipelineConfig, load_config
+from flows.run.crosses import with_chosen_crosses
+from flows.run.feature_files import Features
+from flows.run.job import build_job
+from ingestion.cross_ids import Cross
+from ingestion.synthetic import GroundTruth
+from tests.conftest import TINY_SYNTHETIC
+
+TINY = Path(__file__).parents[3] / "configs" / "tiny.toml"
+
+
+def _config(tmp_path: Path, *overrides: str) -> PipelineConfig:
+    return load_config(TINY, [f'run_dir="{tmp_path}"', *overrides])
+
+
+def _features(tiny_features) -> tuple[Features, tuple[str, ...]]:
+    state, files = tiny_features
+    return Features(state, files, []), (*files[0], *files[1])
+
+
+def test_only_a_fresh_run_asking_for_them_chooses_crosses(tiny_features, tmp_path: Path) -> None:
+    """`none` and a run continuing a model leave the features as they are, with nothing said;
+    managed ids say why they cross nothing; a state that holds crosses keeps them."""
+    features, train_files = _features(tiny_features)
+    assert _config(tmp_path).model.crosses == "auto", "the default"
+    assert with_chosen_crosses(_config(tmp_path, 'model.crosses="none"'), features, train_files) == (features, "")
+    auto = _config(tmp_path, 'model.crosses="auto"')
+    assert with_chosen_crosses(auto, features, train_files, continues=True) == (features, "")
+    managed = dataclasses.replace(features, state=dataclasses.replace(features.state, mode="managed"))
+    kept, note = with_chosen_crosses(auto, managed, train_files)
+    assert kept is managed and "managed ids" in note
+    held = dataclasses.replace(features, state=dataclasses.replace(features.state, crosses=(Cross("C1", "C2", 9),)))
+    assert with_chosen_crosses(auto, held, train_files) == (held, "")
+
+
+@pytest.mark.slow  # a 5-fold cross-validated fit: seconds alone, far more beside another test process's fit
+def test_the_tiny_days_cross_the_generators_pairs_and_the_job_carries_them(tiny_features, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Against the reference's out-of-fold predictions (5 folds, the default on few rows),
+    every pair chosen is one the generator makes interact (the six of bench/chosen_crosses.py);
+    each becomes a table of the job, after the features' own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    features, train_files = _features(tiny_features)
+    config = _config(tmp_path, 'model.crosses="auto"', "evaluation.reference_folds=0")
+    crossed, note = with_chosen_crosses(config, features, train_files)
+    crosses = crossed.state.crosses
+    generators = {frozenset((f"C{a + 1}", f"C{b + 1}")) for a, b in GroundTruth(TINY_SYNTHETIC).pairs}
+    print(note)
+    assert all(frozenset((c.first, c.second)) in generators for c in crosses), (note, generators)
+    assert {(c.first, c.second) for c in crosses} == {("C18", "C19"), ("C6", "C11"), ("C22", "C25"), ("C6", "C21"),
+                                                      ("C3", "C23"), ("C7", "C14")}  # fmt: skip
+    assert note.startswith(f"model.crosses: {len(crosses)} pair(s) crossed")
+    assert all(2 <= c.rows <= config.preprocess.hash_size for c in crosses)
+    assert crossed.state.state_id == features.state.state_id, "the feature files are the same"
+    job = build_job(config, crossed)
+    assert job.crosses == crosses
+    assert list(job.table_sizes) == [*features.state.table_sizes, *(c.name for c in crosses)]
+    again, _ = with_chosen_crosses(config, features, train_files)  # the reference read back from the cache
+    assert build_job(config, again) == job, "the same choice, the same job (a rerun resumes it)"
+
+
+def test_a_slice_of_few_held_out_rows_crosses_nothing(tiny_features, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tiny.toml's reference validates on one 10 % slice: 1,200 rows, too few to tell a pair
+    from chance at z 4, so nothing is crossed, and the log says so."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    features, train_files = _features(tiny_features)
+    crossed, note = with_chosen_crosses(_config(tmp_path, 'model.crosses="auto"'), features, train_files)
+    assert crossed == features and note.startswith("model.crosses: no pair of features scored a z of 4")
