@@ -32,7 +32,7 @@ from flows.run.config import (
     load_config,
     load_flow_config,
 )
-from flows.run.crosses import with_chosen_crosses
+from flows.run.crosses import with_run_crosses
 from flows.run.feature_files import Features
 from flows.run.job import TrainedModel
 from flows.run.nights import Night, waits_for_rows
@@ -129,6 +129,9 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
     if waiting:  # the new days stay ingested; the next night trains them with its own
         logger.info("as of day %s: %s", config.data.shown(night.as_of), waiting)
         return _waiting_night(nightly, night, waiting)
+    features, crossed = with_run_crosses(resolve_run(config, night, features.state), features)
+    if crossed:
+        logger.info("%s", crossed)
     decision = choose_hyperparameters(resolve_run(config, night, features.state), features, source,
                                       lambda batch: resolve_run(with_batch(config, batch), night, features.state))  # fmt: skip
     run = resolve_run(config, night, features.state, decision)
@@ -136,9 +139,6 @@ def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | 
         logger.info("%s", line)
     config = run.config
     rows = training_rows(config, features, night.lineage_days, continues=night.warm_start is not None)
-    features, crossed = with_chosen_crosses(config, features, rows.train_files, continues=night.warm_start is not None)
-    if crossed:
-        logger.info("%s", crossed)
     trained = train_model(config, features, night.warm_checkpoint, rows)
     calibrator = calibrate_task(config, trained.folder)
     report, scores = evaluate_model(config, features, trained.folder, rows.model_files(trained.summary.refit), calibrator)

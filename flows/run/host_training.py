@@ -15,7 +15,7 @@ from pathlib import Path
 from evaluation.calibration import Calibrator, served_calibrator
 from evaluation.metrics import binary_state, compute_calibration, compute_ne
 from flows.run.config import PipelineConfig
-from flows.run.crosses import with_chosen_crosses
+from flows.run.crosses import with_run_crosses
 from flows.run.feature_files import Features
 from flows.run.job import build_job
 from flows.run.reports import NodeReport, TrainReport
@@ -34,10 +34,10 @@ def train_on_this_host(config: PipelineConfig, features: Features, role: HostRol
     run = resolve_run(config, state=features.state)
     for line in run.change_lines():
         say(f"[train] {line}")
-    rows = training_rows(run.config, features)  # the pipeline's rows: less its calibration rows
-    features, crossed = with_chosen_crosses(run.config, features, rows.train_files)  # the pipeline's pairs
+    features, crossed = with_run_crosses(run, features)  # the pairs the pipeline crosses
     if crossed:
         say(f"[train] {crossed}")
+    rows = training_rows(run.config, features)  # the pipeline's rows: less its calibration rows
     job = build_job(run.config, features, rows=rows)
     if out is not None:
         job = dataclasses.replace(job, out_dir=str(out))

@@ -405,6 +405,8 @@ def _(report: RunSummary, config: Any = None) -> str:
           if report.seed_spread is not None else []),
         *([port_line(report.port)] if report.port else []),
         *([f"  run length           {report.run_length}"] if report.run_length else []),
+        *([(f"  crossed pairs        {len(report.crosses)}: {', '.join(name.replace('_x_', ' × ') for name in report.crosses)} "
+            "(model.crosses)")] if report.crosses else []),
         *([f"  tables churn         {report.managed_churn}"] if report.managed_churn else []),
         f"  MLflow run           {report.mlflow_run_url or report.mlflow_run_id}  (model version {report.model_version})",
         f"  champion             {'promoted: ' if report.promoted else 'not promoted: '}{report.promotion_reason}"

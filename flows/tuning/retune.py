@@ -24,6 +24,7 @@ from prefect.exceptions import MissingContextError
 from evaluation.metrics import binary_state, compute_ne
 from evaluation.report import Scores
 from flows.run.config import PipelineConfig, load_flow_config
+from flows.run.crosses import with_run_crosses
 from flows.run.feature_files import Features
 from flows.run.reports import RetuneReport
 from flows.run.resolve import ResolvedRun, resolve_run
@@ -105,6 +106,9 @@ def budget_text(tuning: TuningConfig) -> str:
 def retune_of(config: PipelineConfig) -> dict[str, Any]:
     """The `retune` flow on a config the caller has loaded (`dlrm retune` reads its file once)."""
     features = prepare_features(config)
+    features, crossed = with_run_crosses(resolve_run(config, state=features.state), features)
+    if crossed:
+        run_logger("flows.tuning.retune").info("%s", crossed)
     return encode(run_retune(resolve_run(config, state=features.state), features).report())
 
 

@@ -67,6 +67,14 @@ def test_the_tiny_days_cross_the_generators_pairs_and_the_job_carries_them(tiny_
     assert list(job.table_sizes) == [*features.state.table_sizes, *(c.name for c in crosses)]
     again, _ = with_chosen_crosses(config, features, train_files)  # the reference read back from the cache
     assert build_job(config, again) == job, "the same choice, the same job (a rerun resumes it)"
+    # a run that starts as the regression keeps them only as the crossed regression predicts better
+    started = _config(tmp_path, 'model.crosses="auto"', "evaluation.reference_folds=0", "model.wide=true",
+                      'model.wide_start="logistic_regression"')  # fmt: skip
+    kept, note = with_chosen_crosses(started, features, train_files)
+    print(note)
+    assert kept.state.crosses == crosses and "the regression's held-out NE" in note
+    with_them, without = (float(word.rstrip(",")) for word in note.split("held-out NE ")[1].split()[:4:3])
+    assert with_them < without * 0.98, note
 
 
 def test_a_slice_of_few_held_out_rows_crosses_nothing(tiny_features, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
