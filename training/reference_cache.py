@@ -55,7 +55,10 @@ def fitted_reference(table_sizes: Mapping[str, int], train_files: Sequence[str],
                      folds: int = 0, raw_ids: bool = False, crosses: Sequence[Cross] = (),
                      cache: Path | None = None) -> ReferenceFit:  # fmt: skip
     """`fit_logistic_regression` with these options, read from `cache` (default: the user's)
-    when the same inputs were fitted before, else fitted and kept there."""
+    when the same inputs were fitted before, else fitted and kept there. The pipeline's callers
+    leave `seed` at 0: the reference is the run's fixed yardstick, and its folds choose the
+    crossed pairs and the wide start, so a run's `training.seed` moves only the model's own
+    draw (initialisation, order), not the pairs it crosses or the regression it is judged by."""
     folder = cache or reference_cache()
     try:
         digest = inputs_digest(table_sizes, train_files, seed, max_rows, folds, raw_ids, crosses)

@@ -285,7 +285,7 @@ def _gpu_graphs(model: torch.nn.Module, job: TrainJob, device: torch.device) -> 
 
 def _wide_start(job: TrainJob) -> WideStart | None:
     """The logistic regression a fresh wide model starts from (`model.wide_start`): fitted on
-    rank 0, as the pipeline's reference is (same rows, seed and sample), and sent to every
+    rank 0, as the pipeline's reference is (same rows, folds and sample), and sent to every
     rank, since replicated weights must start equal. None: the own weights start at zero
     (so does a run that will load a checkpoint over them)."""
     if not job.starts_at_regression or latest_checkpoint(job.checkpoint_root):
@@ -293,7 +293,7 @@ def _wide_start(job: TrainJob) -> WideStart | None:
     fitted: list[WideStart | None] = [None]
     if dist.get_rank() == 0:
         evaluation = job.evaluation
-        reference = fitted_reference(job.table_sizes, job.train_files, seed=job.training.seed,
+        reference = fitted_reference(job.table_sizes, job.train_files,
                                      max_rows=evaluation.reference_max_rows, folds=evaluation.reference_folds,
                                      crosses=job.crosses)  # fmt: skip
         crossed = f" with its {len(job.crosses)} crossed pair(s)" if job.crosses else ""

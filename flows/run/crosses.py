@@ -49,8 +49,8 @@ def with_chosen_crosses(config: PipelineConfig, features: Features, train_files:
         return features, "model.crosses: no pairs crossed (managed ids give their rows as training admits them)"
     started = time.perf_counter()
     evaluation = config.evaluation
-    reference = fitted_reference(state.table_sizes, train_files, seed=config.training.seed,
-                                 max_rows=evaluation.reference_max_rows, folds=evaluation.reference_folds)  # fmt: skip
+    reference = fitted_reference(state.table_sizes, train_files, max_rows=evaluation.reference_max_rows,
+                                 folds=evaluation.reference_folds)  # fmt: skip
     fit = reference.fit
     if fit.out_of_fold is None:
         return features, f"model.crosses: no pairs crossed: the reference has no held-out predictions ({reference.how_chosen})"
@@ -69,8 +69,8 @@ def with_chosen_crosses(config: PipelineConfig, features: Features, train_files:
         # this fit back from the cache): it must predict the held-out rows better than the plain
         # one (the same folds), so that a pair that passed the test by chance is not trusted
         tables = {**state.table_sizes, **{cross.name: cross.rows for cross in crosses}}
-        with_pairs = fitted_reference(tables, train_files, seed=config.training.seed, crosses=crosses,
-                                      max_rows=evaluation.reference_max_rows, folds=evaluation.reference_folds).fit  # fmt: skip
+        with_pairs = fitted_reference(tables, train_files, crosses=crosses, max_rows=evaluation.reference_max_rows,
+                                      folds=evaluation.reference_folds).fit  # fmt: skip
         validated = f"; the regression's held-out NE {with_pairs.validation_ne:.4f} with them, {fit.validation_ne:.4f} without"
         if not with_pairs.validation_ne < fit.validation_ne:
             seconds = time.perf_counter() - started

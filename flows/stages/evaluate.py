@@ -55,7 +55,7 @@ def baseline_task(config: PipelineConfig, features: Features, train_files: tuple
     the same rows as the model (training/reference.py)."""
     torch.set_num_threads(max(1, config.training.nproc * config.training.threads_per_proc))
     data = config.data
-    reference = fitted_reference(features.state.table_sizes, train_files, seed=config.training.seed,
+    reference = fitted_reference(features.state.table_sizes, train_files,
                                  max_rows=config.evaluation.reference_max_rows, folds=config.evaluation.reference_folds,
                                  raw_ids=features.state.mode == "managed")  # fmt: skip
     fit = reference.fit

@@ -118,7 +118,8 @@ def test_the_tables_are_the_columns_and_the_served_model_scores_the_users_rows_a
     assert len(scores) == read_manifest(run_dir / "warehouse", parse_day(DATES[3]))["rows_written"]
     assert served_ne == pytest.approx(summary["eval_ne"], abs=2e-4)
     plan = JobFolder(run_dir / "train").read_plan()
-    assert sorted(row["table"] for row in plan) == sorted(f"t_{name}" for name in SPARSE)
+    # a table for each id column, and one for each pair the run crossed (`model.crosses`)
+    assert sorted(row["table"] for row in plan) == sorted(f"t_{name}" for name in [*SPARSE, *summary["crosses"]])
 
 
 def land_day(run_dir: Path, date: str, retype_item_id: bool = False) -> None:

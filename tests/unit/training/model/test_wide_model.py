@@ -222,8 +222,9 @@ def _fetch_wide_start(rank: int, world: int, port: int, jobs, results) -> None:
 
 @pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_every_rank_of_a_fresh_job_gets_the_references_fit_and_a_warm_start_none(tiny_features, tmp_path) -> None:
-    """The worker fits the reference as the pipeline does (same rows, seed, sample) on rank
-    0 and sends it to every rank; a job that loads weights over it does not fit at all."""
+    """The worker fits the reference as the pipeline does (same rows, folds, sample; not
+    salted by the job's seed) on rank 0 and sends it to every rank; a job that loads weights
+    over it does not fit at all."""
     import dataclasses
 
     from evaluation.config import EvaluationConfig
@@ -240,7 +241,7 @@ def test_every_rank_of_a_fresh_job_gets_the_references_fit_and_a_warm_start_none
             "zero": dataclasses.replace(job, model=WIDE)}  # fmt: skip
     results = mp.Manager().dict()
     start_ranks(_fetch_wide_start, (2, _free_port(), jobs, results), 2)
-    fit = fit_logistic_regression(state.table_sizes, job.train_files, seed=3, max_rows=3000)
+    fit = fit_logistic_regression(state.table_sizes, job.train_files, max_rows=3000)  # seed 0, whatever the job's
     expected = WideStart.of_regression(fit.model)
     assert fit.train_rows < fit.rows_available, "the reference's row sample applies"
     for rank in (0, 1):
