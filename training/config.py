@@ -49,8 +49,9 @@ class ModelConfig:
     """where a wide model's own weights start on a fresh run (a resumed or warm-started run loads its own): `"zero"`, so the
     model starts as its DLRM; `"logistic_regression"`, as the fitted reference (the same fit as the run's logistic-regression
     reference: rows, folds, `evaluation.reference_max_rows`; the same for every `training.seed`), with the top MLP's last
-    layer at 0, so the deep part learns what the regression leaves. Rank 0 fits it and sends it to every rank. Small data: L-BFGS with a validated L2 finds the ids'
-    own weights better than a few epochs of SGD; keep `training.embedding_lr` at 0.005 or less or they drift from that optimum"""
+    layer at 0, so the deep part learns what the regression leaves. Rank 0 fits it and sends it to every rank. Small data:
+    L-BFGS with a validated L2 finds the ids' own weights better than a few epochs of SGD; keep `training.embedding_lr` at
+    0.005 or less or they drift from that optimum"""
     # Few rows start at the regression (training/model/small_data.py): measured better on
     # Avazu's 8,000 rows, worse on MovieLens's 66,000.
     regression_start: Literal["auto", "configured"] = "auto"
