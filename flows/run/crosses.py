@@ -3,7 +3,7 @@ test against the logistic-regression reference's out-of-fold predictions on the 
 training rows (ingestion/crosses.py), and kept in the run's preprocessing state, so that the
 job, the served model and every night that continues it cross the same pairs.
 
-The reference fitted here is the run's own (same rows, seed, sample and folds as the
+The reference fitted here is the run's own (same rows, sample and folds as the
 evaluate stage's and the wide start's), read from the user's cache when it was fitted
 before (training/reference_cache.py); the choice itself reads the training files' one-id
 columns once more. A run that starts as the regression (`model.wide_start`, few rows) keeps
