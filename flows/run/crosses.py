@@ -63,19 +63,19 @@ def with_chosen_crosses(config: PipelineConfig, features: Features, train_files:
         seconds = time.perf_counter() - started
         return features, f"model.crosses: no pair of features scored a z of 4 or more against the reference ({seconds:.1f} s)"
     chosen = ", ".join(f"{cross.first} × {cross.second} ({cross.rows:,} rows)" for cross in crosses)
+    crossed_state = dataclasses.replace(state, crosses=crosses)
     validated = ""
     if config.model.wide_start == "logistic_regression":
         # a run that starts as the regression starts as the crossed one (training/worker.py reads
         # this fit back from the cache): it must predict the held-out rows better than the plain
         # one (the same folds), so that a pair that passed the test by chance is not trusted
-        tables = {**state.table_sizes, **{cross.name: cross.rows for cross in crosses}}
-        with_pairs = fitted_reference(tables, train_files, crosses=crosses, max_rows=evaluation.reference_max_rows,
-                                      folds=evaluation.reference_folds).fit  # fmt: skip
+        with_pairs = fitted_reference(crossed_state.model_table_sizes, train_files, crosses=crosses,
+                                      max_rows=evaluation.reference_max_rows, folds=evaluation.reference_folds).fit  # fmt: skip
         validated = f"; the regression's held-out NE {with_pairs.validation_ne:.4f} with them, {fit.validation_ne:.4f} without"
         if not with_pairs.validation_ne < fit.validation_ne:
             seconds = time.perf_counter() - started
             return features, (f"model.crosses: no pairs crossed: {chosen} scored, but the regression with them did not "
                               f"predict held-out rows better{validated} ({seconds:.1f} s)")  # fmt: skip
     seconds = time.perf_counter() - started
-    crossed = dataclasses.replace(features, state=dataclasses.replace(state, crosses=crosses))
+    crossed = dataclasses.replace(features, state=crossed_state)
     return crossed, f"model.crosses: {len(crosses)} pair(s) crossed, strongest first: {chosen}{validated} ({seconds:.1f} s)"
