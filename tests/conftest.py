@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 from pathlib import Path
@@ -96,6 +97,24 @@ MODULE_SECONDS = {
     "test_warm_ranks.py": 40, "test_warm_commands.py": 20, "test_prefect_database.py": 20, "test_trainer_slots.py": 15,
     "test_flow_heartbeats.py": 3,
 }  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The test modules' imports (collection) with the collector paused, as a command's start
+    (training/launch/start_up.py)."""
+    gc.disable()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What the collection imported is left out of the collector's passes for the rest of the
+    run: a full pass over it took about 0.3 s, and a test process ran one every few seconds."""
+    gc.freeze()
+    gc.enable()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Handed back to the collector for its last pass (see training/launch/start_up.py)."""
+    gc.unfreeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

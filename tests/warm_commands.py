@@ -121,11 +121,13 @@ def serve(path: Path) -> None:
     import importlib
 
     from training.launch.processes import die_with_parent
+    from training.launch.start_up import imports_without_collection
     from training.launch.warm_ranks import FIRST_USE_IMPORTS, fork_for_request, listen_on
 
     die_with_parent(signal.SIGTERM)
-    for name in (*_PRELOADED, *FIRST_USE_IMPORTS):
-        importlib.import_module(name)
+    with imports_without_collection():  # as a command's own start does; frozen before the forks
+        for name in (*_PRELOADED, *FIRST_USE_IMPORTS):
+            importlib.import_module(name)
     listener = listen_on(path)
     clients: dict[int, socket.socket | None] = {}  # a running command's pid -> its client (None: gone)
 

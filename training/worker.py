@@ -1,6 +1,7 @@
-"""The torchrun entry point: one process of a sharded training job.
+"""One process of a sharded training job. torchrun starts it through
+`training.launch.rank`, which imports this module without the cyclic collector:
 
-    python -m torch.distributed.run --nproc-per-node=N -m training.worker JOB.json
+    python -m torch.distributed.run --nproc-per-node=N -m training.launch.rank JOB.json
 """
 
 from __future__ import annotations
@@ -360,7 +361,7 @@ def _write_plan(job: TrainJob, plan, world: int, device: torch.device) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        raise SystemExit("usage: python -m training.worker JOB.json")
+        raise SystemExit("usage: python -m training.launch.rank JOB.json")
     die_with_parent()  # a torchrun killed outright takes its workers with it
     job = TrainJob.load(Path(args[0]))
     job.folder.write_pid(int(os.environ.get("RANK", "0")), os.getpid())

@@ -1,10 +1,12 @@
 """What each `dlrm` command does: read its config once, run, and emit its typed report
 (`flows/run/reports.py`) as JSON or for people. Heavy modules are imported by the command that
-needs them, so `dlrm --help` and a bad config answer at once."""
+needs them, so `dlrm --help` and a bad config answer at once; the heaviest with the cyclic
+collector paused (training/launch/start_up.py)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -15,6 +17,7 @@ from typing import Any
 
 from flows.run.reports import for_people
 from training.codec import encode
+from training.launch.start_up import imports_without_collection
 
 
 class UserError(Exception):
@@ -36,6 +39,21 @@ def _prefect_console_quiet() -> None:
     console_without_tracebacks_of(USER_FACING_ERRORS)
 
 
+# What a command that runs flows imports once its config has read well: imported while its
+# temporary Prefect server starts (`import_while_the_server_starts`)
+PIPELINE_MODULES = ("flows.deployments.pipeline", "flows.run.reports")
+RETUNE_MODULES = ("flows.tuning.retune", "flows.run.reports")
+
+
+def import_while_the_server_starts(modules: tuple[str, ...]) -> None:
+    """Import `modules` with the collector paused (training/launch/start_up.py), while the
+    command's Prefect server starts beside them (`prefect_api`'s `while_starting`): a cold
+    `dlrm run` reached its first flow 4 s sooner so on 2 cores (docs/performance.md)."""
+    with imports_without_collection():
+        for name in modules:
+            importlib.import_module(name)
+
+
 def emit(report: Any, as_json: bool, config: Any = None) -> None:
     """A command's report: one JSON object (`--json`), or text for people."""
     print(json.dumps(encode(report)) if as_json else for_people(report, config), flush=True)
@@ -54,12 +72,14 @@ def run(args: argparse.Namespace) -> int:
 
     if resolve_as_of(config, args.as_of) is None:
         raw_sources(config)  # a recurring run's days are known once its champion is
-    from flows.deployments.pipeline import run_pipeline
-    from flows.run.reports import run_report
-    from flows.stages.local_server import prefect_api
+    with imports_without_collection():
+        from flows.stages.local_server import prefect_api
 
     _prefect_console_quiet()
-    with prefect_api():
+    with prefect_api(while_starting=lambda: import_while_the_server_starts(PIPELINE_MODULES)):
+        from flows.deployments.pipeline import run_pipeline
+        from flows.run.reports import run_report
+
         summary = run_report(run_pipeline(args.config, args.overrides, args.as_of, config))
     emit(summary, args.json, config)
     return 0
@@ -88,13 +108,15 @@ def backfill(args: argparse.Namespace) -> int:
     days = range(first, last + 1)
     if config.data.source != "synthetic":  # nights only for the days that have data
         days = [day for day in complete_days(config) if first <= day <= last]
-    from flows.deployments.pipeline import run_pipeline
-    from flows.run.reports import BackfillReport, night_line, run_report
-    from flows.stages.local_server import prefect_api
+    with imports_without_collection():
+        from flows.stages.local_server import prefect_api
 
     nights = []
     _prefect_console_quiet()
-    with prefect_api():
+    with prefect_api(while_starting=lambda: import_while_the_server_starts(PIPELINE_MODULES)):
+        from flows.deployments.pipeline import run_pipeline
+        from flows.run.reports import BackfillReport, night_line, run_report
+
         for day in days:
             nights.append(run_report(run_pipeline(args.config, args.overrides, config.data.day_label(day), config)))
             if not args.json:
@@ -121,8 +143,9 @@ def train(args: argparse.Namespace) -> int:
     role = HostRole(orchestration.trainer_hosts, args.node_rank or 0, orchestration.rdzv_endpoint or "127.0.0.1:29400",
                     args.local_addr, args.socket_ifname, args.join_timeout)  # fmt: skip
     features = prepared_features(config)  # checked before torch and Prefect load
-    from flows.run.host_training import train_on_this_host
-    from training.launch.launcher import TrainingFailed
+    with imports_without_collection():
+        from flows.run.host_training import train_on_this_host
+        from training.launch.launcher import TrainingFailed
 
     try:
         report = train_on_this_host(config, features, role, Path(args.out) if args.out else None)
@@ -214,13 +237,15 @@ def retune(args: argparse.Namespace) -> int:
 
     config = load(args, budget_overrides(args.trials, args.timeout))
     raw_sources(config)  # fail fast, before Prefect starts
-    from flows.run.reports import RetuneReport
-    from flows.stages.local_server import prefect_api
-    from flows.tuning.retune import retune_of
-    from training.codec import decode
+    with imports_without_collection():
+        from flows.stages.local_server import prefect_api
 
     _prefect_console_quiet()
-    with prefect_api():
+    with prefect_api(while_starting=lambda: import_while_the_server_starts(RETUNE_MODULES)):
+        from flows.run.reports import RetuneReport
+        from flows.tuning.retune import retune_of
+        from training.codec import decode
+
         result = retune_of(config)
     emit(decode(RetuneReport, result, "the retune's result"), args.json)
     return 0
@@ -233,9 +258,10 @@ def serve(args: argparse.Namespace) -> int:
             "dlrm serve needs a Prefect server that stays, for the UI to list its deployments: add "
             f"--with-server, or start one with `dlrm server` and export PREFECT_API_URL=http://127.0.0.1:{args.port}/api"
         )
-    from flows.deployments.serve import serve_deployments
-    from flows.stages.local_server import persistent_server, prefect_api
-    from training.launch.processes import raise_if_stopped
+    with imports_without_collection():
+        from flows.deployments.serve import serve_deployments
+        from flows.stages.local_server import persistent_server, prefect_api
+        from training.launch.processes import raise_if_stopped
 
     with prefect_api(persistent_server(args.port) if args.with_server else None):
         serve_deployments(config, args.config, args.overrides, args.limit, args.trainer_node)
@@ -301,9 +327,10 @@ def plan(args: argparse.Namespace) -> int:
     config = load(args)
     cluster = load_cluster(args.cluster) if args.cluster else None
     tables = tables_to_plan(config)  # checked before torch loads
-    from flows.run.planning import plan_report
-    from training.launch.device import runtime_device
-    from training.sharding.plan import this_job_cluster
+    with imports_without_collection():
+        from flows.run.planning import plan_report
+        from training.launch.device import runtime_device
+        from training.sharding.plan import this_job_cluster
 
     if cluster is None:
         device = runtime_device(config.training.device, 0)  # as the workers will choose it
@@ -320,7 +347,8 @@ def characterize(args: argparse.Namespace) -> int:
     raw = read_toml(path)  # the one read: each series' config is built from it
     sweeps = [parse_sweep(text) for text in args.sweeps]
     series = series_of(raw, args.overrides, sweeps, path)  # a bad config or value fails before torch loads
-    from flows.characterize.measure import characterize as run_characterization
+    with imports_without_collection():
+        from flows.characterize.measure import characterize as run_characterization
 
     report = run_characterization(series, sweeps, first_batch=args.first_batch,
                                   last_batch=args.max_batch, min_gain=args.min_gain, patience=args.patience,
@@ -401,8 +429,9 @@ def evaluate(args: argparse.Namespace) -> int:
 
 
 def export_delta(args: argparse.Namespace) -> int:
-    from flows.tracking.model_delta import export_version_delta
-    from training.serving.model_delta import DeltaRefused
+    with imports_without_collection():
+        from flows.tracking.model_delta import export_version_delta
+        from training.serving.model_delta import DeltaRefused
 
     config = load(args)
     out = Path(args.out)

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -79,15 +79,18 @@ def persistent_server(port: int = DASHBOARD_PORT) -> LocalServer:
 
 
 @contextlib.contextmanager
-def prefect_api(server: LocalServer | None = None) -> Iterator[str]:
+def prefect_api(server: LocalServer | None = None, while_starting: Callable[[], object] = lambda: None) -> Iterator[str]:
     """The API URL to use within the block: `PREFECT_API_URL` when set, else `server`
-    (default: a temporary one), started here and stopped when the block ends."""
+    (default: a temporary one), started here and stopped when the block ends.
+    `while_starting` runs while the server starts (a command's own imports: the two take
+    about as long, and a second core does one while the first does the other)."""
     configured = PREFECT_API_URL.value()
     if configured:
+        while_starting()
         yield configured
         return
     server = server or temporary_server()
-    process = _start(server, float(os.environ.get(STARTUP_TIMEOUT_VARIABLE, "120")))
+    process = _start(server, float(os.environ.get(STARTUP_TIMEOUT_VARIABLE, "120")), while_starting)
     url = f"{server.address}/api"
     previous = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = url  # processes this command starts use it too
@@ -108,7 +111,7 @@ def prefect_api(server: LocalServer | None = None) -> Iterator[str]:
 LEASE_STORAGE = {"PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect.server.concurrency.lease_storage.filesystem"}
 
 
-def _start(server: LocalServer, timeout_s: float) -> subprocess.Popen:
+def _start(server: LocalServer, timeout_s: float, while_starting: Callable[[], object] = lambda: None) -> subprocess.Popen:
     env = {**LEASE_STORAGE, **os.environ, **server.env}
     env.pop("PREFECT_API_URL", None)
     home = os.environ.get("PREFECT_HOME", "~/.prefect")
@@ -124,6 +127,17 @@ def _start(server: LocalServer, timeout_s: float) -> subprocess.Popen:
         copy_template_to(new)  # the temporary server's app does this itself (flows/stages/prefect_app.py)
     with server_log.open("ab") as output:
         process = start_group(server.command, end_on_stop=False, env=env, stdout=output, stderr=output)
+    try:
+        while_starting()
+        _wait_until_it_answers(server, process, timeout_s, server_log)
+    except BaseException:  # a start that failed, timed out or was stopped leaves no server behind
+        stop_group(process, grace_s=5.0)
+        raise
+    return process
+
+
+def _wait_until_it_answers(server: LocalServer, process: subprocess.Popen, timeout_s: float, server_log: Path) -> None:
+    home = os.environ.get("PREFECT_HOME", "~/.prefect")
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
@@ -134,9 +148,8 @@ def _start(server: LocalServer, timeout_s: float) -> subprocess.Popen:
                 )
             with contextlib.suppress(httpx.HTTPError):
                 if client.get(f"{server.address}/api/health").status_code == 200:
-                    return process
+                    return
             time.sleep(0.2)
-    stop_group(process, grace_s=5.0)
     raise ServerStartError(
         f"the {server.kind} Prefect server did not answer within {timeout_s:.0f} s (its log: {server_log}); on a "
         f"busy machine raise {STARTUP_TIMEOUT_VARIABLE}, or set PREFECT_API_URL to a running server"

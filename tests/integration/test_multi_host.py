@@ -24,6 +24,7 @@ from beside import start
 
 from flows.stages.prefect_database import copy_template_to
 from training.job import CALIBRATION_PART, JobFolder
+from training.launch.launcher import RANK_MODULE
 from training.loop.progress import read_records
 
 pytestmark = pytest.mark.slow
@@ -201,7 +202,7 @@ def test_ctrl_c_on_one_host_stops_every_host(two_hosts: list[str], prepared_run:
     results = [process.communicate(timeout=120) for process in hosts]
     assert hosts[1].returncode == 130 and hosts[0].returncode != 0, [err[-2000:] for _, err in results]
     assert "node 1: stopped by a signal" in results[0][1]
-    leftovers = subprocess.run(["pgrep", "-f", f"training.worker {out}"], capture_output=True, text=True, check=False)
+    leftovers = subprocess.run(["pgrep", "-f", f"{RANK_MODULE} {out}"], capture_output=True, text=True, check=False)
     assert leftovers.stdout.strip() == "", "no worker left on either host"
 
 

@@ -6,14 +6,16 @@ database and a used home are left to Prefect."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from pathlib import Path
 
 import httpx
 import pytest
 from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL, temporary_settings
+from process_tree import descendants
 
-from flows.stages.local_server import _start, temporary_server
+from flows.stages.local_server import _start, prefect_api, server_answers, temporary_server
 from flows.stages.prefect_database import copy_template_to, new_database, template_path
 from training.launch.processes import stop_group
 
@@ -95,3 +97,40 @@ def test_only_a_missing_sqlite_file_is_copied(tmp_path: Path, monkeypatch: pytes
         assert new_database() is None, "an existing database is never replaced"
         copy_template_to(missing)
         assert missing.read_bytes() == b"a used home", "nor overwritten"
+
+
+def test_what_a_command_runs_while_its_server_starts_runs_before_it_answers_and_a_failure_there_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`prefect_api(while_starting=…)`, as `dlrm run` imports its pipeline: the work runs
+    while the temporary server starts (not after it answers), the block gets a server that
+    answers, and work that fails stops the server it was waiting beside."""
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home"))
+    seen: dict[str, object] = {}
+    already = descendants(os.getpid())  # what the test process runs anyway (a warm-rank server)
+
+    def while_starting() -> None:
+        seen["server"] = descendants(os.getpid()) - already
+        seen["answered"] = server_answers(os.environ.get("PREFECT_API_URL", "http://127.0.0.1:1/api"))
+
+    with prefect_api(while_starting=while_starting) as url:
+        assert seen["server"], "the server was started before the work ran"
+        assert seen["answered"] is False, "the work ran before the server answered"
+        assert server_answers(url)
+    assert not [pid for pid in seen["server"] if _alive(pid)], "the block's end stops the server"
+
+    def failing() -> None:
+        seen["server"] = descendants(os.getpid()) - already
+        raise ModuleNotFoundError("no module named 'nowhere'")
+
+    with pytest.raises(ModuleNotFoundError), prefect_api(while_starting=failing):
+        pytest.fail("the block does not run when the work beside the server's start failed")
+    assert seen["server"] and not [pid for pid in seen["server"] if _alive(pid)], "no server is left running"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

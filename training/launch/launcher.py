@@ -1,7 +1,7 @@
 """Launch a training job with torchrun as a subprocess and surface failures clearly.
 
-torchrun starts `nproc` workers (`training.worker`), tees each rank's output into the job
-folder's logs, and on failure prints which rank died first. The launcher streams the output,
+torchrun starts `nproc` workers (`training.launch.rank`, which runs `training.worker`), tees
+each rank's output into the job folder's logs, and on failure prints which rank died first. The launcher streams the output,
 less the libraries' warnings, to `on_line` (so a Prefect task logs progress live), hands the
 records of the job's metrics file to `on_progress` as they are written (progress, held-out
 NE: what a program acts on, e.g. a pruner), and turns a failure into one `TrainingFailed`
@@ -29,7 +29,9 @@ from training.launch.warm_ranks import client_command, server_socket
 from training.loop.checkpoint_chain import latest_checkpoint
 from training.loop.progress import MetricsFollower, MetricsRecord
 
-__all__ = ["PeerFailed", "TrainingFailed", "launch", "torchrun_command"]
+__all__ = ["RANK_MODULE", "PeerFailed", "TrainingFailed", "launch", "torchrun_command"]
+
+RANK_MODULE = "training.launch.rank"  # what torchrun starts on each rank
 
 
 def torchrun_command(job: TrainJob, job_path: Path, role: HostRole | None = None) -> list[str]:
@@ -43,7 +45,7 @@ def torchrun_command(job: TrainJob, job_path: Path, role: HostRole | None = None
         f"--log-dir={job.folder.logs(_node(role))}",
         "--tee=3",
         *config.torchrun_args,
-        "-m", "training.worker", str(job_path),
+        "-m", RANK_MODULE, str(job_path),
     ]  # fmt: skip
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from training.launch.host_role import free_local_port  # these two: the standard library's only
 from training.launch.processes import die_with_parent, forget_group, start_group, write_all
+from training.launch.start_up import imports_without_collection
 
 ENVIRONMENT_KEY = "DLRM_WARM_RANKS"
 _FDS = 2  # the client's stdout and stderr, passed to the agent
@@ -107,11 +108,13 @@ FIRST_USE_IMPORTS = ("torch.distributed.optim", "pandas", "training.cpu")
 
 
 def import_the_trainer() -> None:
-    """Import what every job's ranks import: the trainer and `FIRST_USE_IMPORTS`."""
-    import training.worker  # noqa: F401
+    """Import what every job's ranks import: the trainer and `FIRST_USE_IMPORTS`, without the
+    collector and then frozen, so that a forked rank's collections neither walk nor copy them."""
+    with imports_without_collection():
+        import training.worker  # noqa: F401
 
-    for name in FIRST_USE_IMPORTS:
-        importlib.import_module(name)
+        for name in FIRST_USE_IMPORTS:
+            importlib.import_module(name)
 
 
 def serve(path: Path) -> None:

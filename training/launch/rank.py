@@ -1,0 +1,23 @@
+"""The process torchrun starts for each rank of a training job:
+
+    python -m torch.distributed.run --nproc-per-node=N -m training.launch.rank JOB.json
+
+`training.worker`'s imports with the collector paused (training/launch/start_up.py: 1.1 s of
+a rank's 4.0 s start), then the worker's main; a finished rank leaves without the
+interpreter's teardown (`training.worker.exit_skipping_teardown`).
+"""
+
+from __future__ import annotations
+
+from training.launch.start_up import imports_without_collection
+
+
+def main() -> None:
+    with imports_without_collection():
+        from training import worker  # the rank's imports: the measured reason they are here, not at the top
+    worker.main()
+    worker.exit_skipping_teardown()
+
+
+if __name__ == "__main__":
+    main()
