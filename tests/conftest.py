@@ -88,14 +88,13 @@ def multi_hot_features(multi_hot_warehouse: Path, tmp_path_factory: pytest.TempP
 # the next module as it finishes one: the longest first, so that no long module starts last
 # and runs alone.
 MODULE_SECONDS = {
-    "test_on_slurm.py": 160, "test_stopping.py": 265, "test_multi_host.py": 150, "test_recurring.py": 215,
-    "test_checkpoint_recovery.py": 60, "test_own_warehouse.py": 100, "test_production_stack.py": 115,
-    "test_retune_flow.py": 115, "test_sharded_training.py": 115, "test_pipeline_flow.py": 110, "test_id_churn.py": 95,
-    "test_tracking_outage.py": 60, "test_bundle_round_trip.py": 90, "test_cli.py": 55, "test_reference.py": 55,
-    "test_small_real_data.py": 45, "test_characterize.py": 40, "test_dask_runner.py": 40, "test_chosen_run_length.py": 35,
-    "test_delta_checkpoints.py": 35, "test_model.py": 35, "test_tuning_study.py": 30, "test_wide_model.py": 30,
-    "test_warm_ranks.py": 40, "test_warm_commands.py": 20, "test_prefect_database.py": 20, "test_trainer_slots.py": 15,
-    "test_flow_heartbeats.py": 3,
+    "test_on_slurm.py": 250, "test_stopping.py": 215, "test_recurring.py": 170, "test_multi_host.py": 155,
+    "test_bundle_round_trip.py": 105, "test_retune_flow.py": 105, "test_id_churn.py": 100, "test_production_stack.py": 95,
+    "test_pipeline_flow.py": 85, "test_own_warehouse.py": 80, "test_sharded_training.py": 75, "test_checkpoint_recovery.py": 50,
+    "test_tracking_outage.py": 50, "test_dask_runner.py": 40, "test_cli.py": 40, "test_reference.py": 40,
+    "test_characterize.py": 35, "test_chosen_run_length.py": 35, "test_delta_checkpoints.py": 35, "test_warm_ranks.py": 35,
+    "test_small_real_data.py": 30, "test_tuning_study.py": 25, "test_model.py": 20, "test_prefect_database.py": 20,
+    "test_warm_commands.py": 15, "test_trainer_slots.py": 12, "test_wide_model.py": 12, "test_flow_heartbeats.py": 3,
 }  # fmt: skip
 
 

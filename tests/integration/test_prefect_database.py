@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL, temporary_settings
+from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_DATABASE_CONNECTION_URL, temporary_settings
 from process_tree import descendants
 
 from flows.stages.local_server import _start, prefect_api, server_answers, temporary_server
@@ -114,7 +114,8 @@ def test_what_a_command_runs_while_its_server_starts_runs_before_it_answers_and_
         seen["server"] = descendants(os.getpid()) - already
         seen["answered"] = server_answers(os.environ.get("PREFECT_API_URL", "http://127.0.0.1:1/api"))
 
-    with prefect_api(while_starting=while_starting) as url:
+    no_server = temporary_settings(restore_defaults={PREFECT_API_URL})  # not the session's: a temporary one
+    with no_server, prefect_api(while_starting=while_starting) as url:
         assert seen["server"], "the server was started before the work ran"
         assert seen["answered"] is False, "the work ran before the server answered"
         assert server_answers(url)
@@ -124,7 +125,8 @@ def test_what_a_command_runs_while_its_server_starts_runs_before_it_answers_and_
         seen["server"] = descendants(os.getpid()) - already
         raise ModuleNotFoundError("no module named 'nowhere'")
 
-    with pytest.raises(ModuleNotFoundError), prefect_api(while_starting=failing):
+    no_server = temporary_settings(restore_defaults={PREFECT_API_URL})
+    with pytest.raises(ModuleNotFoundError), no_server, prefect_api(while_starting=failing):
         pytest.fail("the block does not run when the work beside the server's start failed")
     assert seen["server"] and not [pid for pid in seen["server"] if _alive(pid)], "no server is left running"
 
