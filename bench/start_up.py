@@ -1,5 +1,5 @@
 """What the cyclic garbage collector costs a process's start: its imports as they run today
-(with `training.launch.start_up.imports_without_collection`) against the same imports with
+(with `training.launch.interpreter.imports_without_collection`) against the same imports with
 the collector left on.
 
     .venv/bin/python bench/start_up.py [--rounds 5]
@@ -40,7 +40,7 @@ START_UPS: dict[str, tuple[tuple[str, ...], str]] = {
 def code_of(modules: tuple[str, ...], ending: str, paused: bool) -> str:
     imports = "; ".join(f"importlib.import_module({name!r})" for name in modules)
     if paused:
-        body = ("from training.launch.start_up import imports_without_collection\n"
+        body = ("from training.launch.interpreter import imports_without_collection\n"
                 f"with imports_without_collection():\n    {imports}\n")  # fmt: skip
     else:
         body = f"{imports}\n"

@@ -100,7 +100,7 @@ MODULE_SECONDS = {
 
 def pytest_configure(config: pytest.Config) -> None:
     """The test modules' imports (collection) with the collector paused, as a command's start
-    (training/launch/start_up.py)."""
+    (training/launch/interpreter.py)."""
     gc.disable()
 
 
@@ -112,7 +112,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Handed back to the collector for its last pass (see training/launch/start_up.py)."""
+    """Handed back to the collector for its last pass (see training/launch/interpreter.py)."""
     gc.unfreeze()
 
 

@@ -120,8 +120,8 @@ def serve(path: Path) -> None:
     which the test process that started it sends as it ends (its running commands too)."""
     import importlib
 
+    from training.launch.interpreter import imports_without_collection
     from training.launch.processes import die_with_parent
-    from training.launch.start_up import imports_without_collection
     from training.launch.warm_ranks import FIRST_USE_IMPORTS, fork_for_request, listen_on
 
     die_with_parent(signal.SIGTERM)

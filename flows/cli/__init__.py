@@ -25,12 +25,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from flows.cli import commands
 from flows.cli.commands import UserError
 from flows.stages.prefect_defaults import DASHBOARD_PORT, apply_prefect_defaults, quiet_library_output
+from training.launch.interpreter import end_without_teardown
 from training.launch.processes import Stopped, stop_on_signals, write_line_to_stderr
 
 DEFAULT_CONFIG = "configs/demo.toml"
@@ -52,6 +55,25 @@ def prepare_environment() -> None:
 
 
 prepare_environment()
+
+
+def entry() -> NoReturn:
+    """The `dlrm` console script and `python -m flows.cli`: `main`, then the end of a normal
+    exit less the interpreter's teardown, 2.3 s after a `dlrm run`'s report
+    (training/launch/interpreter.py)."""
+    try:
+        code = main()
+    except SystemExit as exit_:  # argparse's errors and --help
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if not isinstance(exit_.code, int | None):
+            print(exit_.code, file=sys.stderr)
+    except KeyboardInterrupt:  # before the command's own stop handling: Python's exit code for it
+        traceback.print_exc()
+        code = 130
+    except BaseException:  # noqa: BLE001 - an uncaught error: its traceback and exit code 1, as Python's
+        traceback.print_exc()
+        code = 1
+    end_without_teardown(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,5 @@
 """`python -m flows.cli`: the `dlrm` command."""
 
-import sys
+from flows.cli import entry
 
-from flows.cli import main
-
-sys.exit(main())
+entry()

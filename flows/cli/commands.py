@@ -1,7 +1,7 @@
 """What each `dlrm` command does: read its config once, run, and emit its typed report
 (`flows/run/reports.py`) as JSON or for people. Heavy modules are imported by the command that
 needs them, so `dlrm --help` and a bad config answer at once; the heaviest with the cyclic
-collector paused (training/launch/start_up.py)."""
+collector paused (training/launch/interpreter.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from flows.run.reports import for_people
 from training.codec import encode
-from training.launch.start_up import imports_without_collection
+from training.launch.interpreter import imports_without_collection
 
 
 class UserError(Exception):
@@ -46,7 +46,7 @@ RETUNE_MODULES = ("flows.tuning.retune", "flows.run.reports")
 
 
 def import_while_the_server_starts(modules: tuple[str, ...]) -> None:
-    """Import `modules` with the collector paused (training/launch/start_up.py), while the
+    """Import `modules` with the collector paused (training/launch/interpreter.py), while the
     command's Prefect server starts beside them (`prefect_api`'s `while_starting`): a cold
     `dlrm run` reached its first flow 4 s sooner so on 2 cores (docs/performance.md)."""
     with imports_without_collection():

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from training.launch.start_up import imports_without_collection
+from training.launch.interpreter import imports_without_collection
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def create_app() -> FastAPI:
     """uvicorn's factory: Prefect's app, with the repossessor among its temporary-server services."""
     # Prefect's server imported and built here, with the collector paused: 0.9 s of the
-    # server's 3.6 s start (training/launch/start_up.py; uvicorn imports this module first)
+    # server's 3.6 s start (training/launch/interpreter.py; uvicorn imports this module first)
     with imports_without_collection():
         from prefect.server.api.server import create_app as create_prefect_app
         from prefect.server.services import perpetual_services

@@ -2,14 +2,14 @@
 
     python -m torch.distributed.run --nproc-per-node=N -m training.launch.rank JOB.json
 
-`training.worker`'s imports with the collector paused (training/launch/start_up.py: 1.1 s of
+`training.worker`'s imports with the collector paused (training/launch/interpreter.py: 1.1 s of
 a rank's 4.0 s start), then the worker's main; a finished rank leaves without the
 interpreter's teardown (`training.worker.exit_skipping_teardown`).
 """
 
 from __future__ import annotations
 
-from training.launch.start_up import imports_without_collection
+from training.launch.interpreter import imports_without_collection
 
 
 def main() -> None:

@@ -45,8 +45,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from training.launch.host_role import free_local_port  # these two: the standard library's only
+from training.launch.interpreter import imports_without_collection
 from training.launch.processes import die_with_parent, forget_group, start_group, write_all
-from training.launch.start_up import imports_without_collection
 
 ENVIRONMENT_KEY = "DLRM_WARM_RANKS"
 _FDS = 2  # the client's stdout and stderr, passed to the agent

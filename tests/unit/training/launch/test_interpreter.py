@@ -1,14 +1,19 @@
 """`imports_without_collection`: the collector paused in the block, what the block built kept
 out of later passes, and collection back on at the end of the outermost block, also when the
-block fails."""
+block fails. `end_without_teardown`: a normal exit's work, less the teardown."""
 
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from training.launch.start_up import imports_without_collection
+from training.launch.interpreter import imports_without_collection
+
+ROOT = Path(__file__).resolve().parents[4]
 
 
 class Node:
@@ -48,3 +53,27 @@ def test_a_process_that_had_collection_off_keeps_it_off() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_an_end_without_teardown_still_does_a_normal_exits_work(tmp_path: Path) -> None:
+    """The exit code given; a thread that is not a daemon finished first; the exit handlers
+    run; buffered output written."""
+    script = f"""
+import atexit, sys, threading, time
+from pathlib import Path
+from training.launch.interpreter import end_without_teardown
+folder = Path({str(tmp_path)!r})
+def late():
+    time.sleep(0.3)
+    (folder / "thread").write_text("done")
+threading.Thread(target=late).start()
+atexit.register(lambda: (folder / "atexit").write_text("ran"))
+sys.stdout.write("buffered, no newline")
+end_without_teardown(3)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False,
+                          cwd=ROOT)  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "buffered, no newline"
+    assert (tmp_path / "thread").read_text() == "done", "the thread was waited for"
+    assert (tmp_path / "atexit").read_text() == "ran"
