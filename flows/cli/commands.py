@@ -47,8 +47,8 @@ RETUNE_MODULES = ("flows.tuning.retune", "flows.run.reports")
 
 def import_while_the_server_starts(modules: tuple[str, ...]) -> None:
     """Import `modules` with the collector paused (training/launch/interpreter.py), while the
-    command's Prefect server starts beside them (`prefect_api`'s `while_starting`): a cold
-    `dlrm run` reached its first flow 4 s sooner so on 2 cores (docs/performance.md)."""
+    command's Prefect server starts beside them (`prefect_api`'s `while_starting`): on 2 cores
+    a cold `dlrm run` reached its first flow 2.4 s sooner so (docs/performance.md)."""
     with imports_without_collection():
         for name in modules:
             importlib.import_module(name)

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 def create_app() -> FastAPI:
     """uvicorn's factory: Prefect's app, with the repossessor among its temporary-server services."""
-    # Prefect's server imported and built here, with the collector paused: 0.9 s of the
-    # server's 3.6 s start (training/launch/interpreter.py; uvicorn imports this module first)
+    # Prefect's server imported and built here, with the collector paused: 1.1 s of the
+    # server's 3.8 s start (training/launch/interpreter.py; uvicorn imports this module first)
     with imports_without_collection():
         from prefect.server.api.server import create_app as create_prefect_app
         from prefect.server.services import perpetual_services

@@ -2,8 +2,8 @@
 
     python -m torch.distributed.run --nproc-per-node=N -m training.launch.rank JOB.json
 
-`training.worker`'s imports with the collector paused (training/launch/interpreter.py: 1.1 s of
-a rank's 4.0 s start), then the worker's main; a finished rank leaves without the
+`training.worker`'s imports with the collector paused (training/launch/interpreter.py: 0.8 s of
+a rank's 3.9 s start), then the worker's main; a finished rank leaves without the
 interpreter's teardown (`training.worker.exit_skipping_teardown`).
 """
 

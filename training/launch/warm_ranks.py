@@ -44,7 +44,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from training.launch.host_role import free_local_port  # these two: the standard library's only
+from training.launch.host_role import free_local_port  # these three: the standard library's only
 from training.launch.interpreter import imports_without_collection
 from training.launch.processes import die_with_parent, forget_group, start_group, write_all
 
