@@ -210,12 +210,8 @@ def _run_command(request: dict, fds: list[int]) -> int:
 
         flows.cli.prepare_environment()
         refresh_global_settings_context()  # Prefect read its settings from the server's environment
-        code = flows.cli.main(request["argv"])
-    except SystemExit as exit_:  # argparse's errors and --help
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        if not isinstance(exit_.code, int | None):
-            print(exit_.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - an uncaught error: its traceback and exit code 1, as Python's
+        code = flows.cli.exit_code_of(request["argv"])  # as the console script ends
+    except BaseException:  # noqa: BLE001 - the command's set-up failed: its traceback and exit code 1
         traceback.print_exc()
         code = 1
     with contextlib.suppress(Exception):

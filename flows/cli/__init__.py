@@ -61,19 +61,24 @@ def entry() -> NoReturn:
     """The `dlrm` console script and `python -m flows.cli`: `main`, then the end of a normal
     exit less the interpreter's teardown, 2.3 s after a `dlrm run`'s report
     (training/launch/interpreter.py)."""
+    end_without_teardown(exit_code_of(sys.argv[1:]))
+
+
+def exit_code_of(argv: Sequence[str]) -> int:
+    """`main(argv)`'s exit code as the interpreter would end with it: argparse's exits and
+    --help as they say, an uncaught error's traceback and 1 (130 for an interrupt)."""
     try:
-        code = main()
-    except SystemExit as exit_:  # argparse's errors and --help
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        return main(argv)
+    except SystemExit as exit_:
         if not isinstance(exit_.code, int | None):
             print(exit_.code, file=sys.stderr)
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     except KeyboardInterrupt:  # before the command's own stop handling: Python's exit code for it
         traceback.print_exc()
-        code = 130
+        return 130
     except BaseException:  # noqa: BLE001 - an uncaught error: its traceback and exit code 1, as Python's
         traceback.print_exc()
-        code = 1
-    end_without_teardown(code)
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,3 +20,11 @@ def descendants(pid: int) -> set[int]:
             found.add(child)
             todo.append(child)
     return found
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (an ended process not yet reaped, a zombie, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_DATABASE_CONNECTION_URL, temporary_settings
-from process_tree import descendants
+from process_tree import alive, descendants
 
 from flows.stages.local_server import _start, prefect_api, server_answers, temporary_server
 from flows.stages.prefect_database import copy_template_to, new_database, template_path
@@ -119,7 +119,7 @@ def test_what_a_command_runs_while_its_server_starts_runs_before_it_answers_and_
         assert seen["server"], "the server was started before the work ran"
         assert seen["answered"] is False, "the work ran before the server answered"
         assert server_answers(url)
-    assert not [pid for pid in seen["server"] if _alive(pid)], "the block's end stops the server"
+    assert not [pid for pid in seen["server"] if alive(pid)], "the block's end stops the server"
 
     def failing() -> None:
         seen["server"] = descendants(os.getpid()) - already
@@ -128,11 +128,4 @@ def test_what_a_command_runs_while_its_server_starts_runs_before_it_answers_and_
     no_server = temporary_settings(restore_defaults={PREFECT_API_URL})
     with pytest.raises(ModuleNotFoundError), no_server, prefect_api(while_starting=failing):
         pytest.fail("the block does not run when the work beside the server's start failed")
-    assert seen["server"] and not [pid for pid in seen["server"] if _alive(pid)], "no server is left running"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert seen["server"] and not [pid for pid in seen["server"] if alive(pid)], "no server is left running"

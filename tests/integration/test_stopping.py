@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import warm_commands
-from process_tree import descendants
+from process_tree import alive, descendants
 
 from training.job import JobFolder
 from training.launch.warm_ranks import ENVIRONMENT_KEY
@@ -47,14 +47,6 @@ def _environment(home: Path) -> dict[str, str]:
     env = {**os.environ, "PREFECT_HOME": str(home)}
     env.pop("PREFECT_API_URL", None)  # the command's own temporary server: the one a stop must not break
     return env
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _checkpoint_steps(run_dir: Path) -> list[int]:
@@ -143,7 +135,7 @@ def test_a_stop_ends_everything_the_run_started_and_marks_its_flow_runs(stopped_
     assert seconds < 30, f"stopping took {seconds:.0f} s"
     time.sleep(1.0)
     assert started, "the command had started processes (a Prefect server, torchrun, workers)"
-    assert not [pid for pid in started if _alive(pid)], "no process the command started outlives it"
+    assert not [pid for pid in started if alive(pid)], "no process the command started outlives it"
     assert log.splitlines()[-1] == f"dlrm: stopped by {signame}" and "Traceback" not in log
     assert "RUNNING" not in states.values(), states
     if signame == "SIGINT":
@@ -216,7 +208,7 @@ def _use_the_dashboard_then_stop(process: subprocess.Popen, port: int, run_dir: 
     code, seconds, started = _stop(process, signal.SIGINT, log=log)
     assert code == 130 and seconds < 30, (code, seconds, log.read_text()[-3000:])
     time.sleep(1.0)
-    assert not [pid for pid in started if _alive(pid)], "no trainer, flow-run process or server outlives serve"
+    assert not [pid for pid in started if alive(pid)], "no trainer, flow-run process or server outlives serve"
     states = _flow_run_states(home)
     assert states["retrain"] == "CANCELLED" and states["train"] == "CANCELLED", states
     assert "RUNNING" not in states.values(), states
@@ -263,7 +255,7 @@ def test_ctrl_c_stops_a_retune_and_marks_its_mlflow_runs_killed(tmp_path: Path) 
     code, seconds, started = _stop(process, signal.SIGINT, log=log)
     assert code == 130 and seconds < 30, (code, seconds, log.read_text()[-3000:])
     time.sleep(1.0)
-    assert not [pid for pid in started if _alive(pid)], "no trial process or server outlives the retune"
+    assert not [pid for pid in started if alive(pid)], "no trial process or server outlives the retune"
     assert _flow_run_states(home)["retune"] == "CANCELLED"
     config = load_config(ROOT / "configs" / "tiny.toml", [f'run_dir="{run_dir}"'])
     client = MlflowClient(tracking_uri=config.tracking_uri)
@@ -292,7 +284,7 @@ def test_dlrm_server_serves_the_ui_until_ctrl_c(tmp_path: Path, home: Path) -> N
     code, seconds, started = _stop(process, signal.SIGINT, log=log)
     assert code == 130 and seconds < 30, (code, seconds, log.read_text()[-3000:])
     time.sleep(1.0)
-    assert not [pid for pid in started if _alive(pid)], "the server ends with the command"
+    assert not [pid for pid in started if alive(pid)], "the server ends with the command"
 
 
 # A command killed outright (SIGKILL) while it holds a trainer slot. Started with the module

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import warm_commands
-from process_tree import descendants
+from process_tree import alive, descendants
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,17 +61,10 @@ def _ended(pids: set[int], timeout_s: float = 60) -> set[int]:
     """Those of `pids` still alive after waiting up to `timeout_s` for them all to end."""
     deadline = time.monotonic() + timeout_s
     while True:
-        alive = {pid for pid in pids if _alive(pid)}
-        if not alive or time.monotonic() > deadline:
-            return alive
+        running = {pid for pid in pids if alive(pid)}
+        if not running or time.monotonic() > deadline:
+            return running
         time.sleep(0.2)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _dlrm_server(tmp_path: Path) -> tuple[subprocess.Popen, set[int], Path]:
