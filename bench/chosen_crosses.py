@@ -4,7 +4,7 @@ crossing them is worth: the plain regression against the regression with the cho
 cross-validation, judged by NE on the held-out rows.
 
     .venv/bin/python bench/chosen_crosses.py [--folder DIR] [--only tiny,small-real,avazu,movielens]
-        [--z 4.0] [--most 12] [--all-pairs]
+        [--family-p 0.05] [--most 12] [--all-pairs]
 
 `tiny` and `small-real` are those configs' generated days (their training days against
 their evaluation days); the generator makes some categorical pairs interact through latent
@@ -14,10 +14,10 @@ outside the repository) and split as that bench splits them.
 
 A pair is scored against the plain regression's out-of-fold predictions p by the score test
 of ingestion/crosses.py: over the pair's values seen at least 5 times, Σ_value (Σ (y − p))² /
-Σ p(1 − p), about χ² with one degree of freedom a value when the pair adds nothing; its
-z-score, (statistic − values) / √(2 · values), ranks the pairs. Pairs at or above
-`--z` are crossed, the `--most` strongest. Scikit-learn fits the regressions: this bench
-measures the idea, not the project's reference.
+Σ p(1 − p), about χ² with one degree of freedom a value when the pair adds nothing. Pairs
+whose χ² tail times the pairs scored is at most `--family-p` are crossed, the `--most`
+strongest (`crosses.chosen_pairs`, as a run chooses). Scikit-learn fits the regressions: this
+bench measures the idea, not the project's reference.
 
 It prints a table per dataset and, last, one JSON line: for each dataset the plain
 regression's NE, the chosen pairs, the crossed regression's NE and its change.
@@ -128,13 +128,11 @@ def fit_by_cv(x: sp.csr_matrix, y: np.ndarray, folds: list[np.ndarray]) -> tuple
     return best[1], best[2], LogisticRegression(C=best[1], max_iter=1000, tol=1e-4).fit(x, y)
 
 
-def pair_scores(split: Split, out_of_fold: np.ndarray) -> list[tuple[float, tuple[int, int], int]]:
-    """(z, pair, values scored) for every pair of categorical columns, strongest first
-    (the score test of ingestion/crosses.py)."""
+def pair_scores(split: Split, out_of_fold: np.ndarray) -> list[crosses.PairScore]:
+    """Every pair of categorical columns scored, strongest first (ingestion/crosses.py)."""
     codes = np.stack([np.unique(split.cats[:, column].astype(str), return_inverse=True)[1].reshape(-1)
                       for column in range(split.cats.shape[1])], axis=1)  # fmt: skip
-    return [(score.z, (score.first, score.second), score.values)
-            for score in crosses.pair_scores(codes, split.y, out_of_fold, MIN_COUNT)]  # fmt: skip
+    return crosses.pair_scores(codes, split.y, out_of_fold, MIN_COUNT)
 
 
 def _crossed(cats: np.ndarray, a: int, b: int) -> np.ndarray:
@@ -153,19 +151,20 @@ def design(split: Split, pairs: list[tuple[int, int]]) -> tuple[sp.csr_matrix, s
     return x, x_out
 
 
-def measure(name: str, split: Split, z: float, most: int, all_pairs: bool, known: list | None) -> dict:
+def measure(name: str, split: Split, family_p: float, most: int, all_pairs: bool, known: list | None) -> dict:
     began = time.monotonic()
     folds = folds_of(len(split.y))
     x, x_out = design(split, [])
     c_plain, out_of_fold, plain = fit_by_cv(x, split.y, folds)
     plain_ne = normalized_entropy(split.y_out, plain.predict_proba(x_out)[:, 1])
     scores = pair_scores(split, out_of_fold)
-    chosen = [pair for score, pair, _ in scores if score >= z][:most]
+    chosen = crosses.chosen_pairs(scores, family_p, most)
     result = {"rows": len(split.y), "held_out_rows": len(split.y_out), "plain_ne": round(plain_ne, 5), "plain_c": c_plain,
               "chosen": [f"{split.names[a]}×{split.names[b]}" for a, b in chosen],
-              "top_scores": [[f"{split.names[a]}×{split.names[b]}", round(s, 1)] for s, (a, b), _ in scores[:8]]}  # fmt: skip
+              "top_scores": [[f"{split.names[s.first]}×{split.names[s.second]}", round(s.z, 1), s.values,
+                              float(f"{s.p * len(scores):.2g}")] for s in scores[:8]]}  # fmt: skip
     if known is not None:
-        ranks = [i for i, (_, pair, _) in enumerate(scores) if pair in set(known)]
+        ranks = [i for i, s in enumerate(scores) if (s.first, s.second) in set(known)]
         result["generator_pairs_ranked"] = ranks
     if chosen:
         xc, xc_out = design(split, chosen)
@@ -176,7 +175,7 @@ def measure(name: str, split: Split, z: float, most: int, all_pairs: bool, known
         result.update(crossed_ne=round(plain_ne, 5), crossed_c=c_plain)
     result["change"] = round(result["crossed_ne"] / plain_ne - 1, 4)
     if all_pairs:
-        every = [pair for _, pair, _ in scores]
+        every = [(s.first, s.second) for s in scores]
         xa, xa_out = design(split, every)
         _, _, crossed_all = fit_by_cv(xa, split.y, folds)
         result["all_pairs_ne"] = round(normalized_entropy(split.y_out, crossed_all.predict_proba(xa_out)[:, 1]), 5)
@@ -191,7 +190,8 @@ def show(name: str, result: dict) -> None:
           f"{100 * result['change']:+.2f} %)  {', '.join(result['chosen']) or 'none chosen'}")  # fmt: skip
     if "all_pairs_ne" in result:
         print(f"  with every pair crossed     NE {result['all_pairs_ne']:.5f}")
-    print("  strongest pairs (z): " + ", ".join(f"{pair} {score}" for pair, score in result["top_scores"]))
+    print("  strongest pairs (z, values, χ² tail × pairs scored): "
+          + ", ".join(f"{pair} {z} {values} {family}" for pair, z, values, family in result["top_scores"]))
     if "generator_pairs_ranked" in result:
         print(f"  the generator's pairs rank {result['generator_pairs_ranked']}")
 
@@ -200,7 +200,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--folder", type=Path, help="where avazu-10k.csv and ml-100k/ are (bench/real_data.py)")
     parser.add_argument("--only", default="tiny,small-real,avazu,movielens")
-    parser.add_argument("--z", type=float, default=4.0, help="the lowest z-score a pair is crossed at")
+    parser.add_argument("--family-p", type=float, default=crosses.FAMILY_P,
+                        help="the largest χ² tail, times the pairs scored, a pair is crossed at")
     parser.add_argument("--most", type=int, default=12, help="at most this many pairs crossed")
     parser.add_argument("--all-pairs", action="store_true", help="also fit the regression with every pair crossed")
     args = parser.parse_args()
@@ -211,7 +212,7 @@ def main() -> None:
         for name, config_file in GENERATED.items():
             if name in wanted:
                 split, known = generated_split(config_file, scratch_dir / name)
-                results[name] = measure(name, split, args.z, args.most, args.all_pairs, known)
+                results[name] = measure(name, split, args.family_p, args.most, args.all_pairs, known)
                 show(name, results[name])
         for name, build, source in (("avazu", avazu_warehouse, "avazu-10k.csv"), ("movielens", movielens_warehouse, "ml-100k")):
             if name not in wanted:
@@ -219,7 +220,7 @@ def main() -> None:
             if args.folder is None or not (args.folder / source).exists():
                 raise SystemExit(f"{name}: {source} not found; pass --folder DIR holding it (bench/real_data.py)")
             split = warehouse_split(build(args.folder / source, scratch_dir / name))
-            results[name] = measure(name, split, args.z, args.most, args.all_pairs, None)
+            results[name] = measure(name, split, args.family_p, args.most, args.all_pairs, None)
             show(name, results[name])
     print(json.dumps(results))
 

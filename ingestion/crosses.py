@@ -9,8 +9,14 @@ weights all being zero is, per combined value c seen in the rows,
 
 summed over the values: about χ² with one degree of freedom a value when the pair holds
 nothing the model has not learned. Values seen fewer than `MIN_COUNT` times are left out
-(too few rows to tell a real effect from one row's label). The z-score
-(statistic − values) / √(2 · values) then ranks pairs of any number of values together.
+(too few rows to tell a real effect from one row's label).
+
+A pair is crossed when its statistic's χ² tail (degrees of freedom: its values), times the
+pairs scored, is at most `FAMILY_P`: the chance that any pair holding nothing is crossed,
+whatever the number of pairs tried. The z-score (statistic − values) / √(2 · values), the
+threshold before, reads the same tail for every pair, but a χ² of few degrees of freedom has
+the longer right tail: z 4 is p 5.1e-4 at 43 values and 5.8e-5 at 2,000, so pairs of few
+values were crossed on thinner evidence (docs/run-length.md).
 
 The predictions must come from a model that did not train on the rows scored (out of fold):
 on its own training rows a regression's residuals are fitted to zero per value of each
@@ -31,12 +37,13 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from ingestion.bucket_count import bucket_count
 from ingestion.cross_ids import Cross, combined_keys
 
 MIN_COUNT = 5  # a combined value counts toward its pair's score once seen this often
-CHOSEN_Z = 4.0  # the lowest z-score a pair is crossed at
+FAMILY_P = 0.05  # the chance, over every pair scored, that a pair holding nothing is crossed
 MOST_PAIRS = 12  # at most this many pairs crossed, the strongest
 
 
@@ -49,6 +56,7 @@ class PairScore:
     z: float  # (statistic − values) / √(2 · values); about standard normal when the pair adds nothing
     statistic: float
     values: int  # combined values seen at least MIN_COUNT times
+    p: float  # the statistic's χ² tail at `values` degrees of freedom: its chance when the pair adds nothing
 
 
 def pair_scores(codes: np.ndarray, labels: np.ndarray, predictions: np.ndarray, min_count: int = MIN_COUNT) -> list[PairScore]:
@@ -74,30 +82,47 @@ def pair_scores(codes: np.ndarray, labels: np.ndarray, predictions: np.ndarray, 
         seen = count >= min_count
         values = int(seen.sum())
         statistic = float((sums[seen] ** 2 / np.maximum(weights[seen], 1e-12)).sum())
-        scores.append(PairScore(a, b, (statistic - values) / np.sqrt(2 * max(values, 1)), statistic, values))
-    return sorted(scores, key=lambda score: -score.z)
+        z = (statistic - values) / np.sqrt(2 * max(values, 1))
+        scores.append(PairScore(a, b, z, statistic, values, chi_square_tail(statistic, values)))
+    return sorted(scores, key=_strongest_first)
 
 
-def chosen_pairs(scores: list[PairScore], z: float = CHOSEN_Z, most: int = MOST_PAIRS) -> list[tuple[int, int]]:
-    """The pairs scored at or above `z`, the `most` strongest."""
-    return [(score.first, score.second) for score in sorted(scores, key=lambda s: -s.z) if score.z >= z][:most]
+def chi_square_tail(statistic: float, degrees: int) -> float:
+    """P(χ²(degrees) ≥ statistic): the regularized upper incomplete gamma Q(k/2, x/2); 1 where
+    no value was seen often enough to score."""
+    if degrees < 1:
+        return 1.0
+    half = torch.tensor([degrees / 2.0, statistic / 2.0], dtype=torch.float64)
+    return float(torch.special.gammaincc(half[0], half[1]))
 
 
-def feature_pairs(train_files: Sequence[str], features: Sequence[str], out_of_fold: np.ndarray, z: float = CHOSEN_Z,
-                  most: int = MOST_PAIRS) -> list[tuple[str, str]]:  # fmt: skip
+def chosen_pairs(scores: list[PairScore], family_p: float = FAMILY_P, most: int = MOST_PAIRS) -> list[tuple[int, int]]:
+    """The pairs whose tail, times the pairs scored (Bonferroni), is at most `family_p`; the
+    `most` strongest (the smallest tail; the largest z where tails underflow to 0)."""
+    tried = len(scores)
+    return [(score.first, score.second) for score in sorted(scores, key=_strongest_first)
+            if score.p * tried <= family_p][:most]  # fmt: skip
+
+
+def _strongest_first(score: PairScore) -> tuple[float, float]:
+    return score.p, -score.z
+
+
+def feature_pairs(train_files: Sequence[str], features: Sequence[str], out_of_fold: np.ndarray,
+                  family_p: float = FAMILY_P, most: int = MOST_PAIRS) -> list[tuple[str, str]]:  # fmt: skip
     """The pairs of one-id `features` of the feature files to cross, by name: scored on the
     rows that `out_of_fold` predicts (its length is the files' rows, in their order; NaN
     where no fit left the row out). Bag features (lists of ids) are not paired."""
     labels, columns = _single_columns(train_files, features)
-    return _chosen_names(labels, columns, out_of_fold, z, most)
+    return _chosen_names(labels, columns, out_of_fold, family_p, most)
 
 
 def choose_crosses(train_files: Sequence[str], features: Sequence[str], out_of_fold: np.ndarray, most_rows: int,
-                   z: float = CHOSEN_Z, most: int = MOST_PAIRS) -> tuple[Cross, ...]:  # fmt: skip
+                   family_p: float = FAMILY_P, most: int = MOST_PAIRS) -> tuple[Cross, ...]:  # fmt: skip
     """`feature_pairs`' pairs as crosses, strongest first, each with the table rows
     (`cross_table_rows`, at most `most_rows`) its combinations in the files need."""
     labels, columns = _single_columns(train_files, features)
-    pairs = _chosen_names(labels, columns, out_of_fold, z, most)
+    pairs = _chosen_names(labels, columns, out_of_fold, family_p, most)
     return tuple(Cross(a, b, cross_table_rows(columns[a], columns[b], most_rows)) for a, b in pairs)
 
 
@@ -121,7 +146,7 @@ def _single_columns(train_files: Sequence[str], features: Sequence[str]) -> tupl
     return np.concatenate(columns["label"]).astype(np.float64), singles  # type: ignore[arg-type]
 
 
-def _chosen_names(labels: np.ndarray, columns: dict[str, np.ndarray], out_of_fold: np.ndarray, z: float,
+def _chosen_names(labels: np.ndarray, columns: dict[str, np.ndarray], out_of_fold: np.ndarray, family_p: float,
                   most: int) -> list[tuple[str, str]]:  # fmt: skip
     if len(labels) != len(out_of_fold):
         raise ValueError(f"{len(out_of_fold):,} out-of-fold predictions for {len(labels):,} rows of the feature files")
@@ -130,7 +155,7 @@ def _chosen_names(labels: np.ndarray, columns: dict[str, np.ndarray], out_of_fol
     if len(names) < 2 or not scored.any():
         return []
     codes = np.stack([columns[name][scored] for name in names], axis=1)
-    pairs = chosen_pairs(pair_scores(codes, labels[scored], out_of_fold[scored]), z, most)
+    pairs = chosen_pairs(pair_scores(codes, labels[scored], out_of_fold[scored]), family_p, most)
     return [(names[a], names[b]) for a, b in pairs]
 
 

@@ -52,6 +52,13 @@ class ModelConfig:
     layer at 0, so the deep part learns what the regression leaves. Rank 0 fits it and sends it to every rank. Small data:
     L-BFGS with a validated L2 finds the ids' own weights better than a few epochs of SGD; keep `training.embedding_lr` at
     0.005 or less or they drift from that optimum"""
+    # The L2 of the regression a wide part starts from (training/reference.py): one C for
+    # every weight, or each feature's own by type-II maximum likelihood
+    wide_start_l2: Literal["per_feature", "shared"] = "per_feature"
+    """the L2 of the regression a wide part starts from (`wide_start = "logistic_regression"`): `"per_feature"`, the
+    validated C, then each feature's ids their own prior variance by type-II maximum likelihood (empirical Bayes: a feature of
+    a few values seen thousands of times is not shrunk as one of thousands of ids seen once); `"shared"`, the reference's
+    one C for every weight. The reported reference keeps one C either way ([run-length.md](run-length.md))"""
     # Few rows start at the regression (training/model/small_data.py): measured better on
     # Avazu's 8,000 rows, worse on MovieLens's 66,000.
     regression_start: Literal["auto", "configured"] = "auto"
@@ -63,7 +70,8 @@ class ModelConfig:
     # Pairs of features crossed into tables of their own (flows/run/crosses.py).
     crosses: Literal["auto", "none"] = "auto"
     """`auto`: a fresh run crosses the pairs of one-id features that a score test against the logistic-regression reference's
-    out-of-fold predictions finds (z ≥ 4, the 12 strongest at most; [run-length.md](run-length.md)): each pair's combined
+    out-of-fold predictions finds (a χ² tail of 0.05 over the pairs scored, the 12 strongest at most;
+    [run-length.md](run-length.md)): each pair's combined
     rows get a table of their own, in the model, the wide start and the served model alike; a night keeps its champion's
     pairs. Managed ids cross nothing. `none`: no crosses"""
     # Tables declared by shape, for planning a model without its data (empty: from the data).

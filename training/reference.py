@@ -17,6 +17,19 @@ by k-fold cross-validation, every row scored once by a fit that did not see it (
 a few hundred rows would pick C by its noise); on more, on one slice of the training rows,
 the rest fitted for each C tried. The chosen C is then refitted on every training row.
 Full batch, fixed starts: the same rows give the same weights.
+
+`per_feature_l2`: one L2 strength for every weight treats a feature of three values, each
+seen thousands of times, as it treats one of thousands of ids each seen once. With it, each
+feature's ids get a prior variance of their own, by type-II maximum likelihood (empirical
+Bayes): from the validated C, each round sets a feature's variance to the mean over its ids
+of w² + v (the weight and its Laplace posterior variance, 1 / (Σ p(1 − p) over its rows +
+1 / variance)) and fits again (an EM step), until no variance moves by 2 % (`PRIOR_ROUNDS`
+at most). The bias and the dense weights keep the validated L2. This is the fit a wide model
+starts from; the reported reference stays the one-C regression a careful analyst would fit.
+EM moves a feature of many rarely seen ids slowly away from the validated C, so ten rounds
+stop between the one C and the marginal likelihood's optimum; MacKay's update, which reaches
+that optimum in a few rounds, measured worse on all three small datasets tried (Avazu,
+MovieLens's four weeks, configs/small-real.toml: docs/run-length.md).
 """
 
 from __future__ import annotations
@@ -48,6 +61,10 @@ START_C = 0.03
 # cheap there, and one 10 % slice (under 20,000 rows) is too few rows to choose by.
 CV_BELOW_ROWS = 200_000
 CV_FOLDS = 5
+# Rounds of the per-feature prior variances at most, and the relative change that ends them.
+PRIOR_ROUNDS = 10
+PRIOR_SETTLED = 0.02
+SHRUNK = 0.01  # a feature whose C fell below this share of the validated C counts as settled
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -101,6 +118,10 @@ class LogisticFit:
     # the rows no fit left out: those fitted with one held-out slice); None when C was not
     # validated. What a pair of columns is scored against (ingestion/crosses.py).
     out_of_fold: np.ndarray | None = field(default=None, compare=False, repr=False)
+    # `per_feature_l2`: each feature's C (the prior variance of its ids' weights), and the
+    # rounds that estimated them; empty where one C serves every weight
+    c_by_feature: dict[str, float] = field(default_factory=dict)
+    prior_rounds: int = 0
 
     @property
     def how_chosen(self) -> str:
@@ -109,7 +130,12 @@ class LogisticFit:
             return f"C {self.c:.4g} unvalidated (too few rows of each label to choose by)"
         where = (f"by {self.folds}-fold cross-validation over {self.validation_rows:,} training rows" if self.folds > 1
                  else f"on {self.validation_rows:,} held-out training rows")  # fmt: skip
-        return f"C {self.c:.4g} chosen {where} (validation NE {self.validation_ne:.4f}, {len(self.validation_ne_by_c)} C tried)"
+        chosen = f"C {self.c:.4g} chosen {where} (validation NE {self.validation_ne:.4f}, {len(self.validation_ne_by_c)} C tried)"
+        if not self.c_by_feature:
+            return chosen
+        low, high = min(self.c_by_feature, key=self.c_by_feature.get), max(self.c_by_feature, key=self.c_by_feature.get)
+        return (f"{chosen}; then each feature's own C by type-II maximum likelihood ({self.prior_rounds} rounds): "
+                f"from {self.c_by_feature[low]:.3g} ({low}) to {self.c_by_feature[high]:.3g} ({high})")
 
 
 @dataclass(frozen=True)
@@ -143,6 +169,7 @@ def fit_logistic_regression(
     raw_ids: bool = False,
     folds: int = 0,
     crosses: Sequence[Cross] = (),
+    per_feature_l2: bool = False,
 ) -> LogisticFit:
     """Choose C on hashed validation rows of the training rows, refit on all of them.
 
@@ -158,6 +185,8 @@ def fit_logistic_regression(
     files hold raw ids (managed mode), hashed into the tables' rows (id mod rows). `crosses`:
     the crossed pairs' columns too (their tables among `table_sizes`); the folds and the
     sample stay those of the plain features, so the fits with and without compare row for row.
+    `per_feature_l2`: from the validated C, each feature's own (the module's docstring); an
+    unvalidated C is kept for every weight.
     """
     if not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"validation_fraction: must be in (0, 1), got {validation_fraction}")
@@ -190,9 +219,49 @@ def fit_logistic_regression(
     del splits
     everything = design(np.ones(n, dtype=bool))  # after the validation designs are freed
     theta, iterations, converged = fit(everything, c, start)
+    c_by_feature: dict[str, float] = {}
+    rounds = 0
+    if per_feature_l2 and ne_by_c:
+        feature_of_column = np.searchsorted(np.cumsum(sizes), columns, side="right")
+        theta, c_of_feature, rounds, iterations, converged = _per_feature_priors(
+            everything, theta, feature_of_column, len(features), c, max_iter, tolerance)
+        c_by_feature = {features[f]: float(c_of_feature[f]) for f in np.unique(feature_of_column)}
     model = _to_model(table_sizes, theta, columns, raw_ids)
     return LogisticFit(model, 1.0 / (c * n), c, ne_by_c.get(c, math.nan), ne_by_c, n, validation,
-                       iterations, converged, total, k, out_of_fold)  # fmt: skip
+                       iterations, converged, total, k, out_of_fold, c_by_feature, rounds)  # fmt: skip
+
+
+def _per_feature_priors(rows: _Rows, theta: torch.Tensor, feature_of_column: np.ndarray, features: int, c: float,
+                        max_iter: int, tolerance: float) -> tuple[torch.Tensor, np.ndarray, int, int, bool]:  # fmt: skip
+    """Each feature's prior variance of its ids' weights (scikit-learn's C: the variance on the
+    summed log loss' scale) by type-II maximum likelihood, from `theta`, the fit at one C:
+    (θ, C by feature, rounds, the last fit's iterations, converged). The Hessian's diagonal
+    counts a bag's repeated id once a time it appears (p(1 − p) per entry), not its square."""
+    n = len(rows.labels)
+    d = rows.dense.shape[1]
+    owner = torch.from_numpy(feature_of_column.astype(np.int64))
+    ids_per_feature = torch.bincount(owner, minlength=features).to(torch.float64).clamp_min(1.0)
+    c_of_feature = torch.full((features,), c, dtype=torch.float64)
+    penalty = torch.full_like(theta, 1.0 / (c * n))
+    penalty[0] = 0.0
+    rounds, iterations, converged = 0, 0, True
+    for rounds in range(1, PRIOR_ROUNDS + 1):
+        p = torch.from_numpy(_predict(rows, theta))
+        curvature = rows.ids_t @ (p * (1.0 - p))  # [m] Σ p(1 − p) over each id's rows
+        weights = theta[1 + d :]
+        posterior = 1.0 / (curvature + 1.0 / c_of_feature[owner])
+        settled = torch.zeros(features, dtype=torch.float64).index_add_(0, owner, weights * weights + posterior)
+        settled = (settled / ids_per_feature).clamp_min(1e-12)
+        # a feature shrunk to under 1 % of C (a constant column, the bias' twin, or noise) goes on
+        # shrinking by a few % a round with no effect on a prediction: it does not hold the rounds
+        live = (torch.bincount(owner, minlength=features) > 0) & (settled >= SHRUNK * c)
+        moved = float(((settled - c_of_feature).abs() / c_of_feature)[live].max()) if bool(live.any()) else 0.0
+        c_of_feature = settled
+        penalty[1 + d :] = 1.0 / (c_of_feature[owner] * n)
+        theta, iterations, converged = _lbfgs(rows, penalty, theta, max_iter, tolerance)
+        if moved <= PRIOR_SETTLED:
+            break
+    return theta, c_of_feature.numpy(), rounds, iterations, converged
 
 
 def _choose_c(splits: list[tuple[_Rows, _Rows]], fit, c_grid: Sequence[float], columns: int):
@@ -336,8 +405,9 @@ def _csr(rows: np.ndarray, cols: np.ndarray, n: int, m: int, ones: torch.Tensor)
         return torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(cols[order].astype(np.int32)), ones, (n, m))
 
 
-def _lbfgs(rows: _Rows, l2: float, start: torch.Tensor, max_iter: int, tolerance: float):
-    """Minimise mean log loss + l2/2‖w‖² from θ = `start`: (θ, iterations, converged).
+def _lbfgs(rows: _Rows, l2: float | torch.Tensor, start: torch.Tensor, max_iter: int, tolerance: float):
+    """Minimise mean log loss + l2/2‖w‖² from θ = `start`: (θ, iterations, converged). `l2`:
+    one strength, or one per coordinate of θ (the bias' is not applied).
 
     L-BFGS runs on u = θ' / s: θ' is θ with the dense features centred (so the bias does not
     trade off against the dense weights), s the inverse square root of each coordinate's
@@ -351,9 +421,10 @@ def _lbfgs(rows: _Rows, l2: float, start: torch.Tensor, max_iter: int, tolerance
     ctr = float(rows.labels.mean())
     penalised = torch.ones_like(start)
     penalised[0] = 0.0  # the bias
+    penalised = penalised * l2  # each coordinate's strength
     column_counts = torch.diff(rows.ids_t.crow_indices()).to(torch.float64)  # [m]
     curvature = torch.cat([torch.ones(1, dtype=torch.float64), (dense * dense).mean(0), column_counts / n])
-    scale = (max(ctr * (1 - ctr), 0.01) * curvature + l2 * penalised).clamp_min(1e-12).rsqrt()
+    scale = (max(ctr * (1 - ctr), 0.01) * curvature + penalised).clamp_min(1e-12).rsqrt()
     centred = start.clone()
     centred[0] += mean @ start[1 : 1 + d]
     u = centred / scale
@@ -363,9 +434,9 @@ def _lbfgs(rows: _Rows, l2: float, start: torch.Tensor, max_iter: int, tolerance
         z = theta[0] + dense @ theta[1 : 1 + d] + rows.ids @ theta[1 + d :]  # [n]
         residual = (torch.sigmoid(z) - rows.labels) / n  # [n]
         grad = torch.cat([residual.sum().reshape(1), dense.T @ residual, rows.ids_t @ residual])
-        u.grad = scale * (grad + l2 * penalised * theta)
+        u.grad = scale * (grad + penalised * theta)
         loss = torch.nn.functional.softplus(z).mean() - (rows.labels * z).mean()
-        return loss + 0.5 * l2 * torch.sum(penalised * theta * theta)
+        return loss + 0.5 * torch.sum(penalised * theta * theta)
 
     chunk = 10
     optimizer = torch.optim.LBFGS([u], lr=1.0, max_iter=chunk, history_size=10, tolerance_grad=1e-12,

@@ -52,7 +52,7 @@ def reference_cache() -> Path:
 
 
 def fitted_reference(table_sizes: Mapping[str, int], train_files: Sequence[str], *, seed: int = 0, max_rows: int = 0,
-                     folds: int = 0, raw_ids: bool = False, crosses: Sequence[Cross] = (),
+                     folds: int = 0, raw_ids: bool = False, crosses: Sequence[Cross] = (), per_feature_l2: bool = False,
                      cache: Path | None = None) -> ReferenceFit:  # fmt: skip
     """`fit_logistic_regression` with these options, read from `cache` (default: the user's)
     when the same inputs were fitted before, else fitted and kept there. The pipeline's callers
@@ -61,7 +61,7 @@ def fitted_reference(table_sizes: Mapping[str, int], train_files: Sequence[str],
     draw (initialisation, order), not the pairs it crosses or the regression it is judged by."""
     folder = cache or reference_cache()
     try:
-        digest = inputs_digest(table_sizes, train_files, seed, max_rows, folds, raw_ids, crosses)
+        digest = inputs_digest(table_sizes, train_files, seed, max_rows, folds, raw_ids, crosses, per_feature_l2)
         entry: Path | None = folder / f"{digest}.pt"
     except OSError:  # a file that cannot be read as bytes here: the fit says what is wrong with it
         entry = None
@@ -71,7 +71,7 @@ def fitted_reference(table_sizes: Mapping[str, int], train_files: Sequence[str],
             os.utime(entry)  # newest use: kept longest
         return ReferenceFit(kept, reused=True)
     fit = fit_logistic_regression(table_sizes, list(train_files), seed=seed, max_rows=max_rows, folds=folds,
-                                  raw_ids=raw_ids, crosses=crosses)  # fmt: skip
+                                  raw_ids=raw_ids, crosses=crosses, per_feature_l2=per_feature_l2)  # fmt: skip
     if entry:
         with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next run a fit
             _write(entry, fit)
@@ -80,11 +80,12 @@ def fitted_reference(table_sizes: Mapping[str, int], train_files: Sequence[str],
 
 
 def inputs_digest(table_sizes: Mapping[str, int], train_files: Sequence[str], seed: int, max_rows: int, folds: int,
-                  raw_ids: bool, crosses: Sequence[Cross] = ()) -> str:  # fmt: skip
+                  raw_ids: bool, crosses: Sequence[Cross] = (), per_feature_l2: bool = False) -> str:  # fmt: skip
     """Names everything a fit depends on: the files' bytes in their order, the options, the code."""
     digest = hashlib.sha256()
     options = {"tables": list(table_sizes.items()), "seed": seed, "max_rows": max_rows, "folds": folds,
                "raw_ids": raw_ids, "crosses": [dataclasses.astuple(cross) for cross in crosses],
+               **({"per_feature_l2": True} if per_feature_l2 else {}),
                "torch": torch.__version__}  # fmt: skip
     digest.update(json.dumps(options, sort_keys=True).encode())
     for module in (training.reference, ingestion.reader, ingestion.cross_ids):

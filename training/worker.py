@@ -296,7 +296,7 @@ def _wide_start(job: TrainJob) -> WideStart | None:
         evaluation = job.evaluation
         reference = fitted_reference(job.table_sizes, job.train_files,
                                      max_rows=evaluation.reference_max_rows, folds=evaluation.reference_folds,
-                                     crosses=job.crosses)  # fmt: skip
+                                     crosses=job.crosses, per_feature_l2=job.model.wide_start_l2 == "per_feature")  # fmt: skip
         crossed = f" with its {len(job.crosses)} crossed pair(s)" if job.crosses else ""
         print(f"[train] the wide part starts as the logistic regression{crossed} fitted on {reference.fit.train_rows:,} "
               f"rows ({reference.how_chosen})", flush=True)  # fmt: skip

@@ -24,7 +24,7 @@ from flows.run.config import PipelineConfig
 from flows.run.feature_files import Features
 from flows.run.resolve import ResolvedRun
 from flows.run.rows import training_rows
-from ingestion.crosses import choose_crosses
+from ingestion.crosses import FAMILY_P, choose_crosses
 from training.reference_cache import fitted_reference
 
 
@@ -61,7 +61,8 @@ def with_chosen_crosses(config: PipelineConfig, features: Features, train_files:
     crosses = choose_crosses(train_files, one_id, fit.out_of_fold, config.preprocess.hash_size)
     if not crosses:
         seconds = time.perf_counter() - started
-        return features, f"model.crosses: no pair of features scored a z of 4 or more against the reference ({seconds:.1f} s)"
+        return features, (f"model.crosses: no pair of features passed the score test against the reference (a χ² tail "
+                          f"of {FAMILY_P} over the pairs scored; {seconds:.1f} s)")  # fmt: skip
     chosen = ", ".join(f"{cross.first} × {cross.second} ({cross.rows:,} rows)" for cross in crosses)
     crossed_state = dataclasses.replace(state, crosses=crosses)
     validated = ""

@@ -79,8 +79,8 @@ def test_the_tiny_days_cross_the_generators_pairs_and_the_job_carries_them(tiny_
 
 def test_a_slice_of_few_held_out_rows_crosses_nothing(tiny_features, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """tiny.toml's reference validates on one 10 % slice: 1,200 rows, too few to tell a pair
-    from chance at z 4, so nothing is crossed, and the log says so."""
+    from chance over the pairs scored, so nothing is crossed, and the log says so."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     features, train_files = _features(tiny_features)
     crossed, note = with_chosen_crosses(_config(tmp_path, 'model.crosses="auto"'), features, train_files)
-    assert crossed == features and note.startswith("model.crosses: no pair of features scored a z of 4")
+    assert crossed == features and note.startswith("model.crosses: no pair of features passed the score test")

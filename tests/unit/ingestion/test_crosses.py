@@ -9,7 +9,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from ingestion.crosses import CHOSEN_Z, PairScore, chosen_pairs, pair_scores
+from ingestion.crosses import FAMILY_P, PairScore, chi_square_tail, chosen_pairs, pair_scores
 
 
 def _brute_force(codes: np.ndarray, labels: np.ndarray, p: np.ndarray, min_count: int) -> dict[tuple[int, int], float]:
@@ -65,8 +65,8 @@ def test_the_statistic_is_the_sum_over_combined_values_seen_often_enough() -> No
 def test_the_planted_pair_is_chosen_and_no_other() -> None:
     codes, labels, p = _planted(20_000)
     scores = pair_scores(codes, labels, p)
-    assert (scores[0].first, scores[0].second) == (1, 3) and scores[0].z > 10 * CHOSEN_Z, scores[0]
-    assert all(abs(s.z) < CHOSEN_Z for s in scores[1:]), scores[1:]
+    assert (scores[0].first, scores[0].second) == (1, 3) and scores[0].z > 40 and scores[0].p < 1e-12, scores[0]
+    assert all(abs(s.z) < 4 and s.p * len(scores) > FAMILY_P for s in scores[1:]), scores[1:]
     assert chosen_pairs(scores) == [(1, 3)]
 
 
@@ -87,12 +87,27 @@ def test_any_integer_codes_give_the_same_scores() -> None:
     assert pair_scores(ids, labels, p) == pair_scores(codes, labels, p)
 
 
-def test_the_strongest_pairs_over_the_threshold_are_chosen() -> None:
-    scores = [PairScore(0, 1, 3.9, 0.0, 1), PairScore(0, 2, 9.0, 0.0, 1), PairScore(1, 2, 5.0, 0.0, 1),
-              PairScore(2, 3, 4.0, 0.0, 1)]  # fmt: skip
-    assert chosen_pairs(scores) == [(0, 2), (1, 2), (2, 3)]
-    assert chosen_pairs(scores, most=2) == [(0, 2), (1, 2)]
-    assert chosen_pairs(scores, z=6.0) == [(0, 2)]
+def test_the_strongest_pairs_within_the_family_wise_tail_are_chosen() -> None:
+    """Ten pairs scored: a pair is chosen when ten times its tail is at most 0.05; among tails
+    that underflow to 0, the larger z is the stronger."""
+    scores = [PairScore(0, 1, 3.9, 0.0, 1, 0.006), PairScore(0, 2, 9.0, 0.0, 1, 1e-9), PairScore(1, 2, 5.0, 0.0, 1, 1e-4),
+              PairScore(2, 3, 4.0, 0.0, 1, 0.005), PairScore(1, 3, 90.0, 0.0, 1, 0.0), PairScore(0, 3, 80.0, 0.0, 1, 0.0),
+              *(PairScore(4, n, 0.0, 0.0, 1, 0.5) for n in range(5, 9))]  # fmt: skip
+    assert chosen_pairs(scores) == [(1, 3), (0, 3), (0, 2), (1, 2), (2, 3)]
+    assert chosen_pairs(scores, most=2) == [(1, 3), (0, 3)]
+    assert chosen_pairs(scores, family_p=1e-5) == [(1, 3), (0, 3), (0, 2)]
+
+
+def test_the_tail_is_the_chi_square_survival_function() -> None:
+    """Against scipy (an independent implementation), at few and many degrees of freedom,
+    and the two readings of z 4 that made the z-score a loose threshold for few values."""
+    from scipy.stats import chi2
+
+    for statistic, degrees in ((3.84, 1), (10.0, 3), (100.0, 43), (43 + 4 * np.sqrt(86), 43), (2_000 + 4 * np.sqrt(4_000), 2_000),
+                               (5_000.0, 1_500)):  # fmt: skip
+        assert chi_square_tail(statistic, degrees) == pytest.approx(chi2.sf(statistic, degrees), rel=1e-6, abs=1e-300)
+    assert chi_square_tail(43 + 4 * np.sqrt(86), 43) > 5 * chi_square_tail(2_000 + 4 * np.sqrt(4_000), 2_000)
+    assert chi_square_tail(5.0, 0) == 1.0
 
 
 def test_rows_that_do_not_line_up_are_refused() -> None:
@@ -111,7 +126,7 @@ def test_bags_of_ids_are_not_paired_and_predictions_must_cover_the_rows(multi_ho
     train_files = [*files[0], *files[1]]
     rows = sum(pq.ParquetFile(path).metadata.num_rows for path in train_files)
     predictions = np.random.default_rng(4).uniform(0.1, 0.4, rows)
-    every = feature_pairs(train_files, list(state.table_sizes), predictions, z=-np.inf, most=10_000)
+    every = feature_pairs(train_files, list(state.table_sizes), predictions, family_p=np.inf, most=10_000)
     singles = len(state.table_sizes) - len(TINY_MULTI_HOT)
     assert len(every) == singles * (singles - 1) // 2
     assert not {name for pair in every for name in pair} & set(TINY_MULTI_HOT)

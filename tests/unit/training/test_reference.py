@@ -18,6 +18,9 @@ from ingestion.reader import build_reader
 from ingestion.schema import DENSE_COLUMNS, NUM_DENSE, SPARSE_COLUMNS
 from training.reference import (
     DEFAULT_C_GRID,
+    PRIOR_ROUNDS,
+    PRIOR_SETTLED,
+    SHRUNK,
     HashedLogisticRegression,
     fit_logistic_regression,
     fold_index,
@@ -337,3 +340,43 @@ def test_a_crossed_pair_is_fitted_on_the_plain_fits_rows_and_learns_what_the_pai
     crossed_ne, plain_ne = _crossed_ne(crossed.model, test_files, (cross,)), _ne_of_model(plain.model, test_files)
     print(f"held out: plain {plain_ne:.4f}, crossed {crossed_ne:.4f}")
     assert crossed_ne < plain_ne * 0.97
+
+
+def test_each_features_own_prior_shrinks_the_noise_and_is_the_fit_scikit_learn_makes_at_those_strengths(signal_data) -> None:
+    """`per_feature_l2`: the four features of pure noise get a far smaller C (prior variance)
+    than the informative ones, the held-out NE beats the one-C fit's, and the weights are
+    scikit-learn's at those strengths (each feature's one-hot columns scaled by √(C_f / C),
+    an independent solver of the same problem); the strengths are their own fixed point:
+    each feature's C is the mean of w² + 1 / (Σ p(1 − p) + 1 / C_f) over its ids."""
+    train, test, sizes, train_files, test_files = signal_data
+    shared = fit_logistic_regression(sizes, train_files, seed=SEED, folds=1)
+    own = fit_logistic_regression(sizes, train_files, seed=SEED, folds=1, per_feature_l2=True, tolerance=1e-12)
+    assert not shared.c_by_feature and own.c == shared.c and own.validation_ne == pytest.approx(shared.validation_ne)
+    informative, noise = [f"C{k}" for k in range(1, 7)], [f"C{k}" for k in range(7, 11)]
+    assert set(own.c_by_feature) == set(SPARSE_COLUMNS), "every feature (the others: id 0 on every row), each its own C"
+    assert all(own.c_by_feature[name] < own.c for name in noise), "the noise is shrunk below the validated C"
+    assert max(own.c_by_feature[name] for name in informative) > 5 * max(own.c_by_feature[name] for name in noise)
+    assert "type-II maximum likelihood" in own.how_chosen and 1 < own.prior_rounds <= PRIOR_ROUNDS
+    shared_ne, own_ne = _ne_of_model(shared.model, test_files), _ne_of_model(own.model, test_files)
+    print(f"per-feature C: {own.c_by_feature} ({own.prior_rounds} rounds); NE {own_ne:.5f} against one C's {shared_ne:.5f}")
+    assert own_ne < shared_ne
+    # the columns of _one_hot: the ids seen, in one index space ordered as SPARSE_COLUMNS, then the dense
+    offsets = np.cumsum([0] + [sizes[name] for name in SPARSE_COLUMNS])
+    seen = np.unique(np.stack([train[name] + offsets[j] for j, name in enumerate(SPARSE_COLUMNS)], axis=1))
+    feature_of = [SPARSE_COLUMNS[j] for j in np.searchsorted(offsets, seen, side="right") - 1]
+    c_of = np.array([own.c_by_feature[name] for name in feature_of])
+    scale = np.r_[np.sqrt(c_of / own.c), np.ones(NUM_DENSE)]
+    x, x_test = _one_hot(train, sizes, train), _one_hot(test, sizes, train)
+    with one_blas_thread():
+        oracle = LogisticRegression(C=own.c, max_iter=10_000, tol=1e-10).fit(x @ sparse.diags(scale), train["label"])
+    expected = oracle.predict_proba(x_test @ sparse.diags(scale))[:, 1]
+    np.testing.assert_allclose(score_files(own.model, test_files, "C1").predictions, expected, atol=1e-5)
+    weights = oracle.coef_[0] * scale
+    p = oracle.predict_proba(x @ sparse.diags(scale))[:, 1]
+    curvature = np.asarray(x[:, : len(seen)].T @ (p * (1 - p))).reshape(-1)
+    posterior = 1.0 / (curvature + 1.0 / c_of)
+    for name in (name for name in SPARSE_COLUMNS if own.c_by_feature[name] >= SHRUNK * own.c):
+        mine = np.array(feature_of) == name
+        settled = float(np.mean(weights[: len(seen)][mine] ** 2 + posterior[mine]))
+        within = PRIOR_SETTLED if own.prior_rounds < PRIOR_ROUNDS else 0.1  # ten rounds may stop short of settling
+        assert settled == pytest.approx(own.c_by_feature[name], rel=within), name

@@ -223,7 +223,8 @@ def _fetch_wide_start(rank: int, world: int, port: int, jobs, results) -> None:
 @pytest.mark.slow  # over 5 s: left out of `make test-fast`
 def test_every_rank_of_a_fresh_job_gets_the_references_fit_and_a_warm_start_none(tiny_features, tmp_path) -> None:
     """The worker fits the reference as the pipeline does (same rows, folds, sample; not
-    salted by the job's seed) on rank 0 and sends it to every rank; a job that loads weights
+    salted by the job's seed), each feature with its own L2, on rank 0 and sends it to every
+    rank; with `wide_start_l2 = "shared"`, the reference's own fit; a job that loads weights
     over it does not fit at all."""
     import dataclasses
 
@@ -238,15 +239,19 @@ def test_every_rank_of_a_fresh_job_gets_the_references_fit_and_a_warm_start_none
                    table_sizes=state.table_sizes, train_files=tuple(files[0] + files[1]), eval_files={},
                    out_dir=str(tmp_path / "train"), run_id="fresh")  # fmt: skip
     jobs = {"fresh": job, "warm": dataclasses.replace(job, init_checkpoint=str(tmp_path / "champion")),
-            "zero": dataclasses.replace(job, model=WIDE)}  # fmt: skip
+            "zero": dataclasses.replace(job, model=WIDE),
+            "shared": dataclasses.replace(job, model=dataclasses.replace(job.model, wide_start_l2="shared"))}  # fmt: skip
     results = mp.Manager().dict()
     start_ranks(_fetch_wide_start, (2, _free_port(), jobs, results), 2)
-    fit = fit_logistic_regression(state.table_sizes, job.train_files, max_rows=3000)  # seed 0, whatever the job's
-    expected = WideStart.of_regression(fit.model)
+    # seed 0, whatever the job's; each feature's own L2, the default `model.wide_start_l2`
+    fit = fit_logistic_regression(state.table_sizes, job.train_files, max_rows=3000, per_feature_l2=True)
+    shared = fit_logistic_regression(state.table_sizes, job.train_files, max_rows=3000)
     assert fit.train_rows < fit.rows_available, "the reference's row sample applies"
+    assert fit.c_by_feature and not shared.c_by_feature
     for rank in (0, 1):
-        got = results[("fresh", rank)]
-        assert got.bias == expected.bias and torch.equal(got.dense_weights, expected.dense_weights)
-        assert got.id_weights.keys() == expected.id_weights.keys()
-        assert all(torch.equal(got.id_weights[t], expected.id_weights[t]) for t in expected.id_weights)
+        for label, reference in (("fresh", fit), ("shared", shared)):
+            got, expected = results[(label, rank)], WideStart.of_regression(reference.model)
+            assert got.bias == expected.bias and torch.equal(got.dense_weights, expected.dense_weights)
+            assert got.id_weights.keys() == expected.id_weights.keys()
+            assert all(torch.equal(got.id_weights[t], expected.id_weights[t]) for t in expected.id_weights)
         assert results[("warm", rank)] is None and results[("zero", rank)] is None
