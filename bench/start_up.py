@@ -4,11 +4,12 @@ the collector left on.
 
     .venv/bin/python bench/start_up.py [--rounds 5]
 
-Three start-ups, each in a new interpreter, which imports what that process imports and ends
+Four start-ups, each in a new interpreter, which imports what that process imports and ends
 as it ends:
 - command: what `dlrm run` imports before its pipeline starts (the pipeline, its reports, the
   local Prefect server's control), then a normal exit;
 - rank: what torchrun's rank imports (`training.worker`), then `os._exit` as a rank leaves;
+- agent: what torchrun's agent imports (`torch.distributed.run`), then a normal exit;
 - server: what the temporary Prefect server's app imports, then a normal exit.
 
 Per start-up and way: the wall time and the CPU time (user + system) of the interpreter,
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 START_UPS: dict[str, tuple[tuple[str, ...], str]] = {
     "command": (("flows.deployments.pipeline", "flows.run.reports", "flows.stages.local_server"), ""),
     "rank": (("training.worker",), "import os; os._exit(0)"),
+    "agent": (("torch.distributed.run",), ""),
     "server": (("prefect.server.api.server", "flows.stages.prefect_database"), ""),
 }
 

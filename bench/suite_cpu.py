@@ -40,7 +40,7 @@ KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("test process (xdist worker)", ("exec(eval(sys.stdin.readline()))",)),
     # before the ranks: the forkserver's command line names the trainer it preloads
     ("multiprocessing forkserver or spawned process", ("multiprocessing.forkserver", "multiprocessing.spawn")),
-    ("torchrun agent", ("torch.distributed.run", "bin/torchrun")),
+    ("torchrun agent", ("training.launch.agent", "torch.distributed.run", "bin/torchrun")),
     ("torchrun rank", ("training.launch.rank", "training.worker")),
     ("warm rank", ("training.launch.warm_ranks",)),
     ("warm dlrm command", ("warm_commands.py",)),

@@ -1,7 +1,7 @@
 """One process of a sharded training job. torchrun starts it through
 `training.launch.rank`, which imports this module without the cyclic collector:
 
-    python -m torch.distributed.run --nproc-per-node=N -m training.launch.rank JOB.json
+    python -m training.launch.agent --nproc-per-node=N -m training.launch.rank JOB.json
 """
 
 from __future__ import annotations

@@ -29,16 +29,17 @@ from training.launch.warm_ranks import client_command, server_socket
 from training.loop.checkpoint_chain import latest_checkpoint
 from training.loop.progress import MetricsFollower, MetricsRecord
 
-__all__ = ["RANK_MODULE", "PeerFailed", "TrainingFailed", "launch", "torchrun_command"]
+__all__ = ["AGENT_MODULE", "RANK_MODULE", "PeerFailed", "TrainingFailed", "launch", "torchrun_command"]
 
 RANK_MODULE = "training.launch.rank"  # what torchrun starts on each rank
+AGENT_MODULE = "training.launch.agent"  # torchrun itself (torch.distributed.run, imported faster)
 
 
 def torchrun_command(job: TrainJob, job_path: Path, role: HostRole | None = None) -> list[str]:
     """torchrun for this host: alone (`--standalone`), or its part of a multi-host job."""
     config = job.training
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", AGENT_MODULE,
         *(role.torchrun_args() if role is not None else ["--standalone"]),
         f"--nproc-per-node={config.nproc}",
         "--max-restarts=0",  # restarts are fresh launches, see `launch`

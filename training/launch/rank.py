@@ -1,6 +1,6 @@
 """The process torchrun starts for each rank of a training job:
 
-    python -m torch.distributed.run --nproc-per-node=N -m training.launch.rank JOB.json
+    python -m training.launch.agent --nproc-per-node=N -m training.launch.rank JOB.json
 
 `training.worker`'s imports with the collector paused (training/launch/interpreter.py: 0.8 s of
 a rank's 3.9 s start), then the worker's main; a finished rank leaves without the

@@ -26,6 +26,7 @@ def test_each_process_of_the_suite_is_named_by_its_command_line() -> None:
     assert kind(f"{venv} -u -m training.worker /tmp/pytest-of-root/run/train/job.json") == "torchrun rank"
     assert kind(f"{venv} -u -m training.launch.rank /tmp/pytest-of-root/run/train/job.json") == "torchrun rank"
     assert kind(f"{venv} -m torch.distributed.run --nproc-per-node 2 -m training.launch.rank job.json") == "torchrun agent"
+    assert kind(f"{venv} -m training.launch.agent --nproc-per-node 2 -m training.launch.rank job.json") == "torchrun agent"
     assert kind(f"{venv} -u -c import sys;exec(eval(sys.stdin.readline()))") == "test process (xdist worker)"
     assert kind(f"{venv} -m flows.cli run --config configs/tiny.toml --set run_dir=\"/tmp/pytest-of-root/x\"") == "dlrm command"
     assert kind("postgres: 15/main: postgres dlrm_tests_prefect_12 127.0.0.1(5) idle") == "PostgreSQL"
