@@ -236,7 +236,7 @@ def _per_feature_priors(rows: _Rows, theta: torch.Tensor, feature_of_column: np.
     """Each feature's prior variance of its ids' weights (scikit-learn's C: the variance on the
     summed log loss' scale) by type-II maximum likelihood, from `theta`, the fit at one C:
     (θ, C by feature, rounds, the last fit's iterations, converged). The Hessian's diagonal
-    counts a bag's repeated id once a time it appears (p(1 − p) per entry), not its square."""
+    counts a bag's repeated id once per appearance (p(1 − p) per entry), not by its square."""
     n = len(rows.labels)
     d = rows.dense.shape[1]
     owner = torch.from_numpy(feature_of_column.astype(np.int64))
