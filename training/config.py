@@ -64,7 +64,8 @@ class ModelConfig:
     regression_start: Literal["auto", "configured"] = "auto"
     """`auto`: a fresh run with fewer than 32,768 training rows trains a wide DLRM started as the fitted logistic regression
     (`wide = true`, `wide_start = "logistic_regression"`, `training.embedding_lr` at most 0.005), and a night continuing such a
-    model keeps that rate; measured ahead of the regression on Avazu's 8,000 rows where the plain DLRM stayed 0.8 % behind
+    model keeps that rate; on Avazu's 8,000 rows it ends level with the regression where the plain DLRM stayed 0.8 % behind,
+    and with `wide_start_l2` ahead of it on `configs/small-real.toml` and four weeks of MovieLens
     ([run-length.md](run-length.md)). Said in the run's resolved changes. It leaves a config that sets `wide = true` itself,
     `arch = "dlrm_dcn"` and managed ids as they are. `configured`: train the model as configured"""
     # Pairs of features crossed into tables of their own (flows/run/crosses.py).
