@@ -92,8 +92,8 @@ def chi_square_tail(statistic: float, degrees: int) -> float:
     no value was seen often enough to score."""
     if degrees < 1:
         return 1.0
-    half = torch.tensor([degrees / 2.0, statistic / 2.0], dtype=torch.float64)
-    return float(torch.special.gammaincc(half[0], half[1]))
+    half_degrees, half_statistic = (torch.tensor(x / 2.0, dtype=torch.float64) for x in (degrees, statistic))
+    return float(torch.special.gammaincc(half_degrees, half_statistic))
 
 
 def chosen_pairs(scores: list[PairScore], family_p: float = FAMILY_P, most: int = MOST_PAIRS) -> list[tuple[int, int]]:

@@ -240,7 +240,9 @@ def _per_feature_priors(rows: _Rows, theta: torch.Tensor, feature_of_column: np.
     n = len(rows.labels)
     d = rows.dense.shape[1]
     owner = torch.from_numpy(feature_of_column.astype(np.int64))
-    ids_per_feature = torch.bincount(owner, minlength=features).to(torch.float64).clamp_min(1.0)
+    ids_per_feature = torch.bincount(owner, minlength=features).to(torch.float64)
+    has_ids = ids_per_feature > 0
+    ids_per_feature = ids_per_feature.clamp_min(1.0)
     c_of_feature = torch.full((features,), c, dtype=torch.float64)
     penalty = torch.full_like(theta, 1.0 / (c * n))
     penalty[0] = 0.0
@@ -254,7 +256,7 @@ def _per_feature_priors(rows: _Rows, theta: torch.Tensor, feature_of_column: np.
         settled = (settled / ids_per_feature).clamp_min(1e-12)
         # a feature shrunk to under 1 % of C (a constant column, the bias' twin, or noise) goes on
         # shrinking by a few % a round with no effect on a prediction: it does not hold the rounds
-        live = (torch.bincount(owner, minlength=features) > 0) & (settled >= SHRUNK * c)
+        live = has_ids & (settled >= SHRUNK * c)
         moved = float(((settled - c_of_feature).abs() / c_of_feature)[live].max()) if bool(live.any()) else 0.0
         c_of_feature = settled
         penalty[1 + d :] = 1.0 / (c_of_feature[owner] * n)
