@@ -96,11 +96,13 @@ def run(job: TrainJob, device: torch.device) -> None:
                                  config.keep_checkpoints, config.delta_every)  # fmt: skip
     chosen = stats.validation.summary() if stats.validation else {}
     scored_calibration = refit = False
+    kept_regression = False
     if job.refit_files and stats.validation is not None:
         # the held-out rows chose the length; if they fit no calibrator worth serving, they
         # train the served model too (below)
         predict(built.model, dataclasses.replace(job, eval_files={}), device)
-        scored_calibration, refit = True, not _calibrator_kept(job)
+        kept_regression = built.started_as_regression and not stats.validation.scores.best_epochs
+        scored_calibration, refit = True, kept_regression or not _calibrator_kept(job)
     if refit and stats.validation is not None and stats.validation.scores.best_epochs:
         # the kept model goes on over the rows that chose it: every row is trained, and the
         # served model is the validated one plus a tenth of an epoch, not a fresh draw
@@ -111,8 +113,14 @@ def run(job: TrainJob, device: torch.device) -> None:
         del built
         built, stats, checkpoint = _regression_on_every_row(job, device)
         start = None
-        chosen["run_length"] += ("; no calibrator was kept, so the regression it started from was fitted again on every "
-                                 "training row (the held-out ones included)")  # fmt: skip
+        # A regression fitted with a free bias is calibrated on its rows by its own fit (its
+        # predictions sum to its clicks); a calibrator of the few held-out rows adds only their
+        # noise (Adult's first 10,000 rows: Platt on 761 rows served NE 0.5733, the regression
+        # alone 0.5682), and those rows are better spent on the fit.
+        why = ("the regression it kept is calibrated by its own fit (no calibrator is fitted)" if kept_regression
+               else "no calibrator was kept")  # fmt: skip
+        chosen["run_length"] += (f"; {why}, so the regression it started from was fitted again on every training row "
+                                 "(the held-out ones included)")  # fmt: skip
     rows_trained, fingerprint = _all_reduce_ledger(stats.ledger, device)
     rows = predict(built.model, dataclasses.replace(job, calibration_files=()) if scored_calibration else job, device)
     if rank == 0 and stats.profile is not None:

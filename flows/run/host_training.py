@@ -82,6 +82,13 @@ def fit_served_calibrator(method: str, folder: JobFolder, say: Callable[[str], N
     both fit it here."""
     if method == "none":
         calibrator = Calibrator()
+    elif folder.read_summary().refit:
+        # the held-out rows trained the served model (training/worker.py decided so, by this
+        # rule or because the regression it kept needs none): a calibrator of them would be fitted
+        # on another model's scores
+        note = "the served model trained on the held-out rows too: the model's own probabilities are served"
+        calibrator = Calibrator(rows=0, note=note)
+        say(note)
     else:
         held_out = folder.read_predictions(CALIBRATION_PART)
         calibrator, line = served_calibrator(method, held_out.labels, held_out.predictions)

@@ -77,6 +77,19 @@ def test_the_run_length_is_chosen_on_the_calibration_rows_and_the_best_epoch_is_
     assert sorted((m.step, round(m.value, 6)) for m in history) == sorted((e, round(v, 6)) for e, v in scores.items())
 
 
+def test_a_kept_regression_start_serves_no_calibrator_and_is_fitted_again_on_every_row(small_run) -> None:
+    """small-real's run keeps its start, the fitted regression (no epoch beats it by the
+    margin): a regression is calibrated by its own fit, so no calibrator is fitted on the
+    held-out rows; they join the fit instead, and the served probabilities stay calibrated
+    (Platt on its 815 rows served 0.916)."""
+    _, summary = small_run
+    assert summary["epochs_kept"] == 0 and summary["steps"] == 0, summary["run_length"]
+    assert summary["refit"] and summary["calibrator"].startswith("none (the served model trained on the held-out rows")
+    assert "calibrated by its own fit (no calibrator is fitted)" in summary["run_length"]
+    assert summary["eval_ne"] == summary["eval_ne_uncalibrated"]
+    assert abs(summary["eval_calibration"] - 1.0) < 0.03, summary["eval_calibration"]
+
+
 def test_the_logistic_regression_reference_beats_the_constant(small_run) -> None:
     _, summary = small_run
     assert summary["logistic_regression_ne"] < summary["baseline_constant_ne"] - 0.02
