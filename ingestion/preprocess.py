@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 
 from ingestion.bucket_count import SEARCHED_IDS, bucket_count
 from ingestion.config import PreprocessConfig
+from ingestion.count_bins import CountBins, count_bins_from
 from ingestion.cross_ids import Cross, crosses_from
 from ingestion.schema import DENSE_COLUMNS, FeatureLayout, multi_hot_of
 from ingestion.staging import new_staging, release
@@ -87,6 +88,9 @@ class PreprocessState:
     # are written (`model.crosses`, flows/run/crosses.py) and kept by every run that continues
     # the model; not part of `state_id`: the feature files do not hold them.
     crosses: tuple[Cross, ...] = ()
+    # Dense features also cut into bins (ingestion/count_bins.py), chosen and kept alike
+    # (`model.count_bins`); their tables follow the crosses'.
+    count_bins: tuple[CountBins, ...] = ()
 
     @property
     def table_sizes(self) -> dict[str, int]:
@@ -98,8 +102,9 @@ class PreprocessState:
 
     @property
     def model_table_sizes(self) -> dict[str, int]:
-        """The model's tables: the features' own, then one per cross."""
-        return {**self.table_sizes, **{cross.name: cross.rows for cross in self.crosses}}
+        """The model's tables: the features' own, then one per cross, then one per count cut into bins."""
+        return {**self.table_sizes, **{cross.name: cross.rows for cross in self.crosses},
+                **{bins.name: bins.rows for bins in self.count_bins}}  # fmt: skip
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -108,7 +113,8 @@ class PreprocessState:
     def load(cls, path: Path) -> PreprocessState:
         data = json.loads(path.read_text())  # states saved before `mode` existed are hash states
         return cls(**{**data, "train_days": tuple(data["train_days"]), "dense": tuple(data.get("dense", DENSE_COLUMNS)),
-                      "crosses": crosses_from(data.get("crosses", ()))})  # fmt: skip
+                      "crosses": crosses_from(data.get("crosses", ())),
+                      "count_bins": count_bins_from(data.get("count_bins", ()))})  # fmt: skip
 
 
 def connect(config: PreprocessConfig, spill_dir: Path, keep_order: bool = False) -> duckdb.DuckDBPyConnection:
@@ -297,7 +303,8 @@ def continue_state(config: PreprocessConfig, parent: PreprocessState, warehouse:
     state_path = features_root / state_id / "state.json"
     if state_path.is_file():
         return dataclasses.replace(PreprocessState.load(state_path), train_rows=int(rows),
-                                   train_click_rate=float(click_rate or 0.0), crosses=parent.crosses)  # fmt: skip
+                                   train_click_rate=float(click_rate or 0.0), crosses=parent.crosses,
+                                   count_bins=parent.count_bins)  # fmt: skip
     folder = state_path.parent / "vocab"
     folder.mkdir(parents=True, exist_ok=True)
     sizes, added, left_out = {}, 0, 0

@@ -23,7 +23,8 @@ at a time as it is decoded, so a batch costs the ledger two reductions.
 Multi-hot features (list columns, found in the files' schema) become jagged KJT entries
 with one length per example; every other feature has length 1. Padding rows carry id 0.
 `crosses` (ingestion/cross_ids.py) add one id column each, computed from two one-id
-columns as a row group is decoded, keyed after the files' features.
+columns as a row group is decoded, keyed after the files' features; `count_bins`
+(ingestion/count_bins.py) one each, the bin of a dense value, keyed after the crosses.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ingestion.batch_count import batches_per_rank
+from ingestion.count_bins import CountBins, bin_rows
 from ingestion.cross_ids import Cross, cross_rows
 from ingestion.prefetch import prefetched
 from ingestion.schema import FeatureLayout, feature_layout
@@ -207,6 +209,7 @@ class BatchReader:
         prefetch: int = 4,
         decode_threads: int = 1,
         crosses: Sequence[Cross] = (),
+        count_bins: Sequence[CountBins] = (),
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
@@ -220,10 +223,12 @@ class BatchReader:
         layout = files_layout(paths)
         self.dense, self.multi_hot = layout.dense, layout.multi_hot
         self.file_one_hot = tuple(name for name in layout.sparse if name not in self.multi_hot)  # the files' columns
-        self.crosses = tuple(crosses)
+        self.crosses, self.count_bins = tuple(crosses), tuple(count_bins)
         _check_crosses(self.crosses, self.file_one_hot)
-        self.sparse = (*layout.sparse, *(cross.name for cross in self.crosses))
-        self.one_hot = (*self.file_one_hot, *(cross.name for cross in self.crosses))
+        _check_count_bins(self.count_bins, self.dense)
+        derived = (*(cross.name for cross in self.crosses), *(bins.name for bins in self.count_bins))
+        self.sparse = (*layout.sparse, *derived)
+        self.one_hot = (*self.file_one_hot, *derived)
         self.rank_rows = sum(s.rows for s in self.segments)
         self.num_batches = batches_per_rank(total, batch_size, world_size, drop_remainder)
         self.start_batch = min(start_batch, self.num_batches)
@@ -284,6 +289,8 @@ class BatchReader:
         rows = _read_segment(handles[segment.path], segment, self.dense, self.file_one_hot, self.multi_hot)
         if self.crosses:
             rows = _with_crosses(rows, self.crosses, self.file_one_hot)
+        if self.count_bins:
+            rows = _with_count_bins(rows, self.count_bins, self.dense)
         if hashed:  # a row group at a time: carried along through the shuffle and the batches
             rows = dataclasses.replace(rows, hashes=row_hashes(rows, self.sparse, self.one_hot, self.multi_hot))
         if self.shuffle_seed is not None:
@@ -344,6 +351,18 @@ def _with_crosses(rows: Rows, crosses: Sequence[Cross], one_hot: Sequence[str]) 
     column = {name: ids for name, ids in zip(one_hot, rows.ids, strict=True)}
     crossed = tuple(cross_rows(column[c.first], column[c.second], c.rows) for c in crosses)
     return dataclasses.replace(rows, ids=(*rows.ids, *crossed))
+
+
+def _check_count_bins(count_bins: Sequence[CountBins], dense: Sequence[str]) -> None:
+    wrong = [bins.name for bins in count_bins if bins.feature not in dense]
+    if wrong:
+        raise ValueError(f"count bins {wrong}: each cuts a dense feature of the files ({list(dense)})")
+
+
+def _with_count_bins(rows: Rows, count_bins: Sequence[CountBins], dense: Sequence[str]) -> Rows:
+    """`rows` with each count's bin column after the other id columns."""
+    binned = tuple(bin_rows(rows.dense[:, dense.index(bins.feature)], bins.edges) for bins in count_bins)
+    return dataclasses.replace(rows, ids=(*rows.ids, *binned))
 
 
 def _read_segment(handle: pq.ParquetFile, segment: Segment, dense_columns: Sequence[str], one_hot: Sequence[str],

@@ -75,6 +75,14 @@ class ModelConfig:
     [run-length.md](run-length.md)): each pair's combined
     rows get a table of their own, in the model, the wide start and the served model alike; a night keeps its champion's
     pairs. Managed ids cross nothing. `none`: no crosses"""
+    # Dense features also cut into bins of their own table each (flows/run/crosses.py).
+    count_bins: Literal["auto", "none"] = "auto"
+    """`auto`: a fresh run that starts as the fitted regression (`regression_start`) cuts a dense feature into quantile
+    bins (up to 32, 200 training rows a bin at least) when a score test against the reference's out-of-fold predictions
+    finds a shape its one weight on ln(1 + x) misses (a χ² tail of 0.05 over the counts scored), and the regression with
+    the bins then predicts held-out rows better: each bin is a row of a table of its own, in the model, the wide start and
+    the served model alike; a night keeps its champion's bins. A larger run's bottom MLP learns each count's shape itself,
+    and managed ids cut nothing. `none`: no bins ([run-length.md](run-length.md))"""
     # Tables declared by shape, for planning a model without its data (empty: from the data).
     declared_tables: DeclaredTables = field(default_factory=lambda: DeclaredTables())
 

@@ -38,6 +38,7 @@ from evaluation.calibration import Calibrator
 from evaluation.config import EvaluationConfig
 from evaluation.report import Scores
 from ingestion.config import ManagedIdsConfig
+from ingestion.count_bins import CountBins
 from ingestion.cross_ids import Cross
 from training.codec import dumps, loads
 from training.config import ModelConfig, ShardingConfig, TrainingConfig, Workers
@@ -96,6 +97,9 @@ class TrainJob:
     # Pairs of features crossed into tables of their own (ingestion/cross_ids.py), computed by
     # every reader of the job's files; their tables are among `table_sizes`.
     crosses: tuple[Cross, ...] = ()
+    # Dense features also cut into bins, one table each (ingestion/count_bins.py), computed
+    # alike; their tables are among `table_sizes`, after the crosses'.
+    count_bins: tuple[CountBins, ...] = ()
 
     @property
     def scored_parts(self) -> dict[str, tuple[str, ...]]:

@@ -47,6 +47,7 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from evaluation.metrics import binary_state, compute_ne
+from ingestion.count_bins import CountBins
 from ingestion.cross_ids import Cross
 from ingestion.reader import PAD_LABEL, build_reader, example_of_values
 from training.model.stock_dlrm import DENSE_FEATURES
@@ -170,6 +171,7 @@ def fit_logistic_regression(
     folds: int = 0,
     crosses: Sequence[Cross] = (),
     per_feature_l2: bool = False,
+    count_bins: Sequence[CountBins] = (),
 ) -> LogisticFit:
     """Choose C on hashed validation rows of the training rows, refit on all of them.
 
@@ -185,6 +187,7 @@ def fit_logistic_regression(
     files hold raw ids (managed mode), hashed into the tables' rows (id mod rows). `crosses`:
     the crossed pairs' columns too (their tables among `table_sizes`); the folds and the
     sample stay those of the plain features, so the fits with and without compare row for row.
+    `count_bins`: the bin columns of dense features too, alike.
     `per_feature_l2`: from the validated C, each feature's own (the module's docstring); an
     unvalidated C is kept for every weight.
     """
@@ -195,7 +198,7 @@ def fit_logistic_regression(
     total = sum(pq.ParquetFile(f).metadata.num_rows for f in train_files)
     sample = min(1.0, max_rows / total) if max_rows and total else 1.0
     dense, ids, rows_of_ids, labels, row_hash = _read_training_rows(train_files, features, sizes, batch_size, sample,
-                                                                    raw_ids, crosses)  # fmt: skip
+                                                                    raw_ids, crosses, count_bins)  # fmt: skip
     n = len(labels)
     k = folds or (CV_FOLDS if n < CV_BELOW_ROWS else 1)
     # each row's fold: with k = 1 the validation slice is "fold 0", the rest "fold 1"
@@ -351,15 +354,16 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 
 
 def _read_training_rows(files: Sequence[str], features: Sequence[str], sizes: Sequence[int], batch_size: int,
-                        sample: float = 1.0, raw_ids: bool = False, crosses: Sequence[Cross] = ()):  # fmt: skip
+                        sample: float = 1.0, raw_ids: bool = False, crosses: Sequence[Cross] = (),
+                        count_bins: Sequence[CountBins] = ()):  # fmt: skip
     """The rows of `files` in file order (with `sample` < 1, the rows in that fraction of a
     salted id hash's range): dense [n, D], the ids (offset into one index space) with the
     row of each, labels [n], and each row's id hash (of the files' own features)."""
     offsets = np.concatenate(([0], np.cumsum(sizes[:-1]))).astype(np.int64)
-    crossed = {cross.name for cross in crosses}
-    own = [i for i, name in enumerate(features) if name not in crossed]  # the files' features
+    derived = {cross.name for cross in crosses} | {bins.name for bins in count_bins}
+    own = [i for i, name in enumerate(features) if name not in derived]  # the files' features
     dense, ids, rows_of_ids, labels, hashes, seen = [], [], [], [], [], 0
-    for batch in build_reader(files, batch_size, drop_remainder=False, prefetch=1, crosses=crosses):
+    for batch in build_reader(files, batch_size, drop_remainder=False, prefetch=1, crosses=crosses, count_bins=count_bins):
         kjt = batch.sparse_features
         if kjt.keys() != list(features):
             kjt = kjt.permute([kjt.keys().index(name) for name in features])

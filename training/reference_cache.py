@@ -24,9 +24,11 @@ from pathlib import Path
 
 import torch
 
+import ingestion.count_bins
 import ingestion.cross_ids
 import ingestion.reader
 import training.reference
+from ingestion.count_bins import CountBins
 from ingestion.cross_ids import Cross
 from ingestion.file_digest import content_digest
 from training.reference import HashedLogisticRegression, LogisticFit, fit_logistic_regression
@@ -53,7 +55,7 @@ def reference_cache() -> Path:
 
 def fitted_reference(table_sizes: Mapping[str, int], train_files: Sequence[str], *, seed: int = 0, max_rows: int = 0,
                      folds: int = 0, raw_ids: bool = False, crosses: Sequence[Cross] = (), per_feature_l2: bool = False,
-                     cache: Path | None = None) -> ReferenceFit:  # fmt: skip
+                     count_bins: Sequence[CountBins] = (), cache: Path | None = None) -> ReferenceFit:  # fmt: skip
     """`fit_logistic_regression` with these options, read from `cache` (default: the user's)
     when the same inputs were fitted before, else fitted and kept there. The pipeline's callers
     leave `seed` at 0: the reference is the run's fixed yardstick, and its folds choose the
@@ -61,7 +63,8 @@ def fitted_reference(table_sizes: Mapping[str, int], train_files: Sequence[str],
     draw (initialisation, order), not the pairs it crosses or the regression it is judged by."""
     folder = cache or reference_cache()
     try:
-        digest = inputs_digest(table_sizes, train_files, seed, max_rows, folds, raw_ids, crosses, per_feature_l2)
+        digest = inputs_digest(table_sizes, train_files, seed, max_rows, folds, raw_ids, crosses, per_feature_l2,
+                               count_bins)  # fmt: skip
         entry: Path | None = folder / f"{digest}.pt"
     except OSError:  # a file that cannot be read as bytes here: the fit says what is wrong with it
         entry = None
@@ -71,7 +74,8 @@ def fitted_reference(table_sizes: Mapping[str, int], train_files: Sequence[str],
             os.utime(entry)  # newest use: kept longest
         return ReferenceFit(kept, reused=True)
     fit = fit_logistic_regression(table_sizes, list(train_files), seed=seed, max_rows=max_rows, folds=folds,
-                                  raw_ids=raw_ids, crosses=crosses, per_feature_l2=per_feature_l2)  # fmt: skip
+                                  raw_ids=raw_ids, crosses=crosses, per_feature_l2=per_feature_l2,
+                                  count_bins=count_bins)  # fmt: skip
     if entry:
         with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next run a fit
             _write(entry, fit)
@@ -80,15 +84,17 @@ def fitted_reference(table_sizes: Mapping[str, int], train_files: Sequence[str],
 
 
 def inputs_digest(table_sizes: Mapping[str, int], train_files: Sequence[str], seed: int, max_rows: int, folds: int,
-                  raw_ids: bool, crosses: Sequence[Cross] = (), per_feature_l2: bool = False) -> str:  # fmt: skip
+                  raw_ids: bool, crosses: Sequence[Cross] = (), per_feature_l2: bool = False,
+                  count_bins: Sequence[CountBins] = ()) -> str:  # fmt: skip
     """Names everything a fit depends on: the files' bytes in their order, the options, the code."""
     digest = hashlib.sha256()
     options = {"tables": list(table_sizes.items()), "seed": seed, "max_rows": max_rows, "folds": folds,
                "raw_ids": raw_ids, "crosses": [dataclasses.astuple(cross) for cross in crosses],
                **({"per_feature_l2": True} if per_feature_l2 else {}),
+               **({"count_bins": [dataclasses.astuple(bins) for bins in count_bins]} if count_bins else {}),
                "torch": torch.__version__}  # fmt: skip
     digest.update(json.dumps(options, sort_keys=True).encode())
-    for module in (training.reference, ingestion.reader, ingestion.cross_ids):
+    for module in (training.reference, ingestion.reader, ingestion.cross_ids, ingestion.count_bins):
         digest.update(Path(module.__file__).read_bytes())
     for file in train_files:
         digest.update(content_digest(str(file))[0].encode())

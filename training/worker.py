@@ -304,8 +304,11 @@ def _wide_start(job: TrainJob) -> WideStart | None:
         evaluation = job.evaluation
         reference = fitted_reference(job.table_sizes, job.train_files,
                                      max_rows=evaluation.reference_max_rows, folds=evaluation.reference_folds,
-                                     crosses=job.crosses, per_feature_l2=job.model.wide_start_l2 == "per_feature")  # fmt: skip
-        crossed = f" with its {len(job.crosses)} crossed pair(s)" if job.crosses else ""
+                                     crosses=job.crosses, per_feature_l2=job.model.wide_start_l2 == "per_feature",
+                                     count_bins=job.count_bins)  # fmt: skip
+        derived = [*([f"{len(job.crosses)} crossed pair(s)"] if job.crosses else []),
+                   *([f"{len(job.count_bins)} count(s) cut into bins"] if job.count_bins else [])]
+        crossed = f" with its {' and '.join(derived)}" if derived else ""
         print(f"[train] the wide part starts as the logistic regression{crossed} fitted on {reference.fit.train_rows:,} "
               f"rows ({reference.how_chosen})", flush=True)  # fmt: skip
         fitted = [WideStart.of_regression(reference.fit.model)]

@@ -219,6 +219,7 @@ def run_summary(run: ResolvedRun, features: Features, report: EvalReport, traine
         rows_trained=job.rows_trained, checkpoint_bytes=job.checkpoint_bytes, resumed_from_step=job.resumed_from_step,
         rows_changed=model.rows_changed, table_rows=sum(features.state.model_table_sizes.values()),
         crosses=[cross.name for cross in features.state.crosses],
+        count_bins={bins.feature: bins.rows for bins in features.state.count_bins},
         steps=job.steps,
         world_size=job.world_size, global_batch_size=job.global_batch_size,
         mlflow_run_id=tracked.run_id,
@@ -298,6 +299,9 @@ def _track(run: ResolvedRun, features: Features, report: EvalReport, scores: Day
             "evaluation.calibration": calibrator.method,
             # the pairs crossed (`model.crosses`; the config's value says only "auto")
             **({"model.crossed_pairs": ",".join(c.name for c in features.state.crosses)} if features.state.crosses else {}),
+            # the counts cut into bins (`model.count_bins`), and how many bins each
+            **({"model.count_bins_cut": ",".join(f"{b.feature}:{b.rows}" for b in features.state.count_bins)}
+               if features.state.count_bins else {}),
             **run.key.as_tags(), **run.tuning.as_tags(), **lineage,
             # on the registered version too: how many of its rows a serving tier must take
             **({TAG_ROWS_CHANGED: str(model.rows_changed)} if model.rows_changed is not None else {}),

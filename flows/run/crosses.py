@@ -13,6 +13,11 @@ A larger run trusts the test (its held-out rows number tens of thousands) and sp
 second fit (79 s on the demo's 540,000 rows). Only a reference that fitted every training
 row chooses (`evaluation.reference_max_rows`): a sample's predictions do not line up with
 the files' rows, and reading every column of more rows than that would not fit in memory.
+
+Then the counts a run that starts as the regression cuts into bins (`model.count_bins =
+"auto"`; ingestion/count_bin_choice.py): scored against the same out-of-fold predictions,
+kept only if the regression with them (and the pairs) predicts the held-out rows better than
+without, and kept in the state alike.
 """
 
 from __future__ import annotations
@@ -24,17 +29,20 @@ from flows.run.config import PipelineConfig
 from flows.run.feature_files import Features
 from flows.run.resolve import ResolvedRun
 from flows.run.rows import training_rows
+from ingestion.count_bin_choice import choose_count_bins
 from ingestion.crosses import FAMILY_P, choose_crosses
 from training.reference_cache import fitted_reference
 
 
 def with_run_crosses(run: ResolvedRun, features: Features) -> tuple[Features, str]:
-    """`with_chosen_crosses` on the rows the resolved run trains on: what the pipeline, a
-    retune and `dlrm train` cross, before any trial or training job is built from `features`
-    (so the tuner tunes the model the run trains)."""
+    """`with_chosen_crosses`, then `with_chosen_count_bins`, on the rows the resolved run trains
+    on: what the pipeline, a retune and `dlrm train` cross and cut, before any trial or
+    training job is built from `features` (so the tuner tunes the model the run trains)."""
     continues = run.night.warm_start is not None
     rows = training_rows(run.config, features, run.night.lineage_days, continues=continues)
-    return with_chosen_crosses(run.config, features, rows.train_files, continues=continues)
+    features, crossed = with_chosen_crosses(run.config, features, rows.train_files, continues=continues)
+    features, binned = with_chosen_count_bins(run.config, features, rows.train_files, continues=continues)
+    return features, "; ".join(line for line in (crossed, binned) if line)
 
 
 def with_chosen_crosses(config: PipelineConfig, features: Features, train_files: tuple[str, ...],
@@ -80,3 +88,41 @@ def with_chosen_crosses(config: PipelineConfig, features: Features, train_files:
     seconds = time.perf_counter() - started
     crossed = dataclasses.replace(features, state=crossed_state)
     return crossed, f"model.crosses: {len(crosses)} pair(s) crossed, strongest first: {chosen}{validated} ({seconds:.1f} s)"
+
+
+def with_chosen_count_bins(config: PipelineConfig, features: Features, train_files: tuple[str, ...],
+                           continues: bool = False) -> tuple[Features, str]:  # fmt: skip
+    """`features` with the counts this run cuts into bins in its state (after its pairs), and
+    what was chosen, for the log ("" where nothing was to choose: a run that does not start
+    as the regression, one that continues a model, which keeps its bins, or one without
+    dense features)."""
+    state = features.state
+    if (config.model.count_bins != "auto" or continues or state.count_bins or not state.dense
+            or config.model.wide_start != "logistic_regression"):  # fmt: skip
+        return features, ""
+    if state.mode == "managed":
+        return features, "model.count_bins: no counts cut (managed ids give their rows as training admits them)"
+    started = time.perf_counter()
+    evaluation = config.evaluation
+    options = {"max_rows": evaluation.reference_max_rows, "folds": evaluation.reference_folds}
+    fit = fitted_reference(state.table_sizes, train_files, **options).fit
+    if fit.out_of_fold is None or fit.train_rows < fit.rows_available:
+        return features, "model.count_bins: no counts cut: the reference has no held-out prediction of every training row"
+    scores, chosen = choose_count_bins(train_files, state.dense, fit.out_of_fold)
+    if not chosen:
+        seconds = time.perf_counter() - started
+        return features, (f"model.count_bins: no count's bins passed the score test against the reference (a χ² tail of "
+                          f"{FAMILY_P} over the {len(scores)} counts scored; {seconds:.1f} s)")  # fmt: skip
+    named = ", ".join(f"{bins.feature} ({bins.rows} bins)" for bins in chosen)
+    cut_state = dataclasses.replace(state, count_bins=chosen)
+    # the regression the wide part starts from, with and without the bins (the pairs in both)
+    without = fitted_reference(state.model_table_sizes, train_files, crosses=state.crosses, **options).fit
+    with_bins = fitted_reference(cut_state.model_table_sizes, train_files, crosses=state.crosses, count_bins=chosen,
+                                 **options).fit  # fmt: skip
+    seconds = time.perf_counter() - started
+    validated = f"the regression's held-out NE {with_bins.validation_ne:.4f} with them, {without.validation_ne:.4f} without"
+    if not with_bins.validation_ne < without.validation_ne:
+        return features, (f"model.count_bins: no counts cut: {named} scored, but the regression with them did not "
+                          f"predict held-out rows better; {validated} ({seconds:.1f} s)")  # fmt: skip
+    return (dataclasses.replace(features, state=cut_state),
+            f"model.count_bins: {len(chosen)} count(s) cut into bins: {named}; {validated} ({seconds:.1f} s)")

@@ -54,5 +54,6 @@ def build_job(config: PipelineConfig, features: Features, warm_start: str = "", 
         init_optimizer=bool(warm_start),
         managed_ids=config.preprocess.managed if state.mode == "managed" else None,
         crosses=state.crosses,
+        count_bins=state.count_bins,
     )
     return job if run_id else dataclasses.replace(job, run_id=job_fingerprint(job))

@@ -73,6 +73,8 @@ class RunSummary(Checked):
     table_rows: int = 0  # every table's rows together
     # the pairs of features the model crosses (`model.crosses`; a night: its champion's), "A_x_B"
     crosses: list[str] = field(default_factory=list)
+    # the counts cut into bins (`model.count_bins`; a night: its champion's): feature → bins
+    count_bins: dict[str, int] = field(default_factory=dict)
     resumed_from_step: int = 0
     steps: int = 0
     world_size: int = 0
@@ -407,6 +409,9 @@ def _(report: RunSummary, config: Any = None) -> str:
         *([f"  run length           {report.run_length}"] if report.run_length else []),
         *([(f"  crossed pairs        {len(report.crosses)}: {', '.join(name.replace('_x_', ' × ') for name in report.crosses)} "
             "(model.crosses)")] if report.crosses else []),
+        *([(f"  counts cut into bins {len(report.count_bins)}: "
+            f"{', '.join(f'{name} ({bins})' for name, bins in report.count_bins.items())} (model.count_bins)")]
+          if report.count_bins else []),
         *([f"  tables churn         {report.managed_churn}"] if report.managed_churn else []),
         f"  MLflow run           {report.mlflow_run_url or report.mlflow_run_id}  (model version {report.model_version})",
         f"  champion             {'promoted: ' if report.promoted else 'not promoted: '}{report.promotion_reason}"

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import mlflow
 import torch
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from evaluation.calibration import Calibrator
 from evaluation.promotion import (
@@ -128,6 +130,16 @@ def registered_scorer(model_uri: str, tracking_uri: str | None = None) -> tuple[
         return model, Calibrator(), dlrm_logits(model)
     served = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
     model = served.dlrm.cpu()
-    # versions logged before managed ids serve rows as the features hold them
-    rows = getattr(served.features, "feature_rows", None)
-    return model, Calibrator.from_dict(served.calibrator.as_dict()), dlrm_logits(model, rows)
+    return model, Calibrator.from_dict(served.calibrator.as_dict()), dlrm_logits(model, _served_rows(served.features))
+
+
+def _served_rows(features: Any) -> Callable[[KeyedJaggedTensor, torch.Tensor], KeyedJaggedTensor] | None:
+    """A served version's rows of feature files' batches, with the version's own code: versions
+    logged before managed ids serve rows as the features hold them (None), those before count
+    bins take the ids alone."""
+    feature_rows = getattr(features, "feature_rows", None)
+    if feature_rows is None:
+        return None
+    if not getattr(features, "count_bins", ()):
+        return lambda sparse, dense: feature_rows(sparse)
+    return lambda sparse, dense: features.with_count_bins(feature_rows(sparse), dense.cpu().numpy())

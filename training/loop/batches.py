@@ -92,7 +92,7 @@ class TrainBatches:
         return build_reader(self.job.train_files, self.job.workers.per_rank_batch(config.batch_size), dist.get_rank(),
                             dist.get_world_size(), shuffle_seed=config.seed, epoch=epoch, start_batch=first_batch,
                             drop_remainder=False, prefetch=0, decode_threads=self.decode_threads,
-                            crosses=self.job.crosses)  # fmt: skip
+                            crosses=self.job.crosses, count_bins=self.job.count_bins)  # fmt: skip
 
     def _batches(self) -> Iterator[Batch]:
         # Reading, the ledger's hashes and page-locking run ahead in one background thread

@@ -32,7 +32,7 @@ def files_state(model: nn.Module, files: Sequence[str], job: TrainJob, device: t
     """The summed state of `files` scored by `model`, over every rank's share (the first
     `max_batches` batches of each rank's; 0: all)."""
     reader = build_reader(list(files), job.evaluation.batch_size, dist.get_rank(), dist.get_world_size(),
-                          drop_remainder=False, prefetch=0, crosses=job.crosses)  # fmt: skip
+                          drop_remainder=False, prefetch=0, crosses=job.crosses, count_bins=job.count_bins)  # fmt: skip
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     for index, batch in enumerate(reader):
@@ -55,7 +55,8 @@ def predict(model: nn.Module, job: TrainJob, device: torch.device) -> int:
     rows = 0
     for part, files in job.scored_parts.items():
         labels, predictions, slices = [], [], []
-        for batch in build_reader(files, job.evaluation.batch_size, rank, world, drop_remainder=False, crosses=job.crosses):
+        for batch in build_reader(files, job.evaluation.batch_size, rank, world, drop_remainder=False, crosses=job.crosses,
+                                  count_bins=job.count_bins):
             with autocast(job.training, device):
                 _, (_, logits, batch_labels) = model(batch.to(device, non_blocking=True))
             keep = (batch_labels != PAD_LABEL).cpu()

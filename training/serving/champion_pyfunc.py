@@ -1,8 +1,8 @@
 """The registered model as an MLflow pyfunc: raw rows in, click probabilities out.
 
 MLflow loads this file as the model's code ("models from code"), with `stock_dlrm.py`,
-`id_hash.py`, `cross_ids.py` and `calibration.py` bundled beside it, so it imports nothing else of this
-project: numpy, pandas, pyarrow, torch, torchrec and mlflow only. Its artifact folder holds
+`id_hash.py`, `cross_ids.py`, `count_bins.py` and `calibration.py` bundled beside it, so it
+imports nothing else of this project: numpy, pandas, pyarrow, torch, torchrec and mlflow only. Its artifact folder holds
 the DLRM's state dict (`dlrm.pt`), its shape, the run's preprocessing state and its
 calibrator (`model.json`), and in vocab mode the vocabularies (`vocabularies.npz`; in managed
 mode the same file holds each table's admitted raw ids and their rows as training left them).
@@ -23,7 +23,8 @@ mode) or its vocabulary row, 1 when unseen (vocab mode); missing → 0; in manag
 row training admitted the id to, the table's last row otherwise, and missing is the id
 −2^63; each id of a multi-hot bag maps alike and an empty bag is [missing]. A crossed pair
 of features (`model.crosses`) adds one more id per row, computed from the two rows as
-training's reader computes it (`cross_ids.py`).
+training's reader computes it (`cross_ids.py`); so does a count cut into bins
+(`model.count_bins`): its dense value's bin (`count_bins.py`).
 """
 
 from __future__ import annotations
@@ -47,11 +48,13 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 try:  # the copies bundled with the model (MLflow puts code_paths on sys.path)
     from calibration import Calibrator
+    from count_bins import bin_rows, count_bins_from
     from cross_ids import cross_rows, crosses_from
     from id_hash import hash_texts
     from stock_dlrm import SERVING_FORMAT, build_stock_dlrm
 except ModuleNotFoundError:  # this file imported from within the project
     from evaluation.calibration import Calibrator
+    from ingestion.count_bins import bin_rows, count_bins_from
     from ingestion.cross_ids import cross_rows, crosses_from
     from ingestion.id_hash import hash_texts
     from training.model.stock_dlrm import SERVING_FORMAT, build_stock_dlrm
@@ -173,6 +176,7 @@ class FeatureMap:
         self.sparse: tuple[str, ...] = tuple(self.buckets)
         self.id_types: dict[str, str] = preprocessing.get("id_types", {})
         self.crosses = crosses_from(preprocessing.get("crosses", ()))
+        self.count_bins = count_bins_from(preprocessing.get("count_bins", ()))
         self.vocabularies = vocabularies  # "<feature>.values" (sorted), "<feature>.rows"
 
     def rows(self, feature: str, ids: np.ndarray) -> np.ndarray:
@@ -211,9 +215,20 @@ class FeatureMap:
             return MISSING_ROW
         return int(self.rows(feature, np.array([MISSING_ID], dtype=np.int64))[0])
 
-    def kjt(self, frame: pd.DataFrame) -> KeyedJaggedTensor:
+    def with_count_bins(self, kjt: KeyedJaggedTensor, dense: np.ndarray) -> KeyedJaggedTensor:
+        """`kjt` with each count's bin (of `dense`, [rows, D] as the model sees it) keyed after the rest."""
+        if not self.count_bins:
+            return kjt
+        binned = [torch.from_numpy(bin_rows(dense[:, self.dense.index(b.feature)], b.edges)) for b in self.count_bins]
+        ones = torch.ones(len(self.count_bins) * kjt.stride(), dtype=kjt.lengths().dtype)
+        return KeyedJaggedTensor(keys=[*kjt.keys(), *(b.name for b in self.count_bins)],
+                                 values=torch.cat([kjt.values(), *binned]), lengths=torch.cat([kjt.lengths(), ones]),
+                                 stride=kjt.stride())  # fmt: skip
+
+    def kjt(self, frame: pd.DataFrame, dense: np.ndarray | None = None) -> KeyedJaggedTensor:
         """The rows' KeyedJaggedTensor: keys the categorical features, every example at least
-        one id (0: missing)."""
+        one id (0: missing); then the crosses' and the count bins' (of `dense`, the rows'
+        `dense_features`; worked out here when not given)."""
         values, lengths = [], []
         for feature in self.sparse:
             bags = categorical_ids(frame[feature].tolist(), feature, feature in self.multi_hot, self.id_types.get(feature, ""))
@@ -222,9 +237,12 @@ class FeatureMap:
             starts = np.cumsum(sizes) - sizes
             values.append(np.insert(mapped, starts[sizes == 0], self.missing_row(feature)))  # an empty bag: [missing]
             lengths.append(np.maximum(sizes, 1))
-        return self.with_crosses(KeyedJaggedTensor(
+        crossed = self.with_crosses(KeyedJaggedTensor(
             keys=list(self.sparse), values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
             lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int32)), stride=len(frame)))  # fmt: skip
+        if not self.count_bins:
+            return crossed
+        return self.with_count_bins(crossed, dense_features(frame, self.dense) if dense is None else dense)
 
 
 def serving_device(chosen_at_export: str) -> torch.device:
@@ -315,8 +333,8 @@ class ChampionModel(mlflow.pyfunc.PythonModel):
 
     @torch.inference_mode()
     def _score(self, frame: pd.DataFrame) -> np.ndarray:
-        dense = torch.from_numpy(dense_features(frame, self.features.dense)).to(self.device)
-        logits = self.dlrm(dense, self.features.kjt(frame).to(self.device))  # [B, 1]
+        dense = dense_features(frame, self.features.dense)
+        logits = self.dlrm(torch.from_numpy(dense).to(self.device), self.features.kjt(frame, dense).to(self.device))  # [B, 1]
         return self.calibrator.apply(torch.sigmoid(logits.float()).reshape(-1).cpu().numpy().astype(np.float64))
 
 

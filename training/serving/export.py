@@ -28,6 +28,7 @@ from training.torch_range import matched_set
 CHAMPION_CODE = Path(__file__).with_name("champion_pyfunc.py")
 CHAMPION_BUNDLED = (Path(__file__).parents[1] / "model" / "stock_dlrm.py", Path(__file__).parents[2] / "ingestion" / "id_hash.py",
                     Path(__file__).parents[2] / "ingestion" / "cross_ids.py",
+                    Path(__file__).parents[2] / "ingestion" / "count_bins.py",
                     Path(__file__).parents[2] / "evaluation" / "calibration.py")  # fmt: skip
 SERVING_DEVICES = ("cpu", "cuda")
 # vocab and managed modes: each feature's ids with a row of their own ("<feature>.values",
@@ -116,7 +117,8 @@ def write_serving_model(job: TrainJob, checkpoint: Path, preprocessing: Preproce
         "dlrm": dlrm_spec(job.model, job.table_sizes, job.dense_features),
         "preprocessing": {"state_id": preprocessing.state_id, "mode": preprocessing.mode, "buckets": preprocessing.buckets,
                           "multi_hot": sorted(preprocessing.multi_hot), "dense": list(preprocessing.dense),
-                          "id_types": preprocessing.id_types, "crosses": [asdict(cross) for cross in job.crosses]},
+                          "id_types": preprocessing.id_types, "crosses": [asdict(cross) for cross in job.crosses],
+                          "count_bins": [asdict(bins) for bins in job.count_bins]},
         "calibration": (calibrator or Calibrator()).as_dict(),
     }
     (folder / "model.json").write_text(json.dumps(description, indent=2))

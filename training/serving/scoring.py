@@ -29,11 +29,12 @@ def score_files(logits_of: LogitFn, files: Sequence[str], slice_feature: str, ba
 
 
 def dlrm_logits(model: torch.nn.Module,
-                rows: Callable[[KeyedJaggedTensor], KeyedJaggedTensor] | None = None) -> LogitFn:  # fmt: skip
+                rows: Callable[[KeyedJaggedTensor, torch.Tensor], KeyedJaggedTensor] | None = None) -> LogitFn:  # fmt: skip
     """Adapt a DLRM (dense, KJT) → [B, 1] to the [B] logits of `score_files`; `rows` turns the
-    files' ids into the model's table rows first (managed ids: the served remapping)."""
+    files' ids (and dense values) into the model's table rows first (managed ids: the served
+    remapping; the crosses and count bins it serves with)."""
 
     def logits_of(dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
-        return model(dense, rows(sparse) if rows else sparse).squeeze(-1)
+        return model(dense, rows(sparse, dense) if rows else sparse).squeeze(-1)
 
     return logits_of

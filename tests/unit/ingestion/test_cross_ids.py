@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ingestion.bucket_count import rows_lost
+from ingestion.count_bins import CountBins
 from ingestion.cross_ids import Cross, combined_keys, cross_rows, crosses_from
 from ingestion.crosses import cross_table_rows
 from ingestion.preprocess import PreprocessState
@@ -83,31 +84,35 @@ def test_a_cross_of_a_bag_or_of_an_unknown_feature_is_refused(multi_hot_features
         build_reader(files[0], 500, crosses=(Cross("C1", "nope", 10),))
 
 
-def test_the_state_keeps_its_crosses_and_their_tables_follow_the_features(tiny_features, tmp_path: Path) -> None:
+def test_the_state_keeps_its_crosses_and_count_bins_and_their_tables_follow_the_features(tiny_features,
+                                                                                         tmp_path: Path) -> None:  # fmt: skip
     state, _ = tiny_features
     crosses = (Cross("C6", "C11", 69), Cross("C18", "C19", 60))
-    crossed = dataclasses.replace(state, crosses=crosses)
+    count_bins = (CountBins("I6", (0.25, 1.5, 3.0)),)
+    crossed = dataclasses.replace(state, crosses=crosses, count_bins=count_bins)
     crossed.save(tmp_path / "state.json")
     loaded = PreprocessState.load(tmp_path / "state.json")
-    assert loaded == crossed and loaded.crosses == crosses
+    assert loaded == crossed and loaded.crosses == crosses and loaded.count_bins == count_bins
     assert loaded.table_sizes == state.table_sizes, "the features' own tables are unchanged"
-    assert list(loaded.model_table_sizes) == [*state.table_sizes, "C6_x_C11", "C18_x_C19"]
-    assert loaded.model_table_sizes["C18_x_C19"] == 60
+    assert list(loaded.model_table_sizes) == [*state.table_sizes, "C6_x_C11", "C18_x_C19", "I6_bins"]
+    assert loaded.model_table_sizes["C18_x_C19"] == 60 and loaded.model_table_sizes["I6_bins"] == 4
     assert crosses_from([dataclasses.asdict(c) for c in crosses]) == crosses
     state.save(tmp_path / "plain.json")
-    assert PreprocessState.load(tmp_path / "plain.json").crosses == ()
+    assert PreprocessState.load(tmp_path / "plain.json").crosses == () == PreprocessState.load(tmp_path / "plain.json").count_bins
 
 
 @pytest.mark.parametrize("mode", ["hash", "vocab"])
 def test_a_continued_state_keeps_its_parents_crosses(tiny_warehouse: Path, tmp_path: Path, mode: str) -> None:
-    """A night extends its champion's state: the crosses come with it, in either mode, and
+    """A night extends its champion's state: the crosses and count bins come with it, in either mode, and
     again when the continued vocabulary is read back from an earlier night's folder."""
     from ingestion.preprocess import continue_state, fit_state
     from tests.conftest import TINY_PREPROCESS
 
     config = dataclasses.replace(TINY_PREPROCESS, categorical_mode=mode, hash_size=500)
-    crosses = (Cross("C6", "C11", 69),)
-    parent = dataclasses.replace(fit_state(config, tiny_warehouse, tmp_path, (0,)), crosses=crosses)
+    crosses, count_bins = (Cross("C6", "C11", 69),), (CountBins("I2", (0.5, 2.0)),)
+    parent = dataclasses.replace(fit_state(config, tiny_warehouse, tmp_path, (0,)), crosses=crosses, count_bins=count_bins)
     child = continue_state(config, parent, tiny_warehouse, tmp_path, (1,))
-    assert child.crosses == crosses and child.model_table_sizes == parent.model_table_sizes
-    assert continue_state(config, parent, tiny_warehouse, tmp_path, (1,)).crosses == crosses
+    assert child.crosses == crosses and child.count_bins == count_bins
+    assert child.model_table_sizes == parent.model_table_sizes
+    again = continue_state(config, parent, tiny_warehouse, tmp_path, (1,))
+    assert (again.crosses, again.count_bins) == (crosses, count_bins)

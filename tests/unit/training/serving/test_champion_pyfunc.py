@@ -211,3 +211,39 @@ def test_crossed_pairs_are_served_as_the_reader_crosses_them(tiny_raw: Path, tin
         np.testing.assert_array_equal(kjt[name].values().numpy(), trained[name].values().numpy(), err_msg=name)
         np.testing.assert_array_equal(scored[name].values().numpy(), trained[name].values().numpy(), err_msg=name)
     assert len(np.unique(kjt["C6_x_C11"].values().numpy())) > 10
+
+
+def test_counts_cut_into_bins_are_served_as_the_reader_cuts_them(tiny_raw: Path, tiny_features) -> None:
+    """Raw lines through the served preprocessing (ln(1 + x) in float32, then the bins), and
+    the feature files' batches through `feature_rows` and `with_count_bins` (how a champion
+    scores new days), give each count's bins the rows the training reader gives them, keyed
+    after the crosses'."""
+    from dataclasses import asdict
+
+    from ingestion.count_bins import CountBins, quantile_edges
+    from ingestion.cross_ids import Cross
+    from ingestion.reader import build_reader
+
+    state, files = tiny_features
+    first = next(iter(build_reader(files[0], 6000, drop_remainder=False)))
+    count_bins = tuple(CountBins(name, quantile_edges(first.dense_features[:, j].numpy()))
+                       for j, name in ((0, "I1"), (5, "I6"), (12, "I13")))  # fmt: skip
+    assert [len(bins.edges) >= 4 for bins in count_bins] == [True] * 3
+    crosses = (Cross("C6", "C11", 69),)
+    served = FeatureMap({"mode": state.mode, "buckets": state.buckets, "multi_hot": [],
+                         "crosses": [asdict(cross) for cross in crosses],
+                         "count_bins": [asdict(bins) for bins in count_bins]}, {})  # fmt: skip
+    kjt = served.kjt(lines_to_columns(pd.Series(_raw_lines(tiny_raw, 2))))
+    names = ["C6_x_C11", "I1_bins", "I6_bins", "I13_bins"]
+    assert kjt.keys() == [*SPARSE_COLUMNS, *names] and kjt.stride() == 6000
+    trained = next(iter(build_reader(files[2], 6000, drop_remainder=False, crosses=crosses, count_bins=count_bins)))
+    plain = next(iter(build_reader(files[2], 6000, drop_remainder=False)))
+    scored = served.with_count_bins(served.feature_rows(plain.sparse_features), plain.dense_features.numpy())
+    for name in [*SPARSE_COLUMNS, *names]:
+        np.testing.assert_array_equal(kjt[name].values().numpy(), trained.sparse_features[name].values().numpy(), err_msg=name)
+        np.testing.assert_array_equal(scored[name].values().numpy(), trained.sparse_features[name].values().numpy(), err_msg=name)
+    for j, bins in zip((0, 5, 12), count_bins, strict=True):  # the bins, from the dense values the model sees
+        values = trained.sparse_features[bins.name].values().numpy()
+        assert values.max() == len(bins.edges) and values.min() == 0
+        np.testing.assert_array_equal(values, np.searchsorted(bins.edges, trained.dense_features[:, j].double().numpy(),
+                                                              side="right"))  # fmt: skip
