@@ -202,11 +202,8 @@ class FeatureMap:
         if not self.crosses:
             return kjt
         ids = {feature: jagged.values().numpy() for feature, jagged in kjt.to_dict().items()}
-        crossed = [torch.from_numpy(cross_rows(ids[c.first], ids[c.second], c.rows)) for c in self.crosses]
-        ones = torch.ones(len(self.crosses) * kjt.stride(), dtype=kjt.lengths().dtype)
-        return KeyedJaggedTensor(keys=[*kjt.keys(), *(c.name for c in self.crosses)],
-                                 values=torch.cat([kjt.values(), *crossed]), lengths=torch.cat([kjt.lengths(), ones]),
-                                 stride=kjt.stride())  # fmt: skip
+        crossed = [cross_rows(ids[c.first], ids[c.second], c.rows) for c in self.crosses]
+        return _with_one_id_columns(kjt, [c.name for c in self.crosses], crossed)
 
     def missing_row(self, feature: str) -> int:
         """The row of a missing value: row 0, or in managed mode the row of the id standing
@@ -219,11 +216,8 @@ class FeatureMap:
         """`kjt` with each count's bin (of `dense`, [rows, D] as the model sees it) keyed after the rest."""
         if not self.count_bins:
             return kjt
-        binned = [torch.from_numpy(bin_rows(dense[:, self.dense.index(b.feature)], b.edges)) for b in self.count_bins]
-        ones = torch.ones(len(self.count_bins) * kjt.stride(), dtype=kjt.lengths().dtype)
-        return KeyedJaggedTensor(keys=[*kjt.keys(), *(b.name for b in self.count_bins)],
-                                 values=torch.cat([kjt.values(), *binned]), lengths=torch.cat([kjt.lengths(), ones]),
-                                 stride=kjt.stride())  # fmt: skip
+        binned = [bin_rows(dense[:, self.dense.index(b.feature)], b.edges) for b in self.count_bins]
+        return _with_one_id_columns(kjt, [b.name for b in self.count_bins], binned)
 
     def kjt(self, frame: pd.DataFrame, dense: np.ndarray | None = None) -> KeyedJaggedTensor:
         """The rows' KeyedJaggedTensor: keys the categorical features, every example at least
@@ -243,6 +237,13 @@ class FeatureMap:
         if not self.count_bins:
             return crossed
         return self.with_count_bins(crossed, dense_features(frame, self.dense) if dense is None else dense)
+
+
+def _with_one_id_columns(kjt: KeyedJaggedTensor, names: Sequence[str], columns: Sequence[np.ndarray]) -> KeyedJaggedTensor:
+    """`kjt` with `columns` ([rows] int64 each, one id a row) keyed `names` after its own keys."""
+    ones = torch.ones(len(columns) * kjt.stride(), dtype=kjt.lengths().dtype)
+    return KeyedJaggedTensor(keys=[*kjt.keys(), *names], values=torch.cat([kjt.values(), *map(torch.from_numpy, columns)]),
+                             lengths=torch.cat([kjt.lengths(), ones]), stride=kjt.stride())  # fmt: skip
 
 
 def serving_device(chosen_at_export: str) -> torch.device:
