@@ -1,4 +1,6 @@
-"""The `pipeline` flow end to end on the tiny config, under a real (temporary) Prefect server."""
+"""The `pipeline` flow end to end on the tiny config, under a real (temporary) Prefect server.
+Its runs train on warm ranks (tests/integration/conftest.py), but for the killed worker's:
+torchrun's report of a lost rank is what the train task retries on."""
 
 import json
 import os
@@ -27,7 +29,7 @@ from ingestion.warehouse import read_manifest
 from training.job import JobFolder
 from training.torch_range import matched_set
 
-pytestmark = [pytest.mark.slow, pytest.mark.torchrun]
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -307,6 +309,7 @@ def test_stages_run_as_subflows_of_the_pipeline(pipeline_run) -> None:
     assert {"ingest", "preprocess", "train", "evaluate"} <= flow_names
 
 
+@pytest.mark.torchrun
 def test_a_killed_worker_fails_the_train_task_which_prefect_retries_from_the_checkpoint(
     prefect_server, tiny_features, tmp_path: Path
 ) -> None:
