@@ -12,6 +12,7 @@ calibrate → evaluate → track → promote.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -112,8 +113,14 @@ def run_pipeline(config_path: str, overrides: list[str] | None = None, as_of: st
     """Run the flow with as many parallel stage tasks as the config allows; `config`: the
     file's config with the overrides, when the caller has loaded it already."""
     config = config or load_config(config_path, overrides or [])
-    runner = ThreadPoolTaskRunner(max_workers=config.orchestration.max_workers)
-    return pipeline_of.with_options(task_runner=runner)(config, ConfigSource(config_path, tuple(overrides or ())), as_of)
+    return _pipeline_on(config.orchestration.max_workers)(config, ConfigSource(config_path, tuple(overrides or ())), as_of)
+
+
+@functools.cache
+def _pipeline_on(max_workers: int):
+    """`pipeline_of` on a thread pool of `max_workers`, made once per size (see
+    `flows.stages.features._on_runner`: a new flow's schema costs 0.17 s; a run duplicates the runner)."""
+    return pipeline_of.with_options(task_runner=ThreadPoolTaskRunner(max_workers=max_workers))
 
 
 def run_stages(config: PipelineConfig, source: ConfigSource, as_of: str | int | None = None) -> RunSummary | SkippedNight:
