@@ -59,15 +59,15 @@ def prepare_features(config: PipelineConfig, parent: PreprocessState | None = No
     model this run continues, extended instead of fitting a new one."""
     Path(config.run_dir).mkdir(parents=True, exist_ok=True)
     days = list(config.data.all_days)
-    runner = _day_runner_key(config)
-    ingest = _on_runner("ingest", runner)(config, days)
-    state, files = _on_runner("preprocess", runner)(config, days, parent)
+    ingest = day_flow("ingest", config)(config, days)
+    state, files = day_flow("preprocess", config)(config, days, parent)
     return Features(state, files, ingest)
 
 
-def day_task_runner(config: PipelineConfig):
-    """Where the per-day tasks run: a local thread pool, or a Dask cluster."""
-    return _task_runner(_day_runner_key(config))
+def day_flow(stage: str, config: PipelineConfig):
+    """The day flow of `stage` ("ingest" or "preprocess") on the config's task runner, where
+    the per-day tasks run: a local thread pool, or a Dask cluster."""
+    return _on_runner(stage, _day_runner_key(config))
 
 
 def _day_runner_key(config: PipelineConfig) -> tuple[str, int | str]:

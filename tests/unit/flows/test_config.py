@@ -121,21 +121,24 @@ def test_flow_parameters_cannot_name_configs_outside_the_allowed_folders(tmp_pat
     assert load_flow_config(outside).name == "tiny"
 
 
-def test_the_day_task_runner_is_threads_or_a_named_dask_cluster() -> None:
+def test_the_day_flows_run_on_threads_or_a_named_dask_cluster() -> None:
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    from flows.stages.features import day_task_runner
+    from flows.stages.features import day_flow
 
     config = load_config(ROOT / "configs" / "tiny.toml", ["orchestration.max_workers=3"])
-    runner = day_task_runner(config)
+    runner = day_flow("ingest", config).task_runner
     assert isinstance(runner, ThreadPoolTaskRunner) and runner._max_workers == 3
+    assert day_flow("preprocess", config).task_runner._max_workers == 3
+    assert day_flow("ingest", config) is day_flow("ingest", config), "made once per runner, not per run"
+    assert day_flow("ingest", config) is not day_flow("ingest", load_config(ROOT / "configs" / "tiny.toml"))
     with pytest.raises(ConfigError, match="dask_address"):
         load_config(ROOT / "configs" / "tiny.toml", ['orchestration.task_runner="dask"'])
     dask = load_config(ROOT / "configs" / "tiny.toml", ['orchestration.task_runner="dask"',
                                                         'orchestration.dask_address="tcp://127.0.0.1:8786"'])  # fmt: skip
     from prefect_dask import DaskTaskRunner
 
-    runner = day_task_runner(dask)  # prefect-dask is installed with the project
+    runner = day_flow("preprocess", dask).task_runner  # prefect-dask is installed with the project
     assert isinstance(runner, DaskTaskRunner) and runner.address == "tcp://127.0.0.1:8786"
 
 
