@@ -92,7 +92,10 @@ def start_cluster(folder: Path, cpus: int) -> tuple[SlurmCluster, list[subproces
         f"SlurmdPidFile={folder / 'slurmd-%n.pid'}", f"SlurmctldLogFile={folder / 'slurmctld.log'}",
         f"SlurmdLogFile={folder / 'slurmd-%n.log'}", "AccountingStorageType=accounting_storage/none",
         "JobAcctGatherType=jobacct_gather/none", "JobCompType=jobcomp/none", "MinJobAge=3600", "KillWait=5",
-        "SchedulerParameters=defer_batch", "SlurmdTimeout=10",  # a lost node is down in 10–20 s, not 300
+        # A lost node is down in about 15 s, not 300: slurmctld retries each message to it for
+        # MessageTimeout (the job's signal, then a ping) before SlurmdTimeout may lapse; at the
+        # default 10 s, 26–30 s went by from the node's loss to the job's requeue.
+        "SchedulerParameters=defer_batch", "SlurmdTimeout=10", "MessageTimeout=5",
         *(f"NodeName={name} NodeAddr={address} CPUs={cpus} State=UNKNOWN" for name, address in NODES.items()),
         f"PartitionName=debug Nodes={','.join(names)} Default=YES MaxTime=INFINITE State=UP",
         "",
