@@ -95,6 +95,11 @@ class Sampler:
         while not self.stop.wait(self.interval):
             self.read(count_from_zero=True)
 
+    def marked(self, mark: str) -> float:
+        """Core-seconds of the processes whose command line holds `mark`."""
+        return sum((self.latest[key] - self.first[key]) / TICKS_PER_SECOND for key in self.latest
+                   if mark in self.command[key])  # fmt: skip
+
     def by_kind(self) -> tuple[Counter[str], Counter[str]]:
         seconds: Counter[str] = Counter()
         processes: Counter[str] = Counter()
@@ -114,7 +119,10 @@ def machine_ticks() -> tuple[int, int]:
     return sum(values[:8]) - idle, idle
 
 
-def measure(pytest_args: list[str], workers: int, interval: float) -> dict:
+def measure(pytest_args: list[str], workers: int, interval: float, mark: str | None = None) -> dict:
+    """Runs pytest and charges each process on the machine (the suite's own, and the
+    servers it talks to, such as PostgreSQL) the CPU it used meanwhile; with `mark`, also
+    the core-seconds of the processes whose command line holds it (`marked_core_s`)."""
     sampler = Sampler(interval)
     sampler.read(count_from_zero=False)  # what runs already is charged only what it uses from now
     thread = threading.Thread(target=sampler.run, daemon=True)
@@ -138,6 +146,7 @@ def measure(pytest_args: list[str], workers: int, interval: float) -> dict:
         "processes_core_s": round(sum(seconds.values()), 1),
         "core_s_by_kind": {kind: round(value, 1) for kind, value in seconds.most_common()},
         "processes_by_kind": dict(processes.most_common()),
+        **({"marked_core_s": round(sampler.marked(mark), 2)} if mark else {}),
     }  # fmt: skip
 
 
