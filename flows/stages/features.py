@@ -67,31 +67,25 @@ def prepare_features(config: PipelineConfig, parent: PreprocessState | None = No
 def day_flow(stage: str, config: PipelineConfig):
     """The day flow of `stage` ("ingest" or "preprocess") on the config's task runner, where
     the per-day tasks run: a local thread pool, or a Dask cluster."""
-    return _on_runner(stage, _day_runner_key(config))
-
-
-def _day_runner_key(config: PipelineConfig) -> tuple[str, int | str]:
     if config.orchestration.task_runner == "dask":
         check_workers_reach_prefect(config.orchestration.dask_address)
-        return "dask", config.orchestration.dask_address
-    return "threads", config.orchestration.max_workers
-
-
-def _task_runner(key: tuple[str, int | str]):
-    kind, value = key
-    if kind == "dask":
-        from prefect_dask import DaskTaskRunner
-
-        return DaskTaskRunner(address=str(value))
-    return ThreadPoolTaskRunner(max_workers=int(value))
+        return _on_runner(stage, config.orchestration.dask_address, 0)
+    return _on_runner(stage, None, config.orchestration.max_workers)
 
 
 @functools.cache
-def _on_runner(stage: str, runner: tuple[str, int | str]):
-    """The day flow of `stage` on `runner`'s task runner, made once per runner: a flow made
-    anew derives its parameters' JSON schema (0.17 s for the config's), and every flow run
-    works on a duplicate of the runner, never on this one."""
-    return {"ingest": ingest_days, "preprocess": preprocess_days}[stage].with_options(task_runner=_task_runner(runner))
+def _on_runner(stage: str, dask_address: str | None, max_workers: int):
+    """The day flow of `stage` on the Dask cluster at `dask_address`, else on a thread pool of
+    `max_workers`, made once per runner: a flow made anew derives its parameters' JSON schema
+    (0.17 s for the config's), and every flow run works on a duplicate of the runner, never on
+    this one."""
+    if dask_address is not None:
+        from prefect_dask import DaskTaskRunner
+
+        runner = DaskTaskRunner(address=dask_address)
+    else:
+        runner = ThreadPoolTaskRunner(max_workers=max_workers)
+    return {"ingest": ingest_days, "preprocess": preprocess_days}[stage].with_options(task_runner=runner)
 
 
 def check_workers_reach_prefect(dask_address: str) -> None:
