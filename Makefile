@@ -55,7 +55,9 @@ $(SLURM):
 # Two test processes: much of an end-to-end test is waiting (servers starting, a stopped
 # run ending), so two share a 2-core machine well; three kept the cores busier and ended no
 # sooner from a fresh clone (docs/performance.md). Each test module runs whole in one of them
-# (fixtures are module-wide), the longest first (tests/conftest.py).
+# (fixtures are module-wide), the longest first (tests/conftest.py). Each keeps every core for
+# its own torch, its threads waiting passively, and gives what it starts its share of the cores
+# (tests/core_share.py).
 TEST_WORKERS ?= 2
 test: install lint $(CHROMIUM) $(SLURM)
 	PREFECT_HOME=$(CURDIR)/.pytest-prefect $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \

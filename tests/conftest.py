@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from core_share import share_the_cores
+
 from flows.stages.prefect_defaults import apply_prefect_defaults
 
 # Before Prefect is imported anywhere: the same local-server settings as the `dlrm` command,
@@ -15,6 +17,8 @@ apply_prefect_defaults()
 os.environ.pop("PREFECT_API_URL", None)
 # Flows refuse data paths outside their run folder unless allowed: tests run in temp folders.
 os.environ.setdefault("DLRM_DATA_DIRS", tempfile.gettempdir())
+
+share_the_cores()  # before torch is imported anywhere (tests/core_share.py says why)
 
 import pytest
 

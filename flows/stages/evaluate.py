@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from prefect import flow, get_run_logger, task
 from prefect.tasks import exponential_backoff
 
@@ -30,6 +29,7 @@ from training.job import JobFolder
 from training.reference_cache import fitted_reference
 from training.serving.export import ServingModel, write_serving_model
 from training.serving.scoring import score_files
+from training.threads import intra_op_threads
 
 heartbeats.install()  # this module's flow runs end when their work ends
 
@@ -53,11 +53,12 @@ def baseline_task(config: PipelineConfig, features: Features, train_files: tuple
     """The hashed logistic regression on the DLRM's features: L2 chosen on held-out training
     rows (k-fold cross-validation on few rows), refit on all of them to convergence, scored on
     the same rows as the model (training/reference.py)."""
-    torch.set_num_threads(max(1, config.training.nproc * config.training.threads_per_proc))
     data = config.data
-    reference = fitted_reference(features.state.table_sizes, train_files,
-                                 max_rows=config.evaluation.reference_max_rows, folds=config.evaluation.reference_folds,
-                                 raw_ids=features.state.mode == "managed")  # fmt: skip
+    # the cores the training used, whatever this process was started with: the same rows give the same fit
+    with intra_op_threads(max(1, config.training.nproc * config.training.threads_per_proc)):
+        reference = fitted_reference(features.state.table_sizes, train_files,
+                                     max_rows=config.evaluation.reference_max_rows,
+                                     folds=config.evaluation.reference_folds, raw_ids=features.state.mode == "managed")
     fit = reference.fit
     get_run_logger().info(
         "logistic regression: %s, refit on %s; %s", reference.how_chosen,

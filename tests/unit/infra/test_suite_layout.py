@@ -1,12 +1,19 @@
 """The test suite's own rules: pytest imports each test file by its base name (the folders
 have no `__init__.py`), so two files of one name anywhere under tests/ stop the whole
-collection; and `make test-fast` takes only the modules that are not marked slow."""
+collection; `make test-fast` takes only the modules that are not marked slow; and each test
+process shares the cores as tests/core_share.py says."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from pathlib import Path
+
+import core_share
+import pytest
+import torch
+from core_share import share_of_the_cores
 
 TESTS = Path(__file__).resolve().parents[2]
 ROOT = TESTS.parent
@@ -56,3 +63,20 @@ def test_make_test_fast_runs_every_test_not_marked_slow() -> None:
     recipe = makefile.split("\ntest-fast:", 1)[1].split("\n\n", 1)[0]
     assert "pytest" in recipe and '-m "not slow"' in recipe and "tests/" not in recipe
     assert "make test-fast" in (ROOT / "README.md").read_text()
+
+
+def test_each_test_process_keeps_its_cores_and_gives_what_it_starts_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under pytest-xdist a test process's torch runs on every core (its threads waiting
+    passively, a setting that must not reach the processes it starts), and what it starts
+    inherits its share of the cores (tests/core_share.py)."""
+    cores = len(os.sched_getaffinity(0))
+    if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and not core_share.developers_own:
+        assert core_share.shared, "applied before torch was imported (tests/conftest.py)"
+        assert os.environ["OMP_NUM_THREADS"] == str(share_of_the_cores()), "what this process starts takes its share"
+        assert torch.get_num_threads() == cores and "OMP_WAIT_POLICY" not in os.environ
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    assert share_of_the_cores() == max(1, cores // 2)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(cores * 4))
+    assert share_of_the_cores() == 1
+    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT")
+    assert share_of_the_cores() is None
