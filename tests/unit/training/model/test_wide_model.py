@@ -15,6 +15,7 @@ from training.config import ModelConfig, ShardingConfig
 from training.model.build import build_dlrm, build_train_model
 from training.model.stock_dlrm import WIDE_COLUMNS
 from training.sharding.start import WideStart, start_wide
+from training.threads import intra_op_threads
 
 WIDE = ModelConfig(embedding_dim=8, bottom_mlp=(16, 8), top_mlp=(16, 1), wide=True)
 
@@ -208,10 +209,14 @@ def test_the_served_model_rebuilds_the_wide_model_from_its_spec(tiny_features) -
     assert type(build_stock_dlrm(spec, torch.device("meta"))) is DLRM
 
 
-def _fetch_wide_start(rank: int, world: int, port: int, jobs, results) -> None:
+def _fetch_wide_start(rank: int, world: int, port: int, cache: str, jobs, results) -> None:
     from training.worker import _wide_start
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
+    # a cache of its own (an earlier run's fit would be read back, not fitted), and the
+    # threads the worker sets: the same rows on another number of threads sum in another order
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world),
+                      XDG_CACHE_HOME=cache)  # fmt: skip
+    torch.set_num_threads(jobs["fresh"].training.threads_per_proc)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         for label, job in jobs.items():
@@ -242,10 +247,11 @@ def test_every_rank_of_a_fresh_job_gets_the_references_fit_and_a_warm_start_none
             "zero": dataclasses.replace(job, model=WIDE),
             "shared": dataclasses.replace(job, model=dataclasses.replace(job.model, wide_start_l2="shared"))}  # fmt: skip
     results = mp.Manager().dict()
-    start_ranks(_fetch_wide_start, (2, _free_port(), jobs, results), 2)
+    start_ranks(_fetch_wide_start, (2, _free_port(), str(tmp_path / "cache"), jobs, results), 2)
     # seed 0, whatever the job's; each feature's own L2, the default `model.wide_start_l2`
-    fit = fit_logistic_regression(state.table_sizes, job.train_files, max_rows=3000, per_feature_l2=True)
-    shared = fit_logistic_regression(state.table_sizes, job.train_files, max_rows=3000)
+    with intra_op_threads(job.training.threads_per_proc):
+        fit = fit_logistic_regression(state.table_sizes, job.train_files, max_rows=3000, per_feature_l2=True)
+        shared = fit_logistic_regression(state.table_sizes, job.train_files, max_rows=3000)
     assert fit.train_rows < fit.rows_available, "the reference's row sample applies"
     assert fit.c_by_feature and not shared.c_by_feature
     for rank in (0, 1):
