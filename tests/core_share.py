@@ -1,5 +1,5 @@
 """How a test process shares the machine's cores with the other test processes (tests/conftest.py
-applies it before torch is imported). The standard library only.
+applies it before torch is imported; this module imports torch only once it has set the policy).
 
 Under pytest-xdist, two test processes share two cores. torch's OpenMP threads wait actively
 after each parallel region (they spin for a while), so a test process's regression fit or
