@@ -13,6 +13,7 @@ from training.cpu import accelerate, native_build
 from training.cpu import interaction as native_interaction
 from training.cpu.interaction import DotInteraction
 from training.model.build import build_dlrm
+from training.threads import intra_op_threads
 
 
 def _torchrec_oracle(dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
@@ -37,14 +38,10 @@ def test_native_values_and_gradients_match_torchrecs_interaction_in_float64(
     sparse = torch.randn(batch, tables, dim, requires_grad=True)
     width = dim + tables * (tables + 1) // 2
     padded = -(-width // 8) * 8
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with intra_op_threads(threads):
         out = native_interaction.dot_products(dense, sparse, padded)
         weights = torch.randn_like(out)
         grads = torch.autograd.grad((out * weights).sum(), (dense, sparse))
-    finally:
-        torch.set_num_threads(previous)
     dense64, sparse64 = dense.detach().double().requires_grad_(), sparse.detach().double().requires_grad_()
     expected = _torchrec_oracle(dense64, sparse64)
     expected_grads = torch.autograd.grad((expected * weights[:, :width].double()).sum(), (dense64, sparse64))
