@@ -18,60 +18,66 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.task_runners import ThreadPoolTaskRunner
+from training.launch.interpreter import imports_without_collection
 
-from evaluation.calibration import Calibrator
-from evaluation.promotion import PromotionDecision
-from evaluation.report import EvalReport, Scores, report_markdown
-from flows.run.config import (
-    ConfigSource,
-    PipelineConfig,
-    config_as_dict,
-    flatten,
-    load_config,
-    load_flow_config,
-)
-from flows.run.crosses import with_run_crosses
-from flows.run.feature_files import Features
-from flows.run.job import TrainedModel
-from flows.run.nights import Night, waits_for_rows
-from flows.run.reports import RunSummary, SkippedNight
-from flows.run.resolve import ResolvedRun, resolve_run
-from flows.run.rows import training_rows
-from flows.run.sources import resolve_as_of
-from flows.stages import heartbeats
-from flows.stages.calibrate import calibrate_task
-from flows.stages.evaluate import DayScores, champion_ne, evaluate_model, export_task, promote_task
-from flows.stages.features import prepare_features
-from flows.stages.stopped_runs import cancel_when_stopped
-from flows.stages.train import train_model
-from flows.tracking.deferred import track_or_defer, wait_for_tracking
-from flows.tracking.lineage import (
-    TAG_ROWS_CHANGED,
-    StaleChampionError,
-    champion_staleness,
-    keep_checkpoint,
-    lineage_tags,
-    plan_night,
-    prune_lineage,
-    skipped_summary,
-)
-from flows.tracking.registry import current_champion
-from flows.tracking.runs import (
-    RunRecord,
-    TrackedRun,
-    read_metrics_history,
-    run_history,
-    run_url,
-    tracking_client,
-    ui_address,
-)
-from flows.tuning.hyperparameters import choose_hyperparameters
-from flows.tuning.port import port_summary, with_batch
-from training.codec import encode
-from training.serving.export import ServingModel
+# A deployment's flow run (`python -m prefect.engine`, from `dlrm serve` or a worker) imports
+# this file first: its imports with the collector paused, as a command's and a rank's are
+# (training/launch/interpreter.py; bench/start_up.py's deployment start-ups)
+with imports_without_collection():
+    from prefect import flow, get_run_logger
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    from evaluation.calibration import Calibrator
+    from evaluation.promotion import PromotionDecision
+    from evaluation.report import EvalReport, Scores, report_markdown
+    from flows.run.config import (
+        ConfigSource,
+        PipelineConfig,
+        config_as_dict,
+        flatten,
+        load_config,
+        load_flow_config,
+    )
+    from flows.run.crosses import with_run_crosses
+    from flows.run.feature_files import Features
+    from flows.run.job import TrainedModel
+    from flows.run.nights import Night, waits_for_rows
+    from flows.run.reports import RunSummary, SkippedNight
+    from flows.run.resolve import ResolvedRun, resolve_run
+    from flows.run.rows import training_rows
+    from flows.run.sources import resolve_as_of
+    from flows.stages import heartbeats
+    from flows.stages.calibrate import calibrate_task
+    from flows.stages.evaluate import DayScores, champion_ne, evaluate_model, export_task, promote_task
+    from flows.stages.features import prepare_features
+    from flows.stages.stopped_runs import cancel_when_stopped
+    from flows.stages.train import train_model
+    from flows.tracking.deferred import track_or_defer, wait_for_tracking
+    from flows.tracking.lineage import (
+        TAG_ROWS_CHANGED,
+        StaleChampionError,
+        champion_staleness,
+        keep_checkpoint,
+        lineage_tags,
+        plan_night,
+        prune_lineage,
+        skipped_summary,
+    )
+    from flows.tracking.registry import current_champion
+    from flows.tracking.runs import (
+        RunRecord,
+        TrackedRun,
+        read_metrics_history,
+        run_history,
+        run_url,
+        tracking_client,
+        ui_address,
+    )
+    from flows.tuning.hyperparameters import choose_hyperparameters
+    from flows.tuning.port import port_summary, with_batch
+    from training.codec import encode
+    from training.serving.export import ServingModel
 
 heartbeats.install()  # this module's flow runs end when their work ends
 

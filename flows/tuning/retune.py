@@ -16,48 +16,54 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import optuna
-from prefect import flow, get_run_logger
-from prefect.artifacts import create_table_artifact
-from prefect.exceptions import MissingContextError
+from training.launch.interpreter import imports_without_collection
 
-from evaluation.metrics import binary_state, compute_ne
-from evaluation.report import Scores
-from flows.run.config import PipelineConfig, load_flow_config
-from flows.run.crosses import with_run_crosses
-from flows.run.feature_files import Features
-from flows.run.reports import RetuneReport
-from flows.run.resolve import ResolvedRun, resolve_run
-from flows.stages import heartbeats
-from flows.stages.features import prepare_features, run_logger
-from flows.stages.stopped_runs import cancel_when_stopped
-from flows.stages.train_slurm import train_where_configured
-from flows.stages.trainer_slots import trainer_slot
-from flows.tracking.studies import BestTrial, StudyRuns
-from flows.tuning.trials import (
-    TrainingTrial,
-    TuningData,
-    trial_seeds,
-    tuning_folds,
-    validation_job,
-)
-from training.codec import encode
-from training.locking import exclusive
-from training.tuning.config import TuningConfig, budget_overrides
-from training.tuning.decision import paired_gain
-from training.tuning.key import TuningKey
-from training.tuning.space import Params, params_of, resolved_batches
-from training.tuning.study import (
-    DECISION,
-    TunedParams,
-    best_of,
-    enqueue_warm_start,
-    join_as_worker,
-    open_storage,
-    open_study,
-    run_worker,
-    tuned_keys,
-)
+# A deployment's flow run (`python -m prefect.engine`, from `dlrm serve` or a worker) imports
+# this file first: its imports with the collector paused, as a command's and a rank's are
+# (training/launch/interpreter.py; bench/start_up.py's deployment start-ups)
+with imports_without_collection():
+    import optuna
+    from prefect import flow, get_run_logger
+    from prefect.artifacts import create_table_artifact
+    from prefect.exceptions import MissingContextError
+
+    from evaluation.metrics import binary_state, compute_ne
+    from evaluation.report import Scores
+    from flows.run.config import PipelineConfig, load_flow_config
+    from flows.run.crosses import with_run_crosses
+    from flows.run.feature_files import Features
+    from flows.run.reports import RetuneReport
+    from flows.run.resolve import ResolvedRun, resolve_run
+    from flows.stages import heartbeats
+    from flows.stages.features import prepare_features, run_logger
+    from flows.stages.stopped_runs import cancel_when_stopped
+    from flows.stages.train_slurm import train_where_configured
+    from flows.stages.trainer_slots import trainer_slot
+    from flows.tracking.studies import BestTrial, StudyRuns
+    from flows.tuning.trials import (
+        TrainingTrial,
+        TuningData,
+        trial_seeds,
+        tuning_folds,
+        validation_job,
+    )
+    from training.codec import encode
+    from training.locking import exclusive
+    from training.tuning.config import TuningConfig, budget_overrides
+    from training.tuning.decision import paired_gain
+    from training.tuning.key import TuningKey
+    from training.tuning.space import Params, params_of, resolved_batches
+    from training.tuning.study import (
+        DECISION,
+        TunedParams,
+        best_of,
+        enqueue_warm_start,
+        join_as_worker,
+        open_storage,
+        open_study,
+        run_worker,
+        tuned_keys,
+    )
 
 heartbeats.install()  # this module's flow runs end when their work ends
 
