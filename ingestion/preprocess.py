@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ingestion.bucket_count import SEARCHED_IDS, bucket_count
-from ingestion.config import PreprocessConfig
+from ingestion.config import FEW_ROWS, PreprocessConfig
 from ingestion.count_bins import CountBins, count_bins_from
 from ingestion.cross_ids import Cross, crosses_from
 from ingestion.schema import DENSE_COLUMNS, FeatureLayout, multi_hot_of
@@ -192,8 +192,31 @@ def _hash_buckets(con: duckdb.DuckDBPyConnection, config: PreprocessConfig, glob
     return bucket_count(np.asarray(seen["id"]), np.asarray(seen["n"], dtype=np.int64), config.hash_size - 1)
 
 
+def training_rows(warehouse: Path, train_days: Sequence[int]) -> int:
+    """The rows the training days hold: their manifests' count, else their files' footers."""
+    rows = 0
+    for day in train_days:
+        manifest = read_manifest(warehouse, day)
+        if manifest and "rows_written" in manifest:
+            rows += int(manifest["rows_written"])
+        else:
+            rows += sum(pq.ParquetFile(path).metadata.num_rows for path in partition_dir(warehouse, day).glob("*.parquet"))
+    return rows
+
+
+def with_fitted_mode(config: PreprocessConfig, warehouse: Path, train_days: Sequence[int]) -> PreprocessConfig:
+    """`config` with `categorical_mode = "auto"` resolved by the training days' rows
+    (`PreprocessConfig.mode_for`): a state and its id are the resolved mode's, so a config
+    that names that mode finds the same state."""
+    if config.categorical_mode != "auto":
+        return config
+    return dataclasses.replace(config, categorical_mode=config.mode_for(training_rows(warehouse, train_days)))
+
+
 def state_id_for(config: PreprocessConfig, warehouse: Path, train_days: Sequence[int]) -> str:
-    """Hash of what the fitted state depends on: the config and the training days' manifests."""
+    """Hash of what the fitted state depends on: the config (its mode resolved) and the
+    training days' manifests."""
+    config = with_fitted_mode(config, warehouse, train_days)
     manifests = [read_manifest(warehouse, day) for day in sorted(train_days)]
     layouts = [m["layout"] for m in manifests if m and "layout" in m]
     parts = {
@@ -213,6 +236,13 @@ def state_id_for(config: PreprocessConfig, warehouse: Path, train_days: Sequence
 
 def fit_state(config: PreprocessConfig, warehouse: Path, features_root: Path, train_days: Sequence[int]) -> PreprocessState:
     """Count distinct values per feature on the training days; reuse a saved state if current."""
+    fitted = with_fitted_mode(config, warehouse, train_days)
+    if fitted is not config:
+        rows = training_rows(warehouse, train_days)
+        log.info("preprocess.categorical_mode \"auto\": %s (%s training rows%s)", fitted.categorical_mode, f"{rows:,}",
+                 f" are fewer than {FEW_ROWS:,}: every id they saw gets its own row"
+                 if fitted.categorical_mode == "vocab" else "")  # fmt: skip
+    config = fitted
     state_id = state_id_for(config, warehouse, train_days)
     state_path = features_root / state_id / "state.json"
     if state_path.is_file():

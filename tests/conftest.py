@@ -28,7 +28,7 @@ from ingestion.synthetic import GroundTruth, generate_day
 from ingestion.warehouse import ingest_day
 
 TINY_SYNTHETIC = SyntheticConfig(rows_per_day=6000, seed=11, cardinality_scale=0.001)
-TINY_PREPROCESS = PreprocessConfig(hash_size=2000, duckdb_threads=1, row_group_size=2048)
+TINY_PREPROCESS = PreprocessConfig(hash_size=2000, categorical_mode="hash", duckdb_threads=1, row_group_size=2048)
 TINY_DAYS = (0, 1, 2)
 
 

@@ -5,8 +5,9 @@ reason:
 
 1. the night (`dlrm run --as-of N`): its training days, day N as the evaluation day, and no
    second warm-up for a warm start (flows/run/nights.py);
-2. on a fresh run with the preprocessing state known, the MLP widths the training rows
-   support (`model.mlp_width = "auto"`, training/model/width.py), before the tuner's width
+2. on a fresh run with the preprocessing state known, the categorical mode it fitted
+   (`preprocess.categorical_mode = "auto"`: a vocabulary on few rows, ingestion/config.py),
+   the MLP widths the training rows support (`model.mlp_width = "auto"`, training/model/width.py), before the tuner's width
    factor applies to them; and on few rows, a start as the logistic regression
    (`model.regression_start = "auto"`, training/model/small_data.py), before a tuned
    embedding rate applies;
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 from flows.run.config import PipelineConfig, trainer_cluster
 from flows.run.nights import Night, night_config, with_champion_preprocessing, with_champion_shape
+from ingestion.config import FEW_ROWS
 from ingestion.preprocess import PreprocessState
 from training.config import Workers
 from training.loop.run_length import fit_run_length
@@ -47,8 +49,8 @@ from training.tuning.trigger import TuningDecision
 class Change:
     """One rewrite of the configured run: which step made it, and what it changed and why."""
 
-    step: str  # "night", "model width", "regression start", "tuning", "champion shape", "champion preprocessing",
-    # "run length", "tuning key"
+    step: str  # "night", "preprocessing mode", "model width", "regression start", "tuning", "champion shape",
+    # "champion preprocessing", "run length", "tuning key"
     note: str
 
 
@@ -84,6 +86,7 @@ def resolve_run(config: PipelineConfig, night: Night | None = None, state: Prepr
 
     config = apply("night", night_config(config, night))
     if state is not None and night.warm_start is None:
+        config = apply("preprocessing mode", _with_fitted_mode(config, state))
         model, note = fit_mlp_width(config.model, state.train_rows)
         config = apply("model width", (dataclasses.replace(config, model=model), note))
         settings, note = fit_regression_start(RunSettings(config.model, config.training, config.tuning), state.train_rows,
@@ -112,6 +115,19 @@ def resolve_run(config: PipelineConfig, night: Night | None = None, state: Prepr
         changes.append(Change("tuning key", f"the run trains at batch {key.global_batch_size:,}, so its key is "
                               f"{key.fingerprint} (its parameters came by key {tuning.key.fingerprint})"))  # fmt: skip
     return ResolvedRun(config, night, key, steps, tuning, tuple(changes))
+
+
+def _with_fitted_mode(config: PipelineConfig, state: PreprocessState) -> tuple[PipelineConfig, str]:
+    """`preprocess.categorical_mode = "auto"` as the fitted state resolved it (by its rows), so
+    that the job, MLflow and the summary name the mode trained; the state's id is that mode's."""
+    if config.preprocess.categorical_mode != "auto" or state.mode == "auto":
+        return config, ""
+    preprocess = dataclasses.replace(config.preprocess, categorical_mode=state.mode)
+    why = (f"{state.train_rows:,} training rows are fewer than {FEW_ROWS:,}: every id they saw has a row of its own and "
+           "an id they never saw the out-of-vocabulary row, whose weight no training row moves, as in a one-hot "
+           "regression; set preprocess.categorical_mode = \"hash\" to hash them" if state.mode == "vocab"
+           else f"{state.train_rows:,} training rows are not fewer than {FEW_ROWS:,}")  # fmt: skip
+    return dataclasses.replace(config, preprocess=preprocess), f'preprocess.categorical_mode "auto" → "{state.mode}": {why}'
 
 
 def _with_search_batches(config: PipelineConfig) -> tuple[PipelineConfig, str]:

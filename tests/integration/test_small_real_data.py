@@ -181,3 +181,20 @@ def test_8000_rows_start_a_wide_model_as_the_regression_by_default(small_run) ->
     changes = client.download_artifacts(run.info.run_id, "config/resolved_changes.json")
     start = [change for change in json.loads(Path(changes).read_text()) if change["step"] == "regression start"]
     assert len(start) == 1 and "8,000 training rows are fewer than 32,768" in start[0]["note"]
+
+
+def test_8000_rows_look_their_ids_up_in_a_vocabulary_by_default(small_run) -> None:
+    """`preprocess.categorical_mode = "auto"` (the default): 8,000 training rows get a
+    vocabulary, the state says so, and MLflow's parameters and changes name the mode trained."""
+    from ingestion.preprocess import PreprocessState
+
+    config, summary = small_run
+    assert config.preprocess.categorical_mode == "auto"
+    [state_file] = config.path("features").glob("*/state.json")
+    assert PreprocessState.load(state_file).mode == "vocab"
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.params["preprocess.categorical_mode"] == "vocab"
+    changes = client.download_artifacts(run.info.run_id, "config/resolved_changes.json")
+    mode = [change for change in json.loads(Path(changes).read_text()) if change["step"] == "preprocessing mode"]
+    assert len(mode) == 1 and "8,000 training rows are fewer than 32,768" in mode[0]["note"]

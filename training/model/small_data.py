@@ -31,10 +31,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ingestion.config import FEW_ROWS  # fewer training rows than this start at the regression
 from training.config import ModelConfig, TrainingConfig
 from training.tuning.config import TuningConfig
 
-FEW_ROWS = 32_768  # fewer training rows than this start at the regression (8,000 did better, 66,000 worse)
 EMBEDDING_LR = 0.005  # the embeddings' steps under a regression start (0.05 moved an id's weight off it in a step)
 # The tuner's range for that rate under a regression start: the one that tuned
 # configs/small-real.toml level with its regression

@@ -87,6 +87,23 @@ def test_a_warm_start_keeps_the_champions_preprocessing_mode_and_says_so(tmp_pat
     assert "champion preprocessing" not in [c.step for c in same.changes], "nothing to say when the modes agree"
 
 
+def test_a_fresh_run_on_auto_names_the_mode_its_state_fitted_first_and_says_why(tmp_path: Path) -> None:
+    """`preprocess.categorical_mode = "auto"`: the fitted state resolved it by its rows; the run
+    names that mode (the job, MLflow, the summary read it) as its first change, and the
+    resolved config finds the same state (its id is the resolved mode's)."""
+    config = load_config(TINY, [f'run_dir="{tmp_path}"', 'preprocess.categorical_mode="auto"'])
+    vocab = dataclasses.replace(STATE, mode="vocab")
+    run = resolve_run(config, state=vocab)
+    assert run.config.preprocess.categorical_mode == "vocab" and config.preprocess.categorical_mode == "auto"
+    assert run.changes[0].step == "preprocessing mode"
+    assert 'categorical_mode "auto" → "vocab": 12,000 training rows are fewer than 32,768' in run.changes[0].note
+    hashed = resolve_run(config, state=dataclasses.replace(STATE, train_rows=600_000))
+    assert hashed.config.preprocess.categorical_mode == "hash" and "600,000 training rows" in hashed.changes[0].note
+    named = resolve_run(load_config(TINY, [f'run_dir="{tmp_path}"']), state=STATE)  # tiny names "hash"
+    assert "preprocessing mode" not in [change.step for change in named.changes]
+    assert resolve_run(config).config.preprocess.categorical_mode == "auto", "before the state, nothing to resolve"
+
+
 def test_before_the_data_is_known_only_the_night_applies(tmp_path: Path) -> None:
     config = load_config(TINY, [f'run_dir="{tmp_path}"'])
     draft = resolve_run(config, Night(2, (0, 1)))

@@ -189,7 +189,7 @@ def test_hash_mode_maps_negative_ids_like_numpy(tmp_path: Path) -> None:
     warehouse, features = tmp_path / "wh", tmp_path / "features"
     for seed, day in enumerate(DAYS):
         ingest_parquet_day(write_day(tmp_path / "src", day, [day_table(30 + seed, 200)]), parse_day(day), warehouse, config)
-    preprocess = PreprocessConfig(hash_size=1000, duckdb_threads=1, row_group_size=1024)
+    preprocess = PreprocessConfig(hash_size=1000, categorical_mode="hash", duckdb_threads=1, row_group_size=1024)
     state = fit_state(preprocess, warehouse, features, config.train_days)
     raw = pq.read_table(partition_dir(warehouse, config.eval_days[0]))
     rows = pq.read_table(apply_state(preprocess, state, warehouse, features, config.eval_days[0]))

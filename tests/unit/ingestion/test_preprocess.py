@@ -214,3 +214,50 @@ def test_tables_sized_at_hash_size_are_not_a_vocab_mode_setting() -> None:
 
     with pytest.raises(ValueError, match="table_rows: .*vocab_headroom"):
         PreprocessConfig(categorical_mode="vocab", table_rows="hash_size")
+
+
+def test_auto_mode_looks_few_rows_up_in_a_vocabulary_and_hashes_many() -> None:
+    """`categorical_mode = "auto"` (the default) by the training rows: a vocabulary below
+    `FEW_ROWS`, hash tables from there, and hash tables wherever `table_rows = "hash_size"`
+    asks for full tables (a vocabulary sizes its own); a named mode is kept."""
+    import dataclasses
+
+    from ingestion.config import FEW_ROWS, PreprocessConfig
+
+    auto = PreprocessConfig()
+    assert auto.categorical_mode == "auto"
+    assert [auto.mode_for(rows) for rows in (1, FEW_ROWS - 1, FEW_ROWS, 600_000)] == ["vocab", "vocab", "hash", "hash"]
+    assert dataclasses.replace(auto, table_rows="hash_size").mode_for(100) == "hash"
+    for mode in ("hash", "vocab", "managed"):
+        assert dataclasses.replace(auto, categorical_mode=mode).mode_for(100) == mode
+        assert dataclasses.replace(auto, categorical_mode=mode).mode_for(10**7) == mode
+
+
+def test_auto_mode_on_the_tiny_days_is_the_vocabulary_state_with_its_id(tiny_warehouse: Path, tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """12,000 training rows under `auto`: the state a config naming `vocab` fits, under the same
+    id (so the run's resolved config, which names the mode, finds it), said in the log; an id
+    the training days never saw maps to the out-of-vocabulary row 1, whose weight no training
+    row moves, where hash mode gives it a seen id's row."""
+    import dataclasses
+    import logging
+
+    auto = dataclasses.replace(TINY_PREPROCESS, categorical_mode="auto")
+    vocab = dataclasses.replace(TINY_PREPROCESS, categorical_mode="vocab")
+    with caplog.at_level(logging.INFO, logger="ingestion.preprocess"):
+        state = fit_state(auto, tiny_warehouse, tmp_path, [0, 1])
+    assert state.mode == "vocab" and state.train_rows == 12_000
+    assert state.state_id == state_id_for(auto, tiny_warehouse, [0, 1]) == state_id_for(vocab, tiny_warehouse, [0, 1])
+    assert state.state_id != state_id_for(TINY_PREPROCESS, tiny_warehouse, [0, 1])
+    assert 'categorical_mode "auto": vocab (12,000 training rows are fewer than 32,768' in caplog.text
+    train = pa.concat_tables([pq.read_table(tiny_warehouse / f"day={day}") for day in (0, 1)])
+    raw = pq.read_table(tiny_warehouse / "day=2")
+    features = pq.read_table(apply_state(auto, state, tiny_warehouse, tmp_path, 2), partitioning=None)
+    whole = [c for c in SPARSE_COLUMNS if state.buckets[c] == len(set(train[c].drop_null().to_pylist()))]  # not capped
+    column = max(whole, key=lambda c: len(set(raw[c].drop_null().to_pylist()) - set(train[c].to_pylist())))
+    seen = set(train[column].drop_null().to_pylist())
+    values = raw[column].to_pylist()
+    unseen = np.array([v is not None and v not in seen for v in values])
+    assert unseen.any(), "the evaluation day has ids the training days never saw"
+    rows = features[column].to_numpy()
+    assert (rows[unseen] == 1).all() and (rows[~unseen] != 1).all()
