@@ -327,9 +327,9 @@ class PreprocessConfig:
 
     def mode_for(self, train_rows: int) -> str:
         """The categorical mode of a state fitted on `train_rows` rows: the configured one, or
-        for `auto` a vocabulary on few rows (every id they saw its own row, as a one-hot
-        regression has it: on Avazu's 8,000 rows its NE gained 0.7 %, the regression's 0.5 %)
-        and hash tables on more (room for the ids of later nights)."""
+        for `auto` a vocabulary on few rows (every id they saw its own row and an unseen one
+        no seen id's row, as a one-hot regression has it; docs/run-length.md measures it) and
+        hash tables on more (room for the ids of later nights)."""
         if self.categorical_mode != "auto":
             return self.categorical_mode
         few = train_rows < FEW_ROWS and self.table_rows == "ids_seen" and self.hash_size >= 3

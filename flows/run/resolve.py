@@ -7,8 +7,9 @@ reason:
    second warm-up for a warm start (flows/run/nights.py);
 2. on a fresh run with the preprocessing state known, the categorical mode it fitted
    (`preprocess.categorical_mode = "auto"`: a vocabulary on few rows, ingestion/config.py),
-   the MLP widths the training rows support (`model.mlp_width = "auto"`, training/model/width.py), before the tuner's width
-   factor applies to them; and on few rows, a start as the logistic regression
+   the MLP widths the training rows support (`model.mlp_width = "auto"`,
+   training/model/width.py), before the tuner's width factor applies to them; and on few
+   rows, a start as the logistic regression
    (`model.regression_start = "auto"`, training/model/small_data.py), before a tuned
    embedding rate applies;
 3. the hyperparameters the tuning decision chose (flows/tuning/hyperparameters.py);
