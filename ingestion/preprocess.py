@@ -236,13 +236,8 @@ def state_id_for(config: PreprocessConfig, warehouse: Path, train_days: Sequence
 
 def fit_state(config: PreprocessConfig, warehouse: Path, features_root: Path, train_days: Sequence[int]) -> PreprocessState:
     """Count distinct values per feature on the training days; reuse a saved state if current."""
-    fitted = with_fitted_mode(config, warehouse, train_days)
-    if fitted is not config:
-        rows = training_rows(warehouse, train_days)
-        log.info("preprocess.categorical_mode \"auto\": %s (%s training rows%s)", fitted.categorical_mode, f"{rows:,}",
-                 f" are fewer than {FEW_ROWS:,}: every id they saw gets its own row"
-                 if fitted.categorical_mode == "vocab" else "")  # fmt: skip
-    config = fitted
+    chose_mode = config.categorical_mode == "auto"
+    config = with_fitted_mode(config, warehouse, train_days)
     state_id = state_id_for(config, warehouse, train_days)
     state_path = features_root / state_id / "state.json"
     if state_path.is_file():
@@ -257,6 +252,10 @@ def fit_state(config: PreprocessConfig, warehouse: Path, features_root: Path, tr
     aggregates += [f"avg(greatest(coalesce(len({quoted(c)}), 0), 1))" for c in multi_hot]
     row = con.execute(f"SELECT count(*), avg(label), {', '.join(aggregates)} FROM read_parquet(?)", [globs]).fetchall()[0]
     rows, click_rate = int(row[0]), float(row[1] or 0.0)
+    if chose_mode:
+        log.info("preprocess.categorical_mode \"auto\": %s (%s training rows%s)", config.categorical_mode, f"{rows:,}",
+                 f" are fewer than {FEW_ROWS:,}: every id they saw gets its own row"
+                 if config.categorical_mode == "vocab" else "")  # fmt: skip
     counts = dict(zip(single, row[2 : 2 + len(single)]))
     mean_ids = {c: round(float(n or 1.0), 4) for c, n in zip(multi_hot, row[2 + len(single) :])}
     for c in multi_hot:  # distinct ids over every bag
