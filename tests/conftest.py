@@ -92,7 +92,7 @@ def multi_hot_features(multi_hot_warehouse: Path, tmp_path_factory: pytest.TempP
 # the next module as it finishes one: the longest first, so that no long module starts last
 # and runs alone.
 MODULE_SECONDS = {
-    "test_on_slurm.py": 250, "test_stopping.py": 215, "test_recurring.py": 170, "test_multi_host.py": 155,
+    "test_on_slurm.py": 250, "test_stopping.py": 215, "test_recurring.py": 170, "test_multi_host.py": 130,
     "test_bundle_round_trip.py": 105, "test_retune_flow.py": 105, "test_id_churn.py": 100, "test_production_stack.py": 95,
     "test_pipeline_flow.py": 85, "test_own_warehouse.py": 80, "test_sharded_training.py": 75, "test_checkpoint_recovery.py": 50,
     "test_tracking_outage.py": 50, "test_dask_runner.py": 40, "test_cli.py": 40, "test_reference.py": 40,

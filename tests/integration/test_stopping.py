@@ -100,7 +100,8 @@ def _stop(process: subprocess.Popen, signum: int, times: int = 1, log: Path | No
 
 
 @pytest.fixture(scope="module")
-def stopped_twice_then_finished(tmp_path_factory: pytest.TempPathFactory, home: Path, warm_rank_server: Path):
+def stopped_twice_then_finished(tmp_path_factory: pytest.TempPathFactory, home: Path, warm_rank_server: Path,
+                                prefect_server: str):  # fmt: skip
     """One run folder: `dlrm run` stopped by Ctrl-C twice, the same command stopped by SIGTERM
     (to the process only, as a supervisor stops it) once it has trained on past the first
     stop, then the same command to its end (warm). What each stop and the last run left."""
@@ -119,8 +120,9 @@ def stopped_twice_then_finished(tmp_path_factory: pytest.TempPathFactory, home: 
                         (tmp_path / "sigterm.log").read_text(), _flow_run_states(home))  # fmt: skip
     second_stop = max(_checkpoint_steps(run_dir))
     # the resume stops nothing: a warm command on warm ranks (tests/warm_commands.py), which
-    # resumes through the same launcher
-    warm = {**_environment(home), ENVIRONMENT_KEY: str(warm_rank_server)}
+    # resumes through the same launcher, and the session's Prefect server (the run folder, not
+    # Prefect, holds what it resumes)
+    warm = {**_environment(home), "PREFECT_API_URL": prefect_server, ENVIRONMENT_KEY: str(warm_rank_server)}
     again = subprocess.run([*warm_commands.dlrm(), *_command(run_dir)[3:]], check=False, cwd=ROOT, env=warm,
                            capture_output=True, text=True, timeout=600)  # fmt: skip
     return stops, (first_stop, second_stop), again
