@@ -170,7 +170,7 @@ def test_dlrm_train_on_two_hosts_fails_together_when_a_worker_dies_then_resumes_
     resume it from its checkpoint, and it ends as `dlrm run`'s did: the same global batch,
     rows and steps, the same calibrator, the same NE of the served and of the model's own
     probabilities; node 0 reports the job and each host keeps its logs in the shared folder.
-    (Two hosts that train without a stop: the next test, two processes each.)"""
+    (Two hosts that train without a stop: the test above, two processes each.)"""
     run_dir, one_host = pipeline_run
     watcher = _kill_rank_after(JobFolder(run_dir / "two-hosts-1"), rank=1, step=25)  # node 1's one process
     results = _on_two_hosts(run_dir, "two-hosts-1", 1, two_hosts)
