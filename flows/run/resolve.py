@@ -124,10 +124,15 @@ def _with_fitted_mode(config: PipelineConfig, state: PreprocessState) -> tuple[P
     if config.preprocess.categorical_mode != "auto" or state.mode == "auto":
         return config, ""
     preprocess = dataclasses.replace(config.preprocess, categorical_mode=state.mode)
-    why = (f"{state.train_rows:,} training rows are fewer than {FEW_ROWS:,}: every id they saw has a row of its own and "
-           "an id they never saw the out-of-vocabulary row, whose weight no training row moves, as in a one-hot "
-           "regression; set preprocess.categorical_mode = \"hash\" to hash them" if state.mode == "vocab"
-           else f"{state.train_rows:,} training rows are not fewer than {FEW_ROWS:,}")  # fmt: skip
+    if state.mode == "vocab":
+        why = (f"{state.train_rows:,} training rows are fewer than {FEW_ROWS:,}: every id they saw has a row of its own "
+               "and an id they never saw the out-of-vocabulary row, whose weight no training row moves, as in a one-hot "
+               "regression; set preprocess.categorical_mode = \"hash\" to hash them")  # fmt: skip
+    elif state.train_rows >= FEW_ROWS:
+        why = f"{state.train_rows:,} training rows are not fewer than {FEW_ROWS:,}"
+    else:  # few rows, but the config asks for tables a vocabulary cannot size (PreprocessConfig.mode_for)
+        asked = config.preprocess
+        why = f'preprocess.table_rows = "{asked.table_rows}" and hash_size {asked.hash_size} ask for hash tables'
     return dataclasses.replace(config, preprocess=preprocess), f'preprocess.categorical_mode "auto" → "{state.mode}": {why}'
 
 

@@ -99,6 +99,9 @@ def test_a_fresh_run_on_auto_names_the_mode_its_state_fitted_first_and_says_why(
     assert 'categorical_mode "auto" → "vocab": 12,000 training rows are fewer than 32,768' in run.changes[0].note
     hashed = resolve_run(config, state=dataclasses.replace(STATE, train_rows=600_000))
     assert hashed.config.preprocess.categorical_mode == "hash" and "600,000 training rows" in hashed.changes[0].note
+    full = load_config(TINY, [f'run_dir="{tmp_path}"', 'preprocess.categorical_mode="auto"', 'preprocess.table_rows="hash_size"'])
+    few_but_full = resolve_run(full, state=STATE)  # 12,000 rows, hash tables asked for
+    assert 'preprocess.table_rows = "hash_size"' in few_but_full.changes[0].note, few_but_full.changes[0].note
     named = resolve_run(load_config(TINY, [f'run_dir="{tmp_path}"']), state=STATE)  # tiny names "hash"
     assert "preprocessing mode" not in [change.step for change in named.changes]
     assert resolve_run(config).config.preprocess.categorical_mode == "auto", "before the state, nothing to resolve"
