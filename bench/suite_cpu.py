@@ -33,6 +33,7 @@ TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 
 # (kind, any of these in the command line): the first that matches names the process
 KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("this bench (its readings of /proc)", ("suite_cpu.py",)),
     ("temporary Prefect server", ("prefect_app:create_app",)),
     ("persistent Prefect server", ("prefect server start",)),
     ("Prefect deployment run", ("prefect.engine",)),
@@ -53,6 +54,11 @@ KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Chromium (UI test)", ("chrom",)),
     ("pytest (controller)", ("-m pytest",)),
 )
+
+
+# what a process may be first seen as, before it execs the command it starts (a node's
+# `sh -c 'mount … && exec "$@"'`): read again until it is something else
+EXEC_WRAPPERS = frozenset({"sh", "nsenter", "unshare", "/bin/sh", "/usr/bin/nsenter", "/usr/bin/unshare"})
 
 
 def process_kind(command_line: str) -> str:
@@ -83,10 +89,10 @@ class Sampler:
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 key, ticks = (pid, fields[19]), int(fields[11]) + int(fields[12])
-                if key not in self.command:
+                if key not in self.command or self.command[key].split(" ", 1)[0] in EXEC_WRAPPERS:
                     raw = Path(f"/proc/{pid}/cmdline").read_bytes()
                     self.command[key] = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-                    self.first[key] = 0 if count_from_zero else ticks
+                    self.first.setdefault(key, 0 if count_from_zero else ticks)
                 self.latest[key] = ticks
             except (OSError, IndexError, ValueError):  # ended between the listing and the read
                 continue
@@ -99,6 +105,11 @@ class Sampler:
         """Core-seconds of the processes whose command line holds `mark`."""
         return sum((self.latest[key] - self.first[key]) / TICKS_PER_SECOND for key in self.latest
                    if mark in self.command[key])  # fmt: skip
+
+    def largest(self, count: int) -> list[tuple[float, str, str]]:
+        """The `count` processes that used the most CPU: (core-seconds, kind, command line)."""
+        used = sorted(((self.latest[key] - self.first[key]) / TICKS_PER_SECOND, key) for key in self.latest)[::-1]
+        return [(round(seconds, 1), process_kind(self.command[key]), self.command[key]) for seconds, key in used[:count]]
 
     def by_kind(self) -> tuple[Counter[str], Counter[str]]:
         seconds: Counter[str] = Counter()
@@ -119,7 +130,7 @@ def machine_ticks() -> tuple[int, int]:
     return sum(values[:8]) - idle, idle
 
 
-def measure(pytest_args: list[str], workers: int, interval: float, mark: str | None = None) -> dict:
+def measure(pytest_args: list[str], workers: int, interval: float, mark: str | None = None, largest: int = 0) -> dict:
     """Runs pytest and charges each process on the machine (the suite's own, and the
     servers it talks to, such as PostgreSQL) the CPU it used meanwhile; with `mark`, also
     the core-seconds of the processes whose command line holds it (`marked_core_s`)."""
@@ -147,6 +158,7 @@ def measure(pytest_args: list[str], workers: int, interval: float, mark: str | N
         "core_s_by_kind": {kind: round(value, 1) for kind, value in seconds.most_common()},
         "processes_by_kind": dict(processes.most_common()),
         **({"marked_core_s": round(sampler.marked(mark), 2)} if mark else {}),
+        **({"largest": sampler.largest(largest)} if largest else {}),
     }  # fmt: skip
 
 
@@ -158,15 +170,20 @@ def show(result: dict) -> None:
     print(f"{'core-s':>8} {'processes':>9}  kind")
     for kind, value in result["core_s_by_kind"].items():
         print(f"{value:8.1f} {result['processes_by_kind'][kind]:9d}  {kind}")
+    if result.get("largest"):
+        print(f"\nthe {len(result['largest'])} processes that used the most CPU:")
+        for seconds, kind, command in result["largest"]:
+            print(f"{seconds:8.1f}  {kind}: {command[:240]}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="pytest-xdist processes (0: none)")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between readings of /proc")
+    parser.add_argument("--largest", type=int, default=0, help="also list the N processes that used the most CPU")
     parser.add_argument("pytest_args", nargs="*", help="after --: what pytest runs (default: the whole suite)")
     args = parser.parse_args()
-    result = measure(args.pytest_args, args.workers, args.interval)
+    result = measure(args.pytest_args, args.workers, args.interval, largest=args.largest)
     show(result)
     print(json.dumps(result))
 

@@ -264,7 +264,7 @@ def tracking_client(tracking_uri: str) -> MlflowClient:
 def newest_run_of_key(tracking_uri: str, experiment: str, fingerprint: str) -> tuple[float, float] | None:
     """The held-out NE and training seconds of the newest finished run of a tuning key (None:
     no such run): what the port workflow compares a ported run with."""
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = tracking_client(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return None

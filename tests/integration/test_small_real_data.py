@@ -144,13 +144,15 @@ def test_the_logistic_regression_reference_is_within_1_percent_of_scikit_learns(
     x, y = _one_hot(train, sizes, train), train["label"]
     held_out = validation_rows(row_id_hash([train[name] for name in SPARSE_COLUMNS]), 0.1, config.training.seed)
 
-    def fit(rows: np.ndarray, c: float) -> LogisticRegression:
+    # strongest C first, each fit from the last one's weights (as the project fits them): the
+    # same optimum, reached sooner
+    by_c, path = {}, LogisticRegression(solver="lbfgs", max_iter=5_000, tol=1e-8, warm_start=True)
+    for c in DEFAULT_C_GRID:
         with one_blas_thread():
-            return LogisticRegression(C=c, solver="lbfgs", max_iter=5_000, tol=1e-8).fit(x[rows], y[rows])
-
-    by_c = {c: compute_ne(binary_state(y[held_out], fit(~held_out, c).predict_proba(x[held_out])[:, 1]))
-            for c in DEFAULT_C_GRID}  # fmt: skip
-    reference = fit(np.ones(len(y), dtype=bool), min(by_c, key=by_c.get))
+            path.set_params(C=c).fit(x[~held_out], y[~held_out])
+        by_c[c] = compute_ne(binary_state(y[held_out], path.predict_proba(x[held_out])[:, 1]))
+    with one_blas_thread():
+        reference = LogisticRegression(C=min(by_c, key=by_c.get), solver="lbfgs", max_iter=5_000, tol=1e-8).fit(x, y)
     sklearn_ne = compute_ne(binary_state(test["label"], reference.predict_proba(_one_hot(test, sizes, train))[:, 1]))
     assert summary["logistic_regression_ne"] == pytest.approx(sklearn_ne, rel=0.01)
 

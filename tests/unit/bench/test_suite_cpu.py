@@ -55,3 +55,21 @@ def test_a_process_a_test_starts_is_charged_the_cpu_it_used(tmp_path: Path) -> N
     assert result["core_s_by_kind"]["other Python"] >= result["marked_core_s"] - 0.05, "the child is other Python"
     assert result["processes_by_kind"]["pytest (controller)"] >= 1  # the one it ran (and this test's own)
     assert result["processes_core_s"] <= result["machine_busy_core_s"] + 0.5, result
+
+
+def test_a_process_started_through_sh_exec_is_named_by_what_it_execs_and_listed_among_the_largest(tmp_path: Path) -> None:
+    """A node's commands start as `sh -c '… exec "$@"'` (tests/integration/slurm_cluster.py): a
+    process first read as `sh` is read again, so it is charged under what it became, and
+    `largest` lists it with that command line."""
+    test_file = tmp_path / "test_wrapped_child.py"
+    test_file.write_text(
+        "import subprocess, sys\n"
+        "def test_wrapped_child():\n"
+        "    code = 'import time\\ntime.sleep(0.3)\\nt = time.process_time()\\nwhile time.process_time() - t < 1.0: pass'\n"
+        "    wrapped = ['sh', '-c', 'sleep 0.3; exec \"$@\"', 'sh', sys.executable, '-c', code]\n"
+        f"    assert subprocess.run([*wrapped, {str(tmp_path)!r}], check=False).returncode == 0\n"
+    )
+    result = _bench().measure([str(test_file)], workers=0, interval=0.1, largest=50)
+    listed = [(seconds, kind) for seconds, kind, command in result["largest"] if str(tmp_path) in command and
+              "process_time" in command]  # fmt: skip
+    assert len(listed) == 1 and listed[0][1] == "other Python" and 0.8 <= listed[0][0] <= 1.4, result["largest"]

@@ -12,6 +12,7 @@ from flows.run.nights import CatchUpError
 from flows.tracking import lineage
 from flows.tracking.lineage import TAG_DAYS, plan_night
 from flows.tracking.registry import CHAMPION_ALIAS
+from flows.tracking.sqlite_store import ready
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.fixture()
 def champion_of_days_0_1(tmp_path: Path) -> tuple[Path, MlflowClient]:
     """A registry whose champion has trained days 0–1 (its lineage tag)."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = ready(f"sqlite:///{tmp_path / 'mlflow.db'}")  # a new store from the migrated template
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     client.create_registered_model("dlrm-ctr")
     version = client.create_model_version("dlrm-ctr", source=str(tmp_path / "m1")).version

@@ -21,6 +21,7 @@ from flows.tracking.lineage import (
     skipped_summary,
 )
 from flows.tracking.registry import CHAMPION_ALIAS
+from flows.tracking.sqlite_store import ready
 from training.codec import encode
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def refused_twice(tmp_path: Path) -> tuple[Path, MlflowClient]:
     """Champion version 1 (days 0–1), then nights as of 3 and 4 that were refused: version 2
     (lineage 0–2) and version 3 (lineage 0–3), each with its kept checkpoint."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = ready(f"sqlite:///{tmp_path / 'mlflow.db'}")  # a new store from the migrated template
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     client.create_registered_model("dlrm-ctr")
     for version, days, as_of in ((1, "0,1", "2"), (2, "0,1,2", "3"), (3, "0,1,2,3", "4")):

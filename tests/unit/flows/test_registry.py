@@ -10,13 +10,14 @@ from mlflow.tracking import MlflowClient
 
 from flows.run.config import ConfigError
 from flows.tracking.registry import CHAMPION_ALIAS, current_champion, promote_if_better, promotion_lock
+from flows.tracking.sqlite_store import ready
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 @pytest.fixture()
 def registry(tmp_path: Path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = ready(f"sqlite:///{tmp_path / 'mlflow.db'}")  # a new store from the migrated template
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     client.create_registered_model("ctr")
     versions = [client.create_model_version("ctr", source=str(tmp_path / f"m{i}")).version for i in range(4)]

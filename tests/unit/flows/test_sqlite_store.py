@@ -103,3 +103,30 @@ def test_without_a_writable_cache_mlflow_makes_the_store(tmp_path: Path, monkeyp
     store.parent.mkdir()
     assert template_store() is None
     assert tracking_client(f"sqlite:///{store}").get_experiment("0").name == "Default"
+
+
+def test_the_look_ups_of_a_store_not_made_yet_copy_the_template_mocked_migrations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The port workflow's look-up of a key's newest run and `dlrm export-delta` can be the
+    first to open a run's store: they make it from the template, never by MLflow's migrations
+    (mocked to fail here: a second and more of CPU each)."""
+    from mlflow.store.db import utils
+
+    from flows.run.config import ConfigError, load_config
+    from flows.tracking.model_delta import export_version_delta
+    from flows.tracking.runs import newest_run_of_key
+
+    template_store()  # built before the migrations are refused
+
+    def refused(engine) -> None:
+        raise AssertionError(f"migrated a new store: {engine.url}")
+
+    monkeypatch.setattr(utils, "_initialize_tables", refused)
+    store = tmp_path / "port" / "mlflow.db"
+    assert newest_run_of_key(f"sqlite:///{store}", "dlrm-ctr", "fingerprint") is None and store.exists()
+    config = load_config(str(Path(__file__).resolve().parents[3] / "configs" / "tiny.toml"),
+                         [f'run_dir="{tmp_path / "delta"}"'])  # fmt: skip
+    with pytest.raises(ConfigError, match="version 1 of .* is not in the registry"):
+        export_version_delta(config, "1", "2", tmp_path / "out")
+    assert sqlite_path(config.tracking_uri).exists()
