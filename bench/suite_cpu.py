@@ -58,7 +58,7 @@ KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 # what a process may be first seen as, before it execs the command it starts (a node's
 # `sh -c 'mount … && exec "$@"'`): read again until it is something else
-EXEC_WRAPPERS = frozenset({"sh", "nsenter", "unshare", "/bin/sh", "/usr/bin/nsenter", "/usr/bin/unshare"})
+EXEC_WRAPPERS = frozenset({"sh", "nsenter", "unshare"})
 
 
 def process_kind(command_line: str) -> str:
@@ -89,7 +89,7 @@ class Sampler:
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 key, ticks = (pid, fields[19]), int(fields[11]) + int(fields[12])
-                if key not in self.command or self.command[key].split(" ", 1)[0] in EXEC_WRAPPERS:
+                if key not in self.command or Path(self.command[key].split(" ", 1)[0]).name in EXEC_WRAPPERS:
                     raw = Path(f"/proc/{pid}/cmdline").read_bytes()
                     self.command[key] = raw.replace(b"\0", b" ").decode(errors="replace").strip()
                     self.first.setdefault(key, 0 if count_from_zero else ticks)

@@ -12,15 +12,14 @@ from mlflow.tracking import MlflowClient
 
 from flows.run.config import ConfigError, PipelineConfig
 from flows.run.reports import DeltaReport
-from flows.tracking.sqlite_store import ready
+from flows.tracking.runs import tracking_client
 from training.serving.model_delta import write_model_delta
 
 
 def export_version_delta(config: PipelineConfig, from_version: str, to_version: str, out: Path) -> DeltaReport:
     """Write into `out` what takes version `from_version`'s served model to `to_version`'s."""
     name = config.tracking.registered_model
-    uri = ready(config.tracking_uri)
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    client = tracking_client(config.tracking_uri)  # the registry the pipeline registers in: the tracking store's
     for version in (from_version, to_version):
         try:
             client.get_model_version(name, version)

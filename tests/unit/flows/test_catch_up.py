@@ -12,7 +12,7 @@ from flows.run.nights import CatchUpError
 from flows.tracking import lineage
 from flows.tracking.lineage import TAG_DAYS, plan_night
 from flows.tracking.registry import CHAMPION_ALIAS
-from flows.tracking.sqlite_store import ready
+from flows.tracking.runs import tracking_client
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.fixture()
 def champion_of_days_0_1(tmp_path: Path) -> tuple[Path, MlflowClient]:
     """A registry whose champion has trained days 0–1 (its lineage tag)."""
-    uri = ready(f"sqlite:///{tmp_path / 'mlflow.db'}")  # a new store from the migrated template
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = tracking_client(uri)  # a new store from the migrated template
     client.create_registered_model("dlrm-ctr")
     version = client.create_model_version("dlrm-ctr", source=str(tmp_path / "m1")).version
     client.set_model_version_tag("dlrm-ctr", version, TAG_DAYS, "0,1")

@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from flows.run.config import load_config
 from flows.tracking.lineage import TAG_CHECKPOINT, keep_checkpoint, prune_lineage
 from flows.tracking.registry import CHAMPION_ALIAS
-from flows.tracking.sqlite_store import ready
+from flows.tracking.runs import tracking_client
 from training.loop.checkpoint_chain import chain_of
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -50,8 +49,7 @@ def test_a_delta_is_kept_with_its_chain_and_the_champions_chain_survives_pruning
                                                              "run-b-step-3"]  # fmt: skip
     (lineage / "old-step-1").mkdir()  # a checkpoint no version needs
 
-    uri = ready(config.tracking_uri)  # a new store from the migrated template
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    client = tracking_client(config.tracking_uri)  # a new store from the migrated template
     client.create_registered_model(config.tracking.registered_model)
     version = client.create_model_version(config.tracking.registered_model, source=str(tmp_path / "model"),
                                           tags={TAG_CHECKPOINT: str(kept_night)}).version  # fmt: skip

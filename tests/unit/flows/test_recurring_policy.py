@@ -21,7 +21,7 @@ from flows.tracking.lineage import (
     skipped_summary,
 )
 from flows.tracking.registry import CHAMPION_ALIAS
-from flows.tracking.sqlite_store import ready
+from flows.tracking.runs import tracking_client
 from training.codec import encode
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[3]
 def refused_twice(tmp_path: Path) -> tuple[Path, MlflowClient]:
     """Champion version 1 (days 0–1), then nights as of 3 and 4 that were refused: version 2
     (lineage 0–2) and version 3 (lineage 0–3), each with its kept checkpoint."""
-    uri = ready(f"sqlite:///{tmp_path / 'mlflow.db'}")  # a new store from the migrated template
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = tracking_client(uri)  # a new store from the migrated template
     client.create_registered_model("dlrm-ctr")
     for version, days, as_of in ((1, "0,1", "2"), (2, "0,1,2", "3"), (3, "0,1,2,3", "4")):
         client.create_model_version("dlrm-ctr", source=str(tmp_path / f"m{version}"))

@@ -6,19 +6,18 @@ import time
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from flows.run.config import ConfigError
 from flows.tracking.registry import CHAMPION_ALIAS, current_champion, promote_if_better, promotion_lock
-from flows.tracking.sqlite_store import ready
+from flows.tracking.runs import tracking_client
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 @pytest.fixture()
 def registry(tmp_path: Path):
-    uri = ready(f"sqlite:///{tmp_path / 'mlflow.db'}")  # a new store from the migrated template
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = tracking_client(uri)  # a new store from the migrated template
     client.create_registered_model("ctr")
     versions = [client.create_model_version("ctr", source=str(tmp_path / f"m{i}")).version for i in range(4)]
     return uri, client, [str(v) for v in versions]
