@@ -17,6 +17,8 @@ its work and stored its results.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +32,21 @@ def start_ranks(function: Callable[..., None], args: tuple[Any, ...], nprocs: in
     as `mp.spawn` does when one fails."""
     multiprocessing.set_forkserver_preload(_PRELOADED)  # read when the forkserver starts: the first call
     mp.start_processes(_rank_then_leave, args=(function, *args), nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def as_one_host_rank(rank: int, world: int, port: int) -> None:
+    """This process's environment as torchrun gives it to rank `rank` of a one-host job of
+    `world` processes: what the trainer's code reads (the sharding plan and the batches read
+    LOCAL_WORLD_SIZE) and gloo's rendezvous for `init_process_group("gloo")`."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      GROUP_RANK="0", WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))  # fmt: skip
+
+
+def free_port() -> int:
+    """A port nothing listens on now, for a job's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _rank_then_leave(rank: int, function: Callable[..., None], *args: Any) -> None:

@@ -1,21 +1,23 @@
-"""Under torchrun: load a checkpoint (through its delta chain) into this world size as a run
-does (the job's sharded model and optimizer), and write the state as one full checkpoint.
+"""In each of N forked ranks (tests/forked_ranks.py): load a checkpoint (through its delta
+chain) into this world size as a run does (the job's sharded model and optimizer), and write
+the state as one full checkpoint.
 
-    torchrun --nproc-per-node N checkpoint_reload.py JOB CHECKPOINT OUT
+    start_ranks(reload_rank, (N, free_port(), JOB, CHECKPOINT, OUT), N)
 """
 
-import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from forked_ranks import as_one_host_rank
 
 from training.job import TrainJob
 from training.loop.checkpoint import RowLedger, TrainPosition, load_checkpoint, save_checkpoint
-from training.worker import build, exit_skipping_teardown
+from training.worker import build
 
 
-def main(job_file: str, checkpoint: str, out: str) -> None:
+def reload_rank(rank: int, world: int, port: int, job_file: str, checkpoint: str, out: str) -> None:
+    as_one_host_rank(rank, world, port)
     dist.init_process_group("gloo")
     job = TrainJob.load(Path(job_file))
     built = build(job, torch.device("cpu"), write_plan=False)
@@ -23,7 +25,3 @@ def main(job_file: str, checkpoint: str, out: str) -> None:
     save_checkpoint(built.model, built.optimizer, Path(out), TrainPosition(0, 0, 0), RowLedger(), keep=1)
     dist.destroy_process_group()
 
-
-if __name__ == "__main__":
-    main(*sys.argv[1:])
-    exit_skipping_teardown()  # as the trainer's workers leave: gloo's threads outlive the destroy

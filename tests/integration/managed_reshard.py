@@ -1,15 +1,16 @@
-"""Under torchrun: load a managed-ids run's checkpoint into this world size as a run does
-(sharded model, optimizer, remapper), write each rank's remapper state, and optionally
-save the loaded state as a new checkpoint (the next run's warm start).
+"""In each of N forked ranks (tests/forked_ranks.py): load a managed-ids run's checkpoint into
+this world size as a run does (sharded model, optimizer, remapper), write each rank's
+remapper state, and optionally save the loaded state as a new checkpoint (the next run's
+warm start).
 
-    torchrun --nproc-per-node N managed_reshard.py JOB CHECKPOINT OUT [SAVE_TO]
+    start_ranks(reshard_rank, (N, free_port(), JOB, CHECKPOINT, OUT, SAVE_TO or ""), N)
 """
 
-import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from forked_ranks import as_one_host_rank
 
 from training.job import TrainJob
 from training.loop.checkpoint import RowLedger, TrainPosition, load_checkpoint, save_checkpoint
@@ -18,10 +19,10 @@ from training.model.build import build_train_model
 from training.model.managed_ids import ManagedIds
 from training.model.objective import attach_managed_ids
 from training.sharding.plan import shard_model
-from training.worker import exit_skipping_teardown
 
 
-def main(job_file: str, checkpoint: str, out: str, save_to: str = "") -> None:
+def reshard_rank(rank: int, world: int, port: int, job_file: str, checkpoint: str, out: str, save_to: str) -> None:
+    as_one_host_rank(rank, world, port)
     dist.init_process_group("gloo")
     job = TrainJob.load(Path(job_file))
     assert job.managed_ids is not None
@@ -38,7 +39,3 @@ def main(job_file: str, checkpoint: str, out: str, save_to: str = "") -> None:
         save_checkpoint(sharded, optimizer, Path(save_to), TrainPosition(0, 0, 0), RowLedger(), keep=1)
     dist.destroy_process_group()
 
-
-if __name__ == "__main__":
-    main(*sys.argv[1:])
-    exit_skipping_teardown()  # as the trainer's workers leave: gloo's threads outlive the destroy

@@ -4,13 +4,13 @@ chain needs; a broken chain is refused in one line and the newest loadable one i
 
 import json
 import shutil
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_reload import reload_rank
+from forked_ranks import free_port, start_ranks
 from tiny_jobs import tiny_job
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -25,7 +25,6 @@ from training.serving.export import export_model
 
 pytestmark = pytest.mark.slow
 
-RELOAD = Path(__file__).with_name("checkpoint_reload.py")
 CHAIN = 3  # full_checkpoint_every: a full checkpoint, then two deltas
 
 
@@ -52,14 +51,12 @@ def _checkpoints(job: TrainJob) -> list[Path]:
 
 
 def _reload(job: TrainJob, checkpoint: Path, nproc: int, out: Path) -> Path:
-    """The checkpoint loaded through its chain by `nproc` processes and written whole."""
+    """The checkpoint loaded through its chain by `nproc` processes (forked ranks: the loading
+    is under test, not the launcher) and written whole."""
     job_file = out / "job.json"
     out.mkdir(parents=True)
     job.save(job_file)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                           str(RELOAD), str(job_file), str(checkpoint), str(out / "checkpoints")],
-                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    start_ranks(reload_rank, (nproc, free_port(), str(job_file), str(checkpoint), str(out / "checkpoints")), nproc)
     return out / "checkpoints" / "step-0"
 
 

@@ -8,7 +8,6 @@ size exactly. Which mode scores best night after night is a quality comparison, 
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,8 @@ import pytest
 import torch
 from beside import ended_on_failure, start
 from foreign_python import champion_scores_elsewhere, raw_lines, run_predictions
+from forked_ranks import free_port, start_ranks
+from managed_reshard import reshard_rank
 from mlflow.tracking import MlflowClient
 
 from flows.run.config import load_config
@@ -89,12 +90,10 @@ def test_the_served_model_remaps_raw_lines_as_the_run_did_where_the_project_is_n
 
 
 def _reshard(job_file: Path, checkpoint: Path, world: int, out: Path, save_to: Path | None = None) -> list[dict]:
+    """The checkpoint loaded by `world` processes (forked ranks: the loading is under test, not
+    the launcher); each one's remapper state, and the loaded state saved to `save_to`."""
     out.mkdir(parents=True)
-    command = [str(ROOT / ".venv" / "bin" / "torchrun"), "--standalone", f"--nproc-per-node={world}",
-               str(ROOT / "tests" / "integration" / "managed_reshard.py"), str(job_file), str(checkpoint), str(out),
-               *([str(save_to)] if save_to else [])]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
+    start_ranks(reshard_rank, (world, free_port(), str(job_file), str(checkpoint), str(out), str(save_to or "")), world)
     return [torch.load(out / f"rank-{rank}.pt") for rank in range(world)]
 
 
