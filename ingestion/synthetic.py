@@ -25,10 +25,14 @@ sum-pooled embedding can represent exactly.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
+import hashlib
 import json
 import math
+import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
@@ -105,7 +109,9 @@ class GroundTruth:
     NUM_PAIRS = 12  # categorical pairs whose latent vectors interact (what LR cannot learn)
     PAIR_WEIGHT = 0.45
 
-    def __init__(self, config: SyntheticConfig, multi_hot: Sequence[str] = ()) -> None:
+    def __init__(self, config: SyntheticConfig, multi_hot: Sequence[str] = (), bias: float | None = None) -> None:
+        """`bias`: the one `_calibrate_bias` gives this config, kept from an earlier build
+        (`shared_ground_truth`); calibrated here when not given."""
         self.config = config
         self.multi_hot = check_multi_hot(multi_hot)
         self.multi_hot_index = tuple(SPARSE_COLUMNS.index(name) for name in self.multi_hot)
@@ -132,7 +138,7 @@ class GroundTruth:
         # random draws stay those of a ground truth without drift)
         self.dense_weight_drift = signal * np.random.default_rng([config.seed, 0xD81F7]).normal(0.0, 0.25, NUM_DENSE)
         self.bias = 0.0
-        self.bias = self._calibrate_bias(config.click_rate)
+        self.bias = self._calibrate_bias(config.click_rate) if bias is None else bias
 
     def sample_ranks(self, rng: np.random.Generator, rows: int) -> np.ndarray:
         """Power-law value ranks per feature, -1 where the cell is empty. [rows, 26] int64."""
@@ -299,11 +305,42 @@ def generate_chunk(truth: GroundTruth, rng: np.random.Generator, rows: int, day:
 
 
 @functools.lru_cache(maxsize=8)
-def shared_ground_truth(config: SyntheticConfig, multi_hot: tuple[str, ...] = ()) -> GroundTruth:
+def shared_ground_truth(config: SyntheticConfig, multi_hot: tuple[str, ...] = (), kept_in: Path | None = None) -> GroundTruth:
     """`GroundTruth(config, multi_hot)`, built once per process: its construction calibrates
-    the bias on a 100,000-row pilot sample, more work than a small day. A ground truth is
-    not changed after it is built, so one serves every day and every run of the process."""
-    return GroundTruth(config, multi_hot)
+    the bias on a 100,000-row pilot sample (0.35 s of CPU), more work than a small day. A
+    ground truth is not changed after it is built, so one serves every day and every run of
+    the process.
+
+    `kept_in` (the user's cache, given by the commands): a folder where each config's
+    calibrated bias is kept, so that the next process builds the same ground truth without
+    the pilot. An entry is named by a digest of the generator's fingerprint, this module's
+    code and numpy's version (a change to either calibrates again); one that cannot be read
+    is calibrated again and replaced, and a folder that cannot be written only costs the
+    next process its pilot."""
+    entry = kept_in / f"{_bias_digest(config, multi_hot)}.json" if kept_in is not None else None
+    kept = _read_bias(entry) if entry is not None else None
+    truth = GroundTruth(config, multi_hot, bias=kept)
+    if entry is not None and kept is None:
+        with contextlib.suppress(OSError):
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            staged = entry.with_name(f".{entry.name}.{os.getpid()}-{threading.get_ident()}.staged")
+            staged.write_text(json.dumps({"generator": generator_fingerprint(config, multi_hot), "bias": truth.bias}))
+            os.replace(staged, entry)  # a reader sees a whole entry
+    return truth
+
+
+def _bias_digest(config: SyntheticConfig, multi_hot: Sequence[str]) -> str:
+    digest = hashlib.sha256(f"{generator_fingerprint(config, multi_hot)}|numpy {np.__version__}|".encode())
+    digest.update(Path(__file__).read_bytes())
+    return digest.hexdigest()[:32]
+
+
+def _read_bias(entry: Path) -> float | None:
+    try:
+        bias = json.loads(entry.read_text())["bias"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return float(bias) if isinstance(bias, float) and math.isfinite(bias) else None
 
 
 def generate_day(

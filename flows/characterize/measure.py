@@ -27,11 +27,12 @@ import torch
 from flows.characterize.sweeps import BATCH_KEY, Series, Sweep
 from flows.run.config import ConfigError, PipelineConfig, trainer_cluster
 from flows.run.feature_files import prepared_features
+from flows.run.ground_truth import ground_truth
 from flows.run.reports import CharacterizeReport
 from flows.run.rows import training_rows
 from ingestion.config import SyntheticConfig
 from ingestion.preprocess import apply_state, fit_state
-from ingestion.synthetic import GroundTruth, generate_day
+from ingestion.synthetic import generate_day
 from ingestion.warehouse import ingest_day
 from training.characterize.measure import (
     MeasuredPoint,
@@ -97,7 +98,7 @@ def generated_rows(config: PipelineConfig, rows: int, root: Path, on_line: Calla
         return PointRows(tuple(known["files"]), known["table_sizes"], known["rows"])
     shutil.rmtree(folder, ignore_errors=True)
     on_line(f"generating {rows:,} rows of '{config.name}''s shape into {folder}")
-    generate_day(synthetic, 0, folder / "raw", GroundTruth(synthetic))
+    generate_day(synthetic, 0, folder / "raw", ground_truth(synthetic))
     ingest_day([str(folder / "raw" / "day_0.tsv.gz")], 0, folder / "warehouse")
     state = fit_state(config.preprocess, folder / "warehouse", folder / "features", (0,))
     written = apply_state(config.preprocess, state, folder / "warehouse", folder / "features", 0)

@@ -287,11 +287,12 @@ def server(args: argparse.Namespace) -> int:
 
 
 def generate(args: argparse.Namespace) -> int:
-    from ingestion.synthetic import GroundTruth, generate_day
+    from flows.run.ground_truth import ground_truth
+    from ingestion.synthetic import generate_day
 
     config = load(args)
     out = Path(args.out) if args.out else config.path(config.data.raw_dir)
-    truth = GroundTruth(config.data.synthetic, config.data.multi_hot)
+    truth = ground_truth(config.data.synthetic, config.data.multi_hot)
     for day in args.days if args.days is not None else config.data.all_days:
         stats = generate_day(config.data.synthetic, day, out, truth)
         print(f"day {day}: {stats.rows:,} rows, click rate {stats.click_rate:.3f}, "

@@ -27,6 +27,7 @@ from prefect.tasks import exponential_backoff
 
 from flows.run.config import ConfigError, PipelineConfig
 from flows.run.feature_files import Features
+from flows.run.ground_truth import ground_truth
 from flows.run.reports import IngestDay
 from flows.run.sources import raw_sources
 from flows.stages import heartbeats
@@ -39,7 +40,7 @@ from ingestion.preprocess import (
     feature_rows,
     fit_state,
 )
-from ingestion.synthetic import existing_day, generate_day, shared_ground_truth
+from ingestion.synthetic import existing_day, generate_day
 from ingestion.warehouse import ingest_day
 
 heartbeats.install()  # this module's flow runs end when their work ends
@@ -145,7 +146,7 @@ def generate_task(config: PipelineConfig, day: int) -> dict[str, Any]:
     if existing:
         get_run_logger().info("day %s: generated earlier with the same settings, reusing it", day)
         return asdict(existing)
-    truth = shared_ground_truth(config.data.synthetic, tuple(config.data.multi_hot))
+    truth = ground_truth(config.data.synthetic, config.data.multi_hot)
     stats = generate_day(config.data.synthetic, day, raw, truth)
     get_run_logger().info("day %s: generated %s rows, Bayes-optimal NE %.4f", day, f"{stats.rows:,}", stats.bayes_ne)
     return asdict(stats)

@@ -1,6 +1,7 @@
 import gzip
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -210,3 +211,30 @@ def test_the_shared_ground_truth_is_built_once_and_is_the_one_a_fresh_build_give
     fresh = GroundTruth(config)
     assert shared.bias == fresh.bias and np.array_equal(shared.normals, fresh.normals)
     assert shared_ground_truth(config, ("C3",)).multi_hot == ("C3",), "another multi-hot set is another truth"
+
+
+def test_a_kept_bias_builds_the_same_ground_truth_without_the_pilot(tmp_path: Path, monkeypatch) -> None:
+    config = SyntheticConfig(rows_per_day=500, seed=13, cardinality_scale=0.001)
+    calibrated = shared_ground_truth(config, (), kept_in=tmp_path / "kept")
+    [entry] = (tmp_path / "kept").glob("*.json")
+    assert json.loads(entry.read_text())["bias"] == calibrated.bias == GroundTruth(config).bias
+    shared_ground_truth.cache_clear()  # as the next process
+    monkeypatch.setattr(GroundTruth, "_calibrate_bias", lambda self, click_rate: pytest.fail("the pilot ran again"))
+    kept = shared_ground_truth(config, (), kept_in=tmp_path / "kept")
+    assert kept.bias == calibrated.bias
+    generate_day(config, 0, tmp_path / "calibrated", calibrated)
+    generate_day(config, 0, tmp_path / "kept-bias", kept)
+    assert _lines(tmp_path / "calibrated" / "day_0.tsv.gz") == _lines(tmp_path / "kept-bias" / "day_0.tsv.gz")
+    with pytest.raises(pytest.fail.Exception, match="the pilot ran again"):
+        shared_ground_truth(replace(config, seed=14), (), kept_in=tmp_path / "kept")  # another config: its own pilot
+
+
+def test_an_unreadable_kept_bias_is_calibrated_again_and_replaced(tmp_path: Path) -> None:
+    config = SyntheticConfig(rows_per_day=500, seed=15, cardinality_scale=0.001)
+    calibrated = shared_ground_truth(config, ("C3",), kept_in=tmp_path)
+    [entry] = tmp_path.glob("*.json")
+    entry.write_text('{"bias": "not a number"')
+    shared_ground_truth.cache_clear()
+    again = shared_ground_truth(config, ("C3",), kept_in=tmp_path)
+    assert again.bias == calibrated.bias and json.loads(entry.read_text())["bias"] == calibrated.bias
+    assert [path.name for path in tmp_path.iterdir()] == [entry.name], "published whole, nothing staged left"
