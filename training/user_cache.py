@@ -1,5 +1,6 @@
 """The project's folder in the user's cache: built native kernels, the empty tracking store,
-the Prefect database a new home starts from. Each user of it keeps a subfolder of its own."""
+the Prefect database a new home starts from, fitted references, the generated days'
+calibrated biases. Each user of it keeps a subfolder of its own."""
 
 from __future__ import annotations
 
