@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -40,13 +39,6 @@ def as_one_host_rank(rank: int, world: int, port: int) -> None:
     LOCAL_WORLD_SIZE) and gloo's rendezvous for `init_process_group("gloo")`."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       GROUP_RANK="0", WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))  # fmt: skip
-
-
-def free_port() -> int:
-    """A port nothing listens on now, for a job's rendezvous."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _rank_then_leave(rank: int, function: Callable[..., None], *args: Any) -> None:

@@ -4,13 +4,13 @@ processes on 127.0.0.1, started as a user would with the `dask` command."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from flows.run.config import ConfigError
 
@@ -19,18 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DASK = str(Path(sys.executable).parent / "dask")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def dask_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`dask scheduler` and two `dask worker`s (one thread each); yields the scheduler's address."""
     from distributed import Client
 
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     logs = tmp_path_factory.mktemp("dask-logs")
     port = address.rsplit(":", 1)[1]
     processes = [subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port", port, "--no-dashboard"],

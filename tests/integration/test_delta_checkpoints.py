@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from checkpoint_reload import reload_rank
-from forked_ranks import free_port, start_ranks
+from forked_ranks import start_ranks
+from ports import free_port
 from tiny_jobs import tiny_job
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 

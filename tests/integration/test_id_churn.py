@@ -15,9 +15,10 @@ import pytest
 import torch
 from beside import ended_on_failure, start
 from foreign_python import champion_scores_elsewhere, raw_lines, run_predictions
-from forked_ranks import free_port, start_ranks
+from forked_ranks import start_ranks
 from managed_reshard import reshard_rank
 from mlflow.tracking import MlflowClient
+from ports import free_port
 
 from flows.run.config import load_config
 from ingestion.preprocess import PreprocessState

@@ -21,7 +21,8 @@ import httpx
 import pytest
 import warm_commands
 from mlflow.tracking import MlflowClient
-from services import POSTGRES, ROOT, base_env, free_port, start_service, stop, wait_for
+from ports import free_port
+from services import POSTGRES, ROOT, base_env, start_service, stop, wait_for
 
 pytestmark = pytest.mark.slow
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}

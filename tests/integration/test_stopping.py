@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import warm_commands
+from ports import free_port
 from process_tree import alive, descendants
 
 from training.job import JobFolder
@@ -161,7 +161,7 @@ def test_serve_with_server_shows_its_deployments_in_the_ui_and_ctrl_c_stops_it_a
     """The README's dashboard steps: `dlrm serve --with-server`, the UI lists the deployments
     (headless Chromium), a retrain runs; then Ctrl-C ends the retrain, the server and serve."""
     run_dir, log = tmp_path / "run", tmp_path / "stderr.log"
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "flows.cli", "serve", "--config", str(ROOT / "configs" / "tiny.toml"),
                "--set", f'run_dir="{run_dir}"', "--set", "training.epochs=30", "--set", "training.checkpoint_every=20",
                "--with-server", "--port", str(port)]  # fmt: skip
@@ -224,12 +224,6 @@ def test_serve_without_a_server_says_how_to_get_one(tmp_path: Path) -> None:
     assert "--with-server" in done.stderr and "dlrm server" in done.stderr and "PREFECT_API_URL" in done.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 
@@ -271,7 +265,7 @@ def test_ctrl_c_stops_a_retune_and_marks_its_mlflow_runs_killed(tmp_path: Path) 
 def test_dlrm_server_serves_the_ui_until_ctrl_c(tmp_path: Path, home: Path) -> None:
     import httpx
 
-    port, log = _free_port(), tmp_path / "server.log"
+    port, log = free_port(), tmp_path / "server.log"
     process = subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--port", str(port)], cwd=ROOT,
                                env=_environment(home), stdout=log.open("w"),
                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import warm_commands
 from mlflow.tracking import MlflowClient
-from services import ROOT, create_database, drop_database, free_port, start_mlflow, stop
+from ports import free_port
+from services import ROOT, create_database, drop_database, start_mlflow, stop
 
 from training.job import JobFolder
 from training.loop.progress import TrainRecord, read_records

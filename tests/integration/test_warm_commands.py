@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import warm_commands
+from ports import free_port
 from process_tree import alive, descendants
 
 pytestmark = pytest.mark.slow
@@ -40,12 +41,6 @@ def test_a_warm_command_prints_and_exits_as_a_new_interpreter_does(tmp_path: Pat
     assert warm.returncode == cold.returncode == 2 and warm.stderr == cold.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _serving(port: int, process: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + 120
     while True:
@@ -70,7 +65,7 @@ def _ended(pids: set[int], timeout_s: float = 60) -> set[int]:
 def _dlrm_server(tmp_path: Path) -> tuple[subprocess.Popen, set[int], Path]:
     """A warm `dlrm server` once it answers: the client, the processes the command is (forked
     under this process's warm server, not under the client) and started, and its log."""
-    port, log = _free_port(), tmp_path / "server.log"
+    port, log = free_port(), tmp_path / "server.log"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
     env.pop("PREFECT_API_URL", None)
     command = warm_commands.dlrm()  # the warm server runs before the processes are counted

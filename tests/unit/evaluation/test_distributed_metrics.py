@@ -1,22 +1,16 @@
 """Two gloo processes, each scoring half of the examples, agree with one process on all of them."""
 
 import os
-import socket
 
 import numpy as np
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from forked_ranks import start_ranks
+from ports import free_port
 
 from evaluation.distributed import all_reduce_state
 from evaluation.metrics import binary_state, compute_calibration, compute_log_loss, compute_ne
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _examples():
@@ -40,7 +34,7 @@ def _worker(rank: int, world: int, port: int, results) -> None:
 
 def test_two_gloo_processes_equal_one() -> None:
     results = mp.Manager().dict()
-    start_ranks(_worker, (2, _free_port(), results), 2)
+    start_ranks(_worker, (2, free_port(), results), 2)
     y, p, w = _examples()
     single = binary_state(y, p, w)
     from evaluation.metrics import BinaryState

@@ -4,7 +4,6 @@ update and with this project's CPU kernel alike, and nothing else moves."""
 
 import math
 import os
-import socket
 import zlib
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from forked_ranks import start_ranks
+from ports import free_port
 
 from training.config import CpuConfig, ModelConfig, ShardingConfig, TrainingConfig
 from training.loop.admission import restart_rows, restart_targets
@@ -20,12 +20,6 @@ from training.model.build import build_train_model
 from training.sharding.plan import shard_model
 
 SIZES = {"C1": 12, "C2": 20}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tables(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -68,7 +62,7 @@ def _worker(rank: int, port: int, update: str, results) -> None:
 @pytest.mark.parametrize("update", ["fbgemm", "vectorized"])
 def test_a_restarted_row_draws_afresh_and_its_momentum_starts_at_zero(update: str) -> None:
     results = mp.Manager().dict()
-    start_ranks(_worker, (_free_port(), update, results), 1)
+    start_ranks(_worker, (free_port(), update, results), 1)
     before, momenta_before, after, momenta_after = results[update]
     for feature, rows in {"C1": [0, 7], "C2": [19]}.items():
         generator = torch.Generator().manual_seed(5 * 1_000_003 + 40 * 7_919 + zlib.crc32(feature.encode()))

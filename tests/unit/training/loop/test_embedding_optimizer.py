@@ -1,7 +1,6 @@
 """The embeddings' fused optimizer reaches fbgemm's sharded tables with its settings."""
 
 import os
-import socket
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     WeightDecayMode,
 )
 from forked_ranks import start_ranks
+from ports import free_port
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
 from ingestion.schema import SPARSE_COLUMNS
@@ -20,12 +20,6 @@ from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.loop.optimizers import attach_embedding_optimizer
 from training.model.build import build_train_model
 from training.sharding.plan import shard_model
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, port: int, decay: float, results) -> None:
@@ -52,7 +46,7 @@ def _worker(rank: int, port: int, decay: float, results) -> None:
 def test_embedding_weight_decay_reaches_the_sharded_tables_as_l2() -> None:
     results = mp.Manager().dict()
     for decay in (0.0, 0.01):
-        start_ranks(_worker, (_free_port(), decay, results), 1)
+        start_ranks(_worker, (free_port(), decay, results), 1)
     assert results[0.0] and results[0.01]
     for optimizer, mode, decay, lr, eps in results[0.01]:
         assert (optimizer, mode) == (EmbOptimType.EXACT_ROWWISE_ADAGRAD, WeightDecayMode.L2)
@@ -105,7 +99,7 @@ def test_every_step_trains_the_tables_at_the_scheduled_rate() -> None:
     """Plain steps step only the dense optimizer: the schedule alone puts each step's rate
     into the fused kernels, before the backward that applies it."""
     results = mp.Manager().dict()
-    start_ranks(_schedule_worker, (_free_port(), results), 1)
+    start_ranks(_schedule_worker, (free_port(), results), 1)
     rates = [expected for expected, _, _ in results["seen"]]
     assert rates[0] < rates[1] == rates[2] > rates[3] > rates[4] > rates[5], "warm-up, then decay"
     for expected, kernels, groups in results["seen"]:

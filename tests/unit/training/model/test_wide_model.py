@@ -1,7 +1,6 @@
 """The wide DLRM (`model.wide`): a DLRM plus each id's own weight on the logit."""
 
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -9,6 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from forked_ranks import start_ranks
+from ports import free_port
 
 from ingestion.reader import build_reader
 from training.config import ModelConfig, ShardingConfig
@@ -77,12 +77,6 @@ def test_a_fresh_wide_model_starts_as_its_dlrm(tiny_features) -> None:
     assert np.abs(_wide_sums(model, batch)).max() == 0.0
     deep = [p[:, :8] for name, p in model.named_parameters() if "embedding_bags" in name]
     assert all(bool((d != 0).any()) for d in deep), "the deep columns keep their drawn values"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 SHARDING_TYPES = ("table_wise", "column_wise", "data_parallel")
@@ -156,7 +150,7 @@ def test_the_wide_columns_start_at_zero_or_at_given_weights_on_every_shard() -> 
     """Own columns zeroed, then set to known weights; the deep columns keep their drawn
     values throughout; the dense linear term and the logit's bias follow the start."""
     results = mp.Manager().dict()
-    start_ranks(_start_sharded, (2, _free_port(), results), 2)
+    start_ranks(_start_sharded, (2, free_port(), results), 2)
     results = dict(results)
     assert {sharding_type for sharding_type, _ in results} == set(SHARDING_TYPES)
     assert len(results) == (len(TABLES) + 1) * len(SHARDING_TYPES), results
@@ -247,7 +241,7 @@ def test_every_rank_of_a_fresh_job_gets_the_references_fit_and_a_warm_start_none
             "zero": dataclasses.replace(job, model=WIDE),
             "shared": dataclasses.replace(job, model=dataclasses.replace(job.model, wide_start_l2="shared"))}  # fmt: skip
     results = mp.Manager().dict()
-    start_ranks(_fetch_wide_start, (2, _free_port(), str(tmp_path / "cache"), jobs, results), 2)
+    start_ranks(_fetch_wide_start, (2, free_port(), str(tmp_path / "cache"), jobs, results), 2)
     # seed 0, whatever the job's; each feature's own L2, the default `model.wide_start_l2`
     with intra_op_threads(job.training.threads_per_proc):
         fit = fit_logistic_regression(state.table_sizes, job.train_files, max_rows=3000, per_feature_l2=True)

@@ -1,25 +1,19 @@
 """Dense modules are wrapped in DDP only when there are gradients to all-reduce."""
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from forked_ranks import start_ranks
+from ports import free_port
 from torch.nn.parallel import DistributedDataParallel
 
 from ingestion.schema import SPARSE_COLUMNS
 from training.config import ModelConfig, ShardingConfig
 from training.model.build import build_train_model
 from training.sharding.plan import shard_model
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, results) -> None:
@@ -41,7 +35,7 @@ def _worker(rank: int, world: int, port: int, results) -> None:
 def test_one_process_trains_without_ddp_and_two_with_it_under_the_same_names() -> None:
     results = mp.Manager().dict()
     for world in (1, 2):
-        start_ranks(_worker, (world, _free_port(), results), world)
+        start_ranks(_worker, (world, free_port(), results), world)
     assert results[(1, 0)][0] is False
     assert results[(2, 0)][0] is True and results[(2, 1)][0] is True
     assert results[(1, 0)][1] == results[(2, 0)][1] != []  # checkpoints name parameters alike
