@@ -3,14 +3,19 @@
     .venv/bin/python bench/launch_overhead.py [--rounds 5] [--nproc 2]
 
 One tiny job (3 generated days of 6,000 rows, 26 tables, a DLRM of dim 8; two epochs: about
-a second of training), launched through `training.launch.launcher.launch` as a pipeline
-launches it, alternately with torchrun and with a warm-rank server started once before the
-rounds (its own start is reported apart). Per launch: the wall time, and the CPU time of
-every process the launch used (torchrun and its ranks: this process's reaped children; warm
-ranks: the server's reaped agents and their ranks, and the client). The figures are the
-medians; the ratios are warm ÷ torchrun of each round's pair, medianed. Both launches train
-the same parameters (checked on the rows' fingerprint here; tests/integration/test_warm_ranks.py
-checks every tensor). Prints one JSON line last.
+a second of training), launched three ways in turn, with a warm-rank server started once
+before the rounds (its own start is reported apart):
+- `torchrun`: `training.launch.launcher.launch` as a pipeline launches it, torchrun and a new
+  interpreter for each rank;
+- `warm`: the same with the server named: the server stands in for torchrun and forks the ranks;
+- `forked`: torchrun itself (the launcher's command line, as on each host of a job across
+  hosts), each rank forked by the server (`training.launch.rank`'s stand-in).
+Per launch: the wall time, and the CPU time of every process the launch used (this process's
+reaped children: torchrun, its ranks or their stand-ins, the client; and the server's reaped
+children: its agents, watchers and ranks). The figures are the medians; the ratios are each
+way ÷ torchrun of each round's pair, medianed. Every launch trains the same rows (checked on
+their fingerprint here; tests/integration/test_warm_ranks.py checks every tensor). Prints one
+JSON line last.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +40,7 @@ from ingestion.synthetic import generate_day
 from ingestion.warehouse import ingest_day
 from training.config import ModelConfig, ShardingConfig, TrainingConfig
 from training.job import TrainJob
-from training.launch.launcher import launch
+from training.launch.launcher import launch, torchrun_command
 from training.launch.warm_ranks import ENVIRONMENT_KEY, start_server, stop_server
 
 DAYS = (0, 1, 2)
@@ -83,14 +89,31 @@ def has_children(pid: int) -> bool:
     return bool(Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
 
 
-def timed(job: TrainJob, server_pid: int | None) -> tuple[float, float]:
+def torchrun_with_forked_ranks(job: TrainJob) -> None:
+    """torchrun's own command line for `job`, run with the server named: each rank it starts is forked."""
+    job.out.mkdir(parents=True, exist_ok=True)
+    job.save(job.folder.job_file())
+    env = {**os.environ, "OMP_NUM_THREADS": str(job.training.threads_per_proc)}
+    subprocess.run(torchrun_command(job, job.folder.job_file()), env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def timed(job: TrainJob, server_pid: int | None, forked: bool = False) -> tuple[float, float]:
     before = children_cpu_s() + (reaped_cpu_s(server_pid) if server_pid else 0.0)
     began = time.perf_counter()
-    launch(job, on_line=lambda line: None)
+    if forked:
+        torchrun_with_forked_ranks(job)
+    else:
+        launch(job, on_line=lambda line: None)
     wall = time.perf_counter() - began
     while server_pid and has_children(server_pid):  # the server reaps its agents within a second
         time.sleep(0.1)
     return wall, children_cpu_s() + (reaped_cpu_s(server_pid) if server_pid else 0.0) - before
+
+
+def ratio(ours: list[float], torchrun: list[float]) -> float:
+    """The median of each round's ratio."""
+    return round(statistics.median(o / t for o, t in zip(ours, torchrun, strict=True)), 3)
 
 
 def main() -> None:
@@ -103,17 +126,18 @@ def main() -> None:
     began = time.perf_counter()
     server = start_server(root / "warm.sock")
     server_start_s = time.perf_counter() - began
-    figures: dict[str, list[float]] = {"torchrun_wall": [], "warm_wall": [], "torchrun_cpu": [], "warm_cpu": []}
+    modes = ("torchrun", "warm", "forked")
+    figures: dict[str, list[float]] = {f"{mode}_{what}": [] for what in ("wall", "cpu") for mode in modes}
     fingerprints = set()
     try:
         for round_ in range(args.rounds):
-            for mode in ("torchrun", "warm"):
+            for mode in modes:
                 job = job_in(root / f"{mode}-{round_}", table_sizes, files, args.nproc)
-                if mode == "warm":
-                    os.environ[ENVIRONMENT_KEY] = str(root / "warm.sock")
-                else:
+                if mode == "torchrun":
                     os.environ.pop(ENVIRONMENT_KEY, None)
-                wall, cpu = timed(job, server.pid if mode == "warm" else None)
+                else:
+                    os.environ[ENVIRONMENT_KEY] = str(root / "warm.sock")
+                wall, cpu = timed(job, server.pid if mode != "torchrun" else None, forked=mode == "forked")
                 figures[f"{mode}_wall"].append(wall)
                 figures[f"{mode}_cpu"].append(cpu)
                 fingerprints.add(job.folder.read_summary().rows_fingerprint)
@@ -125,8 +149,8 @@ def main() -> None:
         "rounds": args.rounds,
         "server_start_s": round(server_start_s, 2),
         **{f"{key}_s": round(statistics.median(values), 2) for key, values in figures.items()},
-        "wall_ratio": round(statistics.median(w / t for w, t in zip(figures["warm_wall"], figures["torchrun_wall"])), 3),
-        "cpu_ratio": round(statistics.median(w / t for w, t in zip(figures["warm_cpu"], figures["torchrun_cpu"])), 3),
+        **{f"{mode}_{what}_ratio": ratio(figures[f"{mode}_{what}"], figures[f"torchrun_{what}"])
+           for mode in modes[1:] for what in ("wall", "cpu")},
         "same_rows_trained": len(fingerprints) == 1,
     }
     print(json.dumps(result))

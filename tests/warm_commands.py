@@ -39,7 +39,6 @@ from pathlib import Path
 
 _MESSAGE_BYTES = 1 << 20
 _FDS = 5  # stdin, stdout, stderr, and the client's network and mount namespaces
-_NAMESPACES = (("net", 0x40000000), ("mnt", 0x00020000))  # CLONE_NEWNET, CLONE_NEWNS (<sched.h>)
 _CLIENT = str(Path(__file__).resolve())
 _ROOT = Path(__file__).resolve().parents[1]
 # The modules a command would import: the pipeline and what its stages and reports load,
@@ -190,13 +189,15 @@ def _run_command(request: dict, fds: list[int]) -> int:
     interpreter's exit work (atexit handlers, buffered output) is done, as at a real exit."""
     import atexit
 
+    from training.launch.warm_ranks import enter_namespaces
+
     code = 1
     try:
         os.setsid()  # the client's signals reach the command and what it starts through this group
         for signum in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        _enter_the_namespaces_of_the_client(fds[3:])
+        enter_namespaces(fds[3:])  # a client on a simulated host has its command run there
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
             os.close(fd)
@@ -222,32 +223,17 @@ def _run_command(request: dict, fds: list[int]) -> int:
     return code
 
 
-def _enter_the_namespaces_of_the_client(namespaces: list[int]) -> None:
-    """A client run in a simulated host (`ip netns exec HOST`, tests/integration/test_multi_host.py,
-    the Slurm nodes) has its command run there too: in the client's network namespace, where it
-    binds, connects and resolves, and its mount namespace (that host's /sys and /etc/hosts).
-    Elsewhere both are the server's, and nothing changes. The forked command has one thread,
-    as setns(2) asks for a mount namespace."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    for fd, (name, flag) in zip(namespaces, _NAMESPACES, strict=True):
-        if os.fstat(fd).st_ino != os.stat(f"/proc/self/ns/{name}").st_ino and libc.setns(fd, flag) != 0:
-            raise OSError(ctypes.get_errno(), f"cannot enter the client's {name} namespace")
-        os.close(fd)
-
-
 # ---- the client ------------------------------------------------------------------------------
 
 
 def client(server: Path, argv: list[str]) -> int:
     """Hand the command to the server; forward stop signals to it; exit as it exits."""
     sys.path.insert(0, str(_ROOT))  # the warm-rank client's pieces: the standard library's only
-    from training.launch.warm_ranks import ForwardedStops, hand_over
+    from training.launch.warm_ranks import ForwardedStops, hand_over, namespace_descriptors
 
     stops = ForwardedStops()
     request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
-    namespaces = [os.open(f"/proc/self/ns/{name}", os.O_RDONLY) for name, _ in _NAMESPACES]
+    namespaces = namespace_descriptors()
     connection = hand_over(server, request, [0, 1, 2, *namespaces], "warm-command server at {server} ({reason})")
     if connection is None:
         return 2
@@ -265,7 +251,8 @@ def client(server: Path, argv: list[str]) -> int:
             continue
         code = int(reply["exit"])
         if code < 0:  # ended by a signal: end the same way
-            signal.signal(-code, signal.SIG_DFL)
+            if -code != signal.SIGKILL:  # the one signal whose handler cannot be set (nor needs to be)
+                signal.signal(-code, signal.SIG_DFL)
             os.kill(os.getpid(), -code)
         return code
 

@@ -3,7 +3,8 @@
 Training jobs start from the warm-rank server (training/launch/warm_ranks.py: ranks forked
 from a process that imported the trainer once), except in the modules and tests marked
 `torchrun`: those test the launcher itself (stops, failure reports, the pipeline's killed
-rank), and a launch across hosts always takes torchrun."""
+rank). A launch across hosts (the simulated hosts, the Slurm nodes) always takes torchrun,
+whose ranks the server forks into each host."""
 
 import contextlib
 import dataclasses

@@ -3,7 +3,8 @@ pair (10.201.0.1 and 10.201.0.2), sharing one run folder: the job trains as one 
 all the processes would, and a host that fails fails the job, which the same commands resume.
 The `dlrm` commands are warm (tests/warm_commands.py: forked into the host's namespaces), but
 for the one the Ctrl-C test stops; the training they launch across hosts is torchrun's, as
-deployed."""
+deployed, and each rank it starts is forked into its host by the warm-rank server
+(training/launch/warm_ranks.py), not a new interpreter that imports the trainer again."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import warm_commands
 from beside import start
+from process_tree import alive
 
 from flows.stages.prefect_database import copy_template_to
 from training.job import CALIBRATION_PART, JobFolder
@@ -200,6 +202,12 @@ def test_ctrl_c_on_one_host_stops_every_host(two_hosts: list[str], prepared_run:
     assert "node 1: stopped by a signal" in results[0][1]
     leftovers = subprocess.run(["pgrep", "-f", f"{RANK_MODULE} {out}"], capture_output=True, text=True, check=False)
     assert leftovers.stdout.strip() == "", "no worker left on either host"
+    ranks = [JobFolder(out).read_pid(rank) for rank in (0, 1)]  # forked by the warm-rank server, not torchrun's children
+    assert all(pid is not None for pid in ranks)
+    deadline = time.time() + 10  # a rank whose stand-in was killed outright is killed by its watcher
+    while [pid for pid in ranks if alive(pid)] and time.time() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in ranks if alive(pid)], "no rank left either"
 
 
 def _in_host(host: str, command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:

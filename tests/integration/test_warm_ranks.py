@@ -19,7 +19,7 @@ from tiny_jobs import tiny_job
 from training.codec import encode
 from training.job import TrainJob
 from training.launch.host_role import free_local_port
-from training.launch.launcher import TrainingFailed, launch
+from training.launch.launcher import TrainingFailed, launch, torchrun_command
 from training.launch.warm_ranks import ENVIRONMENT_KEY, FIRST_USE_IMPORTS, client_command
 from training.loop.checkpoint_chain import latest_checkpoint
 from training.loop.progress import HeldoutRecord, MetricsRecord
@@ -48,22 +48,47 @@ def _no_rank_left(server: int, timeout_s: float = 20.0) -> bool:
     return True
 
 
-def test_warm_ranks_train_exactly_what_torchrun_trains(tiny_features, tmp_path: Path, monkeypatch) -> None:
+def _under_torchrun_with_forked_ranks(job: TrainJob, server: int) -> int:
+    """`job` under a real torchrun whose ranks the warm-rank server forks (as on each host of
+    a job across hosts); returns the most processes the server had at once (watchers and ranks)."""
+    job.out.mkdir(parents=True, exist_ok=True)
+    job.save(job.folder.job_file())
+    env = {**os.environ, "OMP_NUM_THREADS": str(job.training.threads_per_proc)}
+    torchrun = subprocess.Popen(torchrun_command(job, job.folder.job_file()), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    most = 0
+    while torchrun.poll() is None:
+        most = max(most, len(descendants(server)))
+        time.sleep(0.02)
+    assert torchrun.returncode == 0, torchrun.stdout.read()[-3000:]
+    return most
+
+
+def test_warm_ranks_train_exactly_what_torchrun_trains(tiny_features, tmp_path: Path, monkeypatch,
+                                                       warm_rank_server: Path) -> None:  # fmt: skip
+    """The same job three ways: the server standing in for torchrun, torchrun with each rank
+    forked by the server (a host of a job across hosts, in the tests), torchrun as deployed."""
     warm = _job(tiny_features, tmp_path / "warm")
     launch(warm, on_line=lambda line: None)
     assert os.environ.get(ENVIRONMENT_KEY) and next(warm.folder.logs().glob("warm_*/attempt_0/1/stdout.log"))
+    forked = _job(tiny_features, tmp_path / "forked")
+    assert _under_torchrun_with_forked_ranks(forked, _server_pid(warm_rank_server)) >= 4, "two watchers, two ranks"
+    assert next(forked.folder.logs().glob("*/attempt_0/1/stdout.log")), "torchrun's own log folders"
     monkeypatch.delenv(ENVIRONMENT_KEY)
     torchrun = _job(tiny_features, tmp_path / "torchrun")
     launch(torchrun, on_line=lambda line: None)
     assert not any(torchrun.folder.logs().glob("warm_*")), "torchrun's own log folders"
-    ours, theirs = encode(warm.folder.read_summary()), encode(torchrun.folder.read_summary())
-    for key in ("steps", "rows_trained", "rows_fingerprint", "world_size"):
-        assert ours[key] == theirs[key], key
-    warm_params = export_model(warm, latest_checkpoint(warm.checkpoint_root)).state_dict()
+    theirs = encode(torchrun.folder.read_summary())
     torchrun_params = export_model(torchrun, latest_checkpoint(torchrun.checkpoint_root)).state_dict()
-    for name, value in torchrun_params.items():
-        assert torch.equal(warm_params[name], value), name
-    assert warm.folder.read_predictions("2").predictions.tolist() == torchrun.folder.read_predictions("2").predictions.tolist()
+    for ours in (warm, forked):
+        summary = encode(ours.folder.read_summary())
+        for key in ("steps", "rows_trained", "rows_fingerprint", "world_size"):
+            assert summary[key] == theirs[key], key
+        params = export_model(ours, latest_checkpoint(ours.checkpoint_root)).state_dict()
+        for name, value in torchrun_params.items():
+            assert torch.equal(params[name], value), name
+        predictions = ours.folder.read_predictions("2").predictions.tolist()
+        assert predictions == torchrun.folder.read_predictions("2").predictions.tolist()
 
 
 # A rank of one process, run as the server's ranks run (training.worker.main after the

@@ -16,10 +16,11 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from training.job import TrainJob
+from training.job import JobFolder, TrainJob
 from training.launch.device import check_one_process_per_gpu
 from training.launch.host_role import HostRole
 from training.launch.output import ConsoleFilter, TrainingFailed, failure_of
@@ -108,6 +109,34 @@ class PeerFailed(TrainingFailed):
     """Another host of the job failed or was stopped; this host stopped its part too."""
 
 
+# What each host of a failed job says should not depend on which host wrote its failure
+# first: the ranks of every host fail within milliseconds of one another once one is gone. A
+# host that sees another host's failure gives its own torchrun this long to end on its own
+# before stopping it (one still running then waits in a collective for a peer that is gone);
+# a host whose ranks failed gives the other hosts this long to say why, unless one of its own
+# was killed from outside (an operator, the out-of-memory killer): that is the cause.
+PEER_GRACE_S = 3.0
+
+
+def _saying_where(failure: PeerFailed, where: str) -> PeerFailed:
+    failure.args = (f"{failure} ({where}; run the same command on every host to resume)",)
+    return failure
+
+
+def _peer_failure_within(folder: JobFolder, role: HostRole, seconds: float) -> str | None:
+    """Another host's failure, once one is written or `seconds` have passed (None then)."""
+    deadline = time.monotonic() + seconds
+    while (failure := folder.peer_failure(role.node_rank, role.nnodes)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return failure
+
+
+def _killed_from_outside(failure: TrainingFailed) -> bool:
+    """A rank ended by a signal other than torchrun's own stop of the others (SIGTERM): a
+    cause of a job's failure, never a consequence of another host's."""
+    return failure.exit_code < 0 and failure.exit_code != -signal.SIGTERM
+
+
 def _launch_on_hosts(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[], None], poll_s: float,
                      role: HostRole) -> None:  # fmt: skip
     """One attempt of this host's part: a failure anywhere fails every host (the failure
@@ -117,19 +146,36 @@ def _launch_on_hosts(job: TrainJob, on_line: Callable[[str], None], poll: Callab
     if role.leads:
         on_line(f"[train] {prepare_checkpoints(job)}")
     started = folder.logs(role.node_rank)
+    seen: list[float] = []  # when this host first saw another host's failure
+
+    def peer_failed(failure: str) -> PeerFailed:
+        return PeerFailed(f"training failed on another host ({failure}); this host stopped its part", None, 1)
 
     def poll_and_watch_peers() -> None:
         poll()
-        if any(started.glob("*/attempt_*")) and (failure := folder.peer_failure(role.node_rank, role.nnodes)):
-            raise PeerFailed(f"training failed on another host ({failure}); this host stopped its part", None, 1)
+        if not any(started.glob("*/attempt_*")):
+            return
+        if (failure := folder.peer_failure(role.node_rank, role.nnodes)) is not None:
+            seen[:] = seen or [time.monotonic()]
+            if time.monotonic() - seen[0] >= PEER_GRACE_S:
+                raise peer_failed(failure)
+
+    def stopped_here(stop: BaseException) -> None:  # said before this host's ranks are stopped
+        if isinstance(stop, KeyboardInterrupt):
+            folder.record_failure(role.node_rank, "stopped by a signal")
 
     where = f"node {role.node_rank} of {role.nnodes}"
     try:
-        _launch_once(job, on_line, poll_and_watch_peers, poll_s, role)
+        _launch_once(job, on_line, poll_and_watch_peers, poll_s, role, before_stop=stopped_here)
+        if (failure := folder.peer_failure(role.node_rank, role.nnodes)) is not None:
+            raise peer_failed(failure)  # this host's part ended well within the grace; the job did not
     except PeerFailed as failure:
-        failure.args = (f"{failure} ({where}; run the same command on every host to resume)",)
+        _saying_where(failure, where)
         raise
     except TrainingFailed as failure:
+        peer = None if _killed_from_outside(failure) else _peer_failure_within(folder, role, PEER_GRACE_S)
+        if peer is not None:  # its ranks failed after, and because of, the other host's
+            raise _saying_where(peer_failed(peer), where) from failure
         folder.record_failure(role.node_rank, str(failure).splitlines()[0])
         resume = f"{where}; run the same command on every host to resume from the last checkpoint"
         failure.args = (f"{failure} ({resume})",)
@@ -155,7 +201,8 @@ def _progress_poller(metrics: MetricsFollower, on_progress: Callable[[MetricsRec
 
 
 def _launch_once(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[], None], poll_s: float,
-                 role: HostRole | None = None) -> None:  # fmt: skip
+                 role: HostRole | None = None, before_stop: Callable[[BaseException], None] = lambda stop: None,
+                 ) -> None:  # fmt: skip
     job.out.mkdir(parents=True, exist_ok=True)
     # Checkpoints, and the metrics of the steps they hold, stay: a relaunch of the same run
     # resumes from them. What the hosts share is node 0's to clear.
@@ -174,8 +221,9 @@ def _launch_once(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[
                           text=True, env=env, death_signal=signal.SIGKILL)  # fmt: skip
     try:
         output = follow(process, on_line, poll, poll_s)
-    except BaseException:
+    except BaseException as stop:
         # A callback stopped the job (a pruned trial), or Ctrl-C: no orphaned workers.
+        before_stop(stop)
         stop_group(process)
         raise
     code = process.wait()

@@ -20,9 +20,20 @@ relaunches, progress polling and stops work unchanged:
 - the server ends with the process that started it, the agent with the server and the ranks
   with their agent (parent-death signals).
 
-`DLRM_WARM_RANKS=<socket>` turns it on (`training/launch/launcher.py`); `start_server`
-starts a server (tests/conftest.py starts one per test process). A server runs the code
-it imported when it started: a changed trainer needs a new server.
+A job across hosts keeps torchrun on every host (its rendezvous, output, failure report and
+stops are what such a job tests), and each rank torchrun starts is forked from the server:
+
+    torchrun ─▶ `training.launch.rank JOB.json` (the stand-in: stdlib only)
+        ─Unix socket: its environment (torchrun's RANK, MASTER_ADDR, …), its stdout and stderr,
+         its network and mount namespaces (a simulated host's)─▶ server
+            server ─fork─▶ watcher ─fork─▶ the rank (`training.worker.main`, in those namespaces)
+
+The stand-in forwards torchrun's stops to the rank, and ends as the rank ended (its exit code,
+or the signal that killed it), so torchrun reports and stops it as its own child.
+
+`DLRM_WARM_RANKS=<socket>` turns it on (`training/launch/launcher.py`, `training/launch/rank.py`);
+`start_server` starts a server (tests/conftest.py starts one per test process). A server runs
+the code it imported when it started: a changed trainer needs a new server.
 
 The top of this module imports the standard library only: the client runs it.
 """
@@ -49,7 +60,9 @@ from training.launch.interpreter import imports_without_collection
 from training.launch.processes import die_with_parent, forget_group, start_group, write_all
 
 ENVIRONMENT_KEY = "DLRM_WARM_RANKS"
-_FDS = 2  # the client's stdout and stderr, passed to the agent
+_NAMESPACES = (("net", 0x40000000), ("mnt", 0x00020000))  # CLONE_NEWNET, CLONE_NEWNS (<sched.h>)
+# A job's client passes its stdout and stderr; a rank's stand-in those and its two namespaces
+_MOST_FDS = 2 + len(_NAMESPACES)
 _MESSAGE_BYTES = 1 << 20
 STOP_GRACE_S = 5.0  # a failed job's other ranks get this long after SIGTERM before SIGKILL
 
@@ -128,9 +141,16 @@ def serve(path: Path) -> None:
         _reap()
         if not ready:
             continue
-        accepted = fork_for_request(listener, _FDS, "agent", _run_agent)
+        accepted = fork_for_request(listener, _MOST_FDS, "agent", _run_request)
         if accepted is not None:
             accepted[1].close()
+
+
+def _run_request(connection: socket.socket, request: dict, fds: list[int]) -> None:
+    """A job (the client stands in for torchrun) or one rank (the client is torchrun's rank)."""
+    if request.get("rank"):
+        _watch_one_rank(connection, request, fds)
+    _run_agent(connection, request, fds)
 
 
 def listen_on(path: Path) -> socket.socket:
@@ -261,31 +281,115 @@ def _run_rank(rank: int, nproc: int, port: int, job_path: Path, stdout_fd: int, 
     code = 1
     try:
         die_with_parent()
-        os.dup2(stdout_fd, 1)
-        os.dup2(stderr_fd, 2)
-        os.close(stdout_fd)
-        os.close(stderr_fd)
-        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-        sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        _output_to(stdout_fd, stderr_fd)
         os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
                            "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": str(nproc),
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                            "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"})  # fmt: skip
-        from training.worker import main
-
-        main([str(job_path)])
-        code = 0
-    except SystemExit as stop:
-        if isinstance(stop.code, int) or stop.code is None:
-            code = stop.code or 0
-        else:
-            print(stop.code, file=sys.stderr)
+        code = _worker_exit_code([str(job_path)])
     except BaseException:  # noqa: BLE001 - the traceback is the rank's report, as under torchrun
         traceback.print_exc()
+    _exit_without_teardown(code)
+
+
+def _output_to(stdout_fd: int, stderr_fd: int) -> None:
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    os.close(stdout_fd)
+    os.close(stderr_fd)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+
+
+def _worker_exit_code(argv: list[str]) -> int:
+    """The worker's main on `argv`, and the exit code `python -m training.launch.rank` would end with."""
+    from training.worker import main
+
+    try:
+        main(argv)
+    except SystemExit as stop:
+        if isinstance(stop.code, int) or stop.code is None:
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _exit_without_teardown(code: int) -> None:
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)  # no interpreter teardown: see training.worker.exit_skipping_teardown
+
+
+# ---- one rank that torchrun started -----------------------------------------------------------
+
+
+def _watch_one_rank(connection: socket.socket, request: dict, fds: list[int]) -> None:
+    """Fork the rank, tell its stand-in how it ended; then `_exit`. The watcher ignores the
+    stops the stand-in forwards to its group: they are the rank's, whose end it reports."""
+    code = 1
+    try:
+        os.setsid()  # the stand-in's stops reach the rank through this group
+        die_with_parent()
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
+        pid = os.fork()
+        if pid == 0:
+            connection.close()
+            _run_torchruns_rank(request, fds)  # never returns
+        for fd in fds:
+            os.close(fd)
+        ended = threading.Event()  # a thread only now: the rank was forked from one thread
+        threading.Thread(target=_end_when_client_leaves, args=(connection, {pid}, ended), daemon=True).start()
+        _, status = os.waitpid(pid, 0)
+        ended.set()
+        code = os.waitstatus_to_exitcode(status)
+    except BaseException:  # noqa: BLE001 - the watcher must report and leave, whatever happened
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(OSError):
+            connection.send(json.dumps({"exit": code}).encode())
+        os._exit(0)
+
+
+def _run_torchruns_rank(request: dict, fds: list[int]) -> None:
+    """The rank, as `python -m training.launch.rank` runs under torchrun: in the stand-in's
+    namespaces, folder, environment and streams, with Python's own signal handling; `_exit`."""
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        enter_namespaces(fds[2:])
+        _output_to(fds[0], fds[1])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        code = _worker_exit_code(list(request["argv"]))
+    except BaseException:  # noqa: BLE001 - the traceback is the rank's report, as under torchrun
+        traceback.print_exc()
+    _exit_without_teardown(code)
+
+
+def enter_namespaces(namespaces: list[int]) -> None:
+    """Enter the network and mount namespaces whose descriptors a client passed (`_NAMESPACES`'
+    order), and close them. A client on a simulated host (a network namespace with its own
+    /etc/hosts: tests/integration/test_multi_host.py, the Slurm nodes) has what it asked for run
+    there, where it binds, connects and resolves; elsewhere both are the server's and nothing
+    changes. setns(2) enters a mount namespace only in a process of one thread: a forked child."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for fd, (name, flag) in zip(namespaces, _NAMESPACES, strict=True):
+        if os.fstat(fd).st_ino != os.stat(f"/proc/self/ns/{name}").st_ino and libc.setns(fd, flag) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot enter the client's {name} namespace")
+        os.close(fd)
+
+
+def namespace_descriptors() -> list[int]:
+    """This process's network and mount namespaces, opened for a server to enter (`enter_namespaces`)."""
+    return [os.open(f"/proc/self/ns/{name}", os.O_RDONLY) for name, _ in _NAMESPACES]
 
 
 def _tee(fd: int, log: Path, prefix: str, lock: threading.Lock) -> None:
@@ -407,6 +511,34 @@ def client(server: Path, job_path: Path, nproc: int, log_dir: Path) -> int:
             stops.started(reply["agent"])
         if "exit" in reply:
             return int(reply["exit"])
+
+
+def rank_client(server: Path, argv: list[str]) -> int:
+    """torchrun's rank, forked by the server (`_watch_one_rank`): forward torchrun's stops to
+    it, and end as it ended (by the same signal when one killed it)."""
+    stops = ForwardedStops()
+    request = {"rank": True, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
+    no_server = f"warm-rank server at {{server}} ({{reason}}): unset {ENVIRONMENT_KEY} to start ranks anew"
+    connection = hand_over(server, request, [1, 2, *namespace_descriptors()], no_server)
+    if connection is None:
+        return 2
+    while True:
+        try:
+            message = connection.recv(_MESSAGE_BYTES)
+        except InterruptedError:
+            continue
+        if not message:  # the watcher ended without a word: the server was killed
+            return 128 + stops.stopped[0] if stops.stopped else 1
+        reply = json.loads(message)
+        if "agent" in reply:
+            stops.started(reply["agent"])
+            continue
+        code = int(reply["exit"])
+        if code < 0:  # ended by a signal: end the same way, as torchrun's report names it
+            if -code != signal.SIGKILL:  # the one signal whose handler cannot be set (nor needs to be)
+                signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+        return code
 
 
 def main(argv: list[str]) -> int:
