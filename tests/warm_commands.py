@@ -229,7 +229,7 @@ def _run_command(request: dict, fds: list[int]) -> int:
 def client(server: Path, argv: list[str]) -> int:
     """Hand the command to the server; forward stop signals to it; exit as it exits."""
     sys.path.insert(0, str(_ROOT))  # the warm-rank client's pieces: the standard library's only
-    from training.launch.warm_ranks import ForwardedStops, hand_over, namespace_descriptors
+    from training.launch.warm_ranks import ForwardedStops, end_as_reported, hand_over, namespace_descriptors
 
     stops = ForwardedStops()
     request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
@@ -237,24 +237,12 @@ def client(server: Path, argv: list[str]) -> int:
     connection = hand_over(server, request, [0, 1, 2, *namespaces], "warm-command server at {server} ({reason})")
     if connection is None:
         return 2
-    while True:
-        try:
-            message = connection.recv(_MESSAGE_BYTES)
-        except InterruptedError:
-            continue
-        if not message:
-            print("the warm-command server ended before the command did", file=sys.stderr)
-            return 1
-        reply = json.loads(message)
-        if "pid" in reply:
-            stops.started(reply["pid"])
-            continue
-        code = int(reply["exit"])
-        if code < 0:  # ended by a signal: end the same way
-            if -code != signal.SIGKILL:  # the one signal whose handler cannot be set (nor needs to be)
-                signal.signal(-code, signal.SIG_DFL)
-            os.kill(os.getpid(), -code)
-        return code
+    return end_as_reported(connection, stops, "pid", _server_ended_first)
+
+
+def _server_ended_first() -> int:
+    print("the warm-command server ended before the command did", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -502,15 +502,7 @@ def client(server: Path, job_path: Path, nproc: int, log_dir: Path) -> int:
                            f"{ENVIRONMENT_KEY} to launch with torchrun")  # fmt: skip
     if connection is None:
         return 2
-    while True:
-        message = connection.recv(_MESSAGE_BYTES)
-        if not message:  # the agent ended without a word: stopped by a signal
-            return 128 + stops.stopped[0] if stops.stopped else 1
-        reply = json.loads(message)
-        if "agent" in reply:
-            stops.started(reply["agent"])
-        if "exit" in reply:
-            return int(reply["exit"])
+    return end_as_reported(connection, stops, "agent", lambda: 128 + stops.stopped[0] if stops.stopped else 1)
 
 
 def rank_client(server: Path, argv: list[str]) -> int:
@@ -522,19 +514,26 @@ def rank_client(server: Path, argv: list[str]) -> int:
     connection = hand_over(server, request, [1, 2, *namespace_descriptors()], no_server)
     if connection is None:
         return 2
+    # a watcher that ended without a word: the server was killed
+    return end_as_reported(connection, stops, "agent", lambda: 128 + stops.stopped[0] if stops.stopped else 1)
+
+
+def end_as_reported(connection: socket.socket, stops: ForwardedStops, started_key: str,
+                    unsaid: Callable[[], int]) -> int:  # fmt: skip
+    """A client's end: the server's replies read until the exit code (the process it names
+    under `started_key` gets the client's stops); the code returned, or the client killed by
+    the signal that ended the process. `unsaid()` when the server's side closed without one."""
     while True:
-        try:
-            message = connection.recv(_MESSAGE_BYTES)
-        except InterruptedError:
-            continue
-        if not message:  # the watcher ended without a word: the server was killed
-            return 128 + stops.stopped[0] if stops.stopped else 1
+        message = connection.recv(_MESSAGE_BYTES)
+        if not message:
+            return unsaid()
         reply = json.loads(message)
-        if "agent" in reply:
-            stops.started(reply["agent"])
+        if started_key in reply:
+            stops.started(reply[started_key])
+        if "exit" not in reply:
             continue
         code = int(reply["exit"])
-        if code < 0:  # ended by a signal: end the same way, as torchrun's report names it
+        if code < 0:  # ended by a signal: end the same way (torchrun's report names it)
             if -code != signal.SIGKILL:  # the one signal whose handler cannot be set (nor needs to be)
                 signal.signal(-code, signal.SIG_DFL)
             os.kill(os.getpid(), -code)
