@@ -147,10 +147,12 @@ def serve(path: Path) -> None:
 
 
 def _run_request(connection: socket.socket, request: dict, fds: list[int]) -> None:
-    """A job (the client stands in for torchrun) or one rank (the client is torchrun's rank)."""
+    """A job (the client stands in for torchrun) or one rank (the client is torchrun's rank);
+    either ends this process."""
     if request.get("rank"):
         _watch_one_rank(connection, request, fds)
-    _run_agent(connection, request, fds)
+    else:
+        _run_agent(connection, request, fds)
 
 
 def listen_on(path: Path) -> socket.socket:
