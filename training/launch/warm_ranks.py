@@ -214,10 +214,24 @@ def _reap() -> None:
 # ---- the agent: one job ---------------------------------------------------------------------
 
 
-def _run_agent(connection: socket.socket, request: dict, fds: list[int]) -> None:
-    """One job's ranks: forked, watched, reported as torchrun reports them; then `_exit`."""
+def _report_and_leave(connection: socket.socket, work: Callable[[], int]) -> None:
+    """A forked child's `work`, its exit code sent to the client (1 if it raised, whatever
+    it raised); then `_exit`: a child of the server never returns into the server's loop."""
     code = 1
     try:
+        code = work()
+    except BaseException:  # noqa: BLE001 - the child must report and leave, whatever happened
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(OSError):
+            connection.send(json.dumps({"exit": code}).encode())
+        os._exit(0)
+
+
+def _run_agent(connection: socket.socket, request: dict, fds: list[int]) -> None:
+    """One job's ranks: forked, watched, reported as torchrun reports them; then `_exit`."""
+
+    def job() -> int:
         os.setsid()  # the client's stop reaches every rank through this group
         die_with_parent()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -229,13 +243,9 @@ def _run_agent(connection: socket.socket, request: dict, fds: list[int]) -> None
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        code = _agent(connection, Path(request["job"]), int(request["nproc"]), Path(request["log_dir"]))
-    except BaseException:  # noqa: BLE001 - the agent must report and leave, whatever happened
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(OSError):
-            connection.send(json.dumps({"exit": code}).encode())
-        os._exit(0)
+        return _agent(connection, Path(request["job"]), int(request["nproc"]), Path(request["log_dir"]))
+
+    _report_and_leave(connection, job)
 
 
 def _agent(connection: socket.socket, job_path: Path, nproc: int, log_dir: Path) -> int:
@@ -330,8 +340,8 @@ def _exit_without_teardown(code: int) -> None:
 def _watch_one_rank(connection: socket.socket, request: dict, fds: list[int]) -> None:
     """Fork the rank, tell its stand-in how it ended; then `_exit`. The watcher ignores the
     stops the stand-in forwards to its group: they are the rank's, whose end it reports."""
-    code = 1
-    try:
+
+    def watch() -> int:
         os.setsid()  # the stand-in's stops reach the rank through this group
         die_with_parent()
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -346,13 +356,9 @@ def _watch_one_rank(connection: socket.socket, request: dict, fds: list[int]) ->
         threading.Thread(target=_end_when_client_leaves, args=(connection, {pid}, ended), daemon=True).start()
         _, status = os.waitpid(pid, 0)
         ended.set()
-        code = os.waitstatus_to_exitcode(status)
-    except BaseException:  # noqa: BLE001 - the watcher must report and leave, whatever happened
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(OSError):
-            connection.send(json.dumps({"exit": code}).encode())
-        os._exit(0)
+        return os.waitstatus_to_exitcode(status)
+
+    _report_and_leave(connection, watch)
 
 
 def _run_torchruns_rank(request: dict, fds: list[int]) -> None:
