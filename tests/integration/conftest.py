@@ -1,10 +1,12 @@
 """Integration fixtures: one temporary Prefect server and one warm-rank server for the session.
 
 Training jobs start from the warm-rank server (training/launch/warm_ranks.py: ranks forked
-from a process that imported the trainer once), except in the modules and tests marked
-`torchrun`: those test the launcher itself (stops, failure reports, the pipeline's killed
-rank). A launch across hosts (the simulated hosts, the Slurm nodes) always takes torchrun,
-whose ranks the server forks into each host."""
+from a process that imported the trainer once). The modules and tests marked `launcher` test
+the launcher itself (stops, failure reports, the pipeline's killed rank): their jobs keep
+torchrun, whose ranks the server forks (`DLRM_WARM_RANKS_UNDER_TORCHRUN`), as a launch across
+hosts (the simulated hosts, the Slurm nodes) always does. Those marked `torchrun` launch as a
+deployment does, each rank a new interpreter (the GPU tests; test_warm_ranks.py trains the
+same job under plain torchrun too)."""
 
 import contextlib
 import dataclasses
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 from services import create_database, databases_named, drop_database, postgres_answers
 
-from training.launch.warm_ranks import ENVIRONMENT_KEY, start_server, stop_server
+from training.launch.warm_ranks import ENVIRONMENT_KEY, UNDER_TORCHRUN_KEY, start_server, stop_server
 
 # The session servers' PostgreSQL databases: the prefix and the test process's id
 SESSION_DATABASE_PREFIX = "dlrm_tests_prefect_"
@@ -83,18 +85,24 @@ def warm_rank_server() -> Iterator[Path]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _warm_ranks_for_the_module(request: pytest.FixtureRequest) -> Iterator[None]:
-    """`DLRM_WARM_RANKS` for the module (its `dlrm` subprocesses too), unless it is marked `torchrun`."""
+    """`DLRM_WARM_RANKS` for the module (its `dlrm` subprocesses too), unless it is marked
+    `torchrun`; a module marked `launcher` keeps torchrun as well."""
     if request.node.get_closest_marker("torchrun") is not None:
         yield
         return
     server = request.getfixturevalue("warm_rank_server")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(ENVIRONMENT_KEY, str(server))
+        if request.node.get_closest_marker("launcher") is not None:
+            patch.setenv(UNDER_TORCHRUN_KEY, "1")
         yield
 
 
 @pytest.fixture(autouse=True)
-def _torchrun_for_marked_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A test marked `torchrun` in a module that is not: torchrun for that test."""
+def _launch_as_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked in a module that is not: `torchrun`, as deployed; `launcher`, torchrun
+    with its ranks forked."""
     if request.node.get_closest_marker("torchrun") is not None:
         monkeypatch.delenv(ENVIRONMENT_KEY, raising=False)
+    elif request.node.get_closest_marker("launcher") is not None:
+        monkeypatch.setenv(UNDER_TORCHRUN_KEY, "1")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -28,3 +30,14 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def all_end(pids: Iterable[int], within_s: float) -> bool:
+    """Whether every process of `pids` has ended, waiting up to `within_s` seconds (a forked
+    rank whose stand-in was killed outright is killed by its watcher a moment later)."""
+    deadline = time.monotonic() + within_s
+    while [pid for pid in pids if alive(pid)]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import warm_commands
 from beside import start
-from process_tree import alive
+from process_tree import all_end
 
 from flows.stages.prefect_database import copy_template_to
 from training.job import CALIBRATION_PART, JobFolder
@@ -204,10 +204,7 @@ def test_ctrl_c_on_one_host_stops_every_host(two_hosts: list[str], prepared_run:
     assert leftovers.stdout.strip() == "", "no worker left on either host"
     ranks = [JobFolder(out).read_pid(rank) for rank in (0, 1)]  # forked by the warm-rank server, not torchrun's children
     assert all(pid is not None for pid in ranks)
-    deadline = time.time() + 10  # a rank whose stand-in was killed outright is killed by its watcher
-    while [pid for pid in ranks if alive(pid)] and time.time() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in ranks if alive(pid)], "no rank left either"
+    assert all_end(ranks, within_s=10), "no rank left either"
 
 
 def _in_host(host: str, command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:

@@ -309,7 +309,7 @@ def test_stages_run_as_subflows_of_the_pipeline(pipeline_run) -> None:
     assert {"ingest", "preprocess", "train", "evaluate"} <= flow_names
 
 
-@pytest.mark.torchrun
+@pytest.mark.launcher
 def test_a_killed_worker_fails_the_train_task_which_prefect_retries_from_the_checkpoint(
     prefect_server, tiny_features, tmp_path: Path
 ) -> None:

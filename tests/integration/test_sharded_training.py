@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from process_tree import all_end
 
 from evaluation.config import EvaluationConfig
 from evaluation.metrics import summarize
@@ -123,7 +124,7 @@ def test_exported_model_reproduces_the_sharded_predictions(table_wise) -> None:
     assert np.allclose(unsharded, sharded, atol=1e-5)
 
 
-@pytest.mark.torchrun  # the launcher's own report and stop; under warm ranks: test_warm_ranks.py
+@pytest.mark.launcher  # torchrun's own report and stop; the warm-rank server standing in for it: test_warm_ranks.py
 def test_a_failing_rank_is_named_with_its_error(tiny_features, tmp_path: Path) -> None:
     job = replace(_job(tiny_features, tmp_path, ShardingConfig()), train_files=(str(tmp_path / "missing.parquet"),))
     with pytest.raises(TrainingFailed) as caught:
@@ -138,7 +139,7 @@ class _StopHere(Exception):
     """Raised from the progress callback, as a pruned trial does."""
 
 
-@pytest.mark.torchrun  # the launcher's own report and stop; under warm ranks: test_warm_ranks.py
+@pytest.mark.launcher  # torchrun's own report and stop; the warm-rank server standing in for it: test_warm_ranks.py
 def test_a_caller_that_stops_the_job_leaves_no_worker_behind(tiny_features, tmp_path: Path) -> None:
     """A pruned trial raises from the progress callback: every torchrun process must go."""
     import subprocess
@@ -157,7 +158,9 @@ def test_a_caller_that_stops_the_job_leaves_no_worker_behind(tiny_features, tmp_
     # 6,000 rows a rank at 128: 46 full batches and a partial one, which trains too
     assert [(r.kind, r.step, r.total_steps) for r in seen] == [("train", 5, 47), ("heldout", 10, 47)]
     survivors = subprocess.run(["pgrep", "-f", str(job.folder.job_file())], check=False, capture_output=True, text=True)
-    assert survivors.stdout.strip() == "", "no worker survives its stopped launch"
+    assert survivors.stdout.strip() == "", "no torchrun process survives its stopped launch"
+    ranks = [job.folder.read_pid(rank) for rank in (0, 1)]  # forked by the warm-rank server, not torchrun's children
+    assert all(pid is not None for pid in ranks) and all_end(ranks, within_s=10), "no rank either"
     assert not job.folder.summary_file.exists(), "the job did not run to its end"
 
 

@@ -29,7 +29,7 @@ from training.job import JobFolder
 from training.launch.warm_ranks import ENVIRONMENT_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.torchrun]
+pytestmark = [pytest.mark.slow, pytest.mark.launcher]
 # Long enough that a stop after the first checkpoint (step 20) and another after a later one
 # land mid-training (172 steps of the tiny config), short enough that the resumed run ends soon after
 EPOCHS = 4
@@ -80,11 +80,20 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("prefect-home")
 
 
-def _stop(process: subprocess.Popen, signum: int, times: int = 1, log: Path | None = None) -> tuple[int, float, set[int]]:
+def _started_by(process: subprocess.Popen, run_dir: Path | None) -> set[int]:
+    """The processes `process` started: those below it, and the training ranks of its jobs in
+    `run_dir` (forked by the session's warm-rank server for torchrun: tests/integration/conftest.py)."""
+    ranks = run_dir.glob("**/pids/rank-*.pid") if run_dir is not None else ()
+    return descendants(process.pid) | {int(pid_file.read_text()) for pid_file in ranks}
+
+
+def _stop(process: subprocess.Popen, signum: int, times: int = 1, log: Path | None = None,
+          run_dir: Path | None = None) -> tuple[int, float, set[int]]:  # fmt: skip
     """Signal the command as a terminal would (its process group), `times` times; returns
-    its exit code, the seconds it took, and the processes it had started. A command still
-    running a minute later fails the test with the end of its `log`."""
-    started = descendants(process.pid)
+    its exit code, the seconds it took, and the processes it had started (with the ranks of its
+    jobs in `run_dir`). A command still running a minute later fails the test with the end of
+    its `log`."""
+    started = _started_by(process, run_dir)
     assert started, "the command had started processes (a Prefect server, torchrun, workers)"
     began = time.monotonic()
     for _ in range(times):
@@ -109,11 +118,11 @@ def stopped_twice_then_finished(tmp_path_factory: pytest.TempPathFactory, home: 
     run_dir = tmp_path / "run"
     stops = {}
     process = _start_and_wait_for_a_checkpoint(run_dir, home, tmp_path / "ctrl-c.log")
-    stops["SIGINT"] = (*_stop(process, signal.SIGINT, times=2), (tmp_path / "ctrl-c.log").read_text(),
+    stops["SIGINT"] = (*_stop(process, signal.SIGINT, times=2, run_dir=run_dir), (tmp_path / "ctrl-c.log").read_text(),
                        _flow_run_states(home))  # fmt: skip
     first_stop = max(_checkpoint_steps(run_dir))
     process = _start_and_wait_for_a_checkpoint(run_dir, home, tmp_path / "sigterm.log", after_step=first_stop)
-    started = descendants(process.pid)
+    started = _started_by(process, run_dir)
     began = time.monotonic()
     os.kill(process.pid, signal.SIGTERM)
     stops["SIGTERM"] = (process.wait(timeout=60), time.monotonic() - began, started,
@@ -207,7 +216,7 @@ def _use_the_dashboard_then_stop(process: subprocess.Popen, port: int, run_dir: 
         assert process.poll() is None and time.monotonic() < deadline + 240, log.read_text()[-3000:]
         time.sleep(0.2)
 
-    code, seconds, started = _stop(process, signal.SIGINT, log=log)
+    code, seconds, started = _stop(process, signal.SIGINT, log=log, run_dir=run_dir)
     assert code == 130 and seconds < 30, (code, seconds, log.read_text()[-3000:])
     time.sleep(1.0)
     assert not [pid for pid in started if alive(pid)], "no trainer, flow-run process or server outlives serve"
@@ -248,7 +257,7 @@ def test_ctrl_c_stops_a_retune_and_marks_its_mlflow_runs_killed(tmp_path: Path) 
         time.sleep(0.2)
     time.sleep(1.0)  # the trial is training
 
-    code, seconds, started = _stop(process, signal.SIGINT, log=log)
+    code, seconds, started = _stop(process, signal.SIGINT, log=log, run_dir=run_dir)
     assert code == 130 and seconds < 30, (code, seconds, log.read_text()[-3000:])
     time.sleep(1.0)
     assert not [pid for pid in started if alive(pid)], "no trial process or server outlives the retune"

@@ -26,7 +26,7 @@ from training.launch.host_role import HostRole
 from training.launch.output import ConsoleFilter, TrainingFailed, failure_of
 from training.launch.processes import forget_group, raise_if_stopped, start_group, stop_group
 from training.launch.resume import mark_finished, prepare_checkpoints
-from training.launch.warm_ranks import client_command, server_socket
+from training.launch.warm_ranks import client_command, keeps_torchrun, server_socket
 from training.loop.checkpoint_chain import latest_checkpoint
 from training.loop.progress import MetricsFollower, MetricsRecord
 
@@ -235,8 +235,9 @@ def _launch_once(job: TrainJob, on_line: Callable[[str], None], poll: Callable[[
 
 def _command(job: TrainJob, job_path: Path, role: HostRole | None) -> list[str]:
     """torchrun, or on one host with a warm-rank server named (`DLRM_WARM_RANKS`), the
-    client that has the server fork the ranks (training/launch/warm_ranks.py)."""
-    server = server_socket() if role is None else None
+    client that has the server fork the ranks (training/launch/warm_ranks.py), unless the
+    job is to keep torchrun (`DLRM_WARM_RANKS_UNDER_TORCHRUN`: the server forks its ranks)."""
+    server = server_socket() if role is None and not keeps_torchrun() else None
     if server is None:
         return torchrun_command(job, job_path, role)
     return client_command(server, job_path, job.training.nproc, job.folder.logs(None))

@@ -29,7 +29,9 @@ stops are what such a job tests), and each rank torchrun starts is forked from t
             server ─fork─▶ watcher ─fork─▶ the rank (`training.worker.main`, in those namespaces)
 
 The stand-in forwards torchrun's stops to the rank, and ends as the rank ended (its exit code,
-or the signal that killed it), so torchrun reports and stops it as its own child.
+or the signal that killed it), so torchrun reports and stops it as its own child. A job on one
+host takes the same path with `DLRM_WARM_RANKS_UNDER_TORCHRUN=1` (the tests of the launcher:
+torchrun's stops and failure reports are what they test, not a rank's interpreter start).
 
 `DLRM_WARM_RANKS=<socket>` turns it on (`training/launch/launcher.py`, `training/launch/rank.py`);
 `start_server` starts a server (tests/conftest.py starts one per test process). A server runs
@@ -60,6 +62,7 @@ from training.launch.interpreter import imports_without_collection
 from training.launch.processes import die_with_parent, forget_group, start_group, write_all
 
 ENVIRONMENT_KEY = "DLRM_WARM_RANKS"
+UNDER_TORCHRUN_KEY = "DLRM_WARM_RANKS_UNDER_TORCHRUN"  # "1": a job on one host keeps torchrun too
 _NAMESPACES = (("net", 0x40000000), ("mnt", 0x00020000))  # CLONE_NEWNET, CLONE_NEWNS (<sched.h>)
 # A job's client passes its stdout and stderr; a rank's stand-in those and its two namespaces
 _MOST_FDS = 2 + len(_NAMESPACES)
@@ -71,6 +74,12 @@ def server_socket() -> Path | None:
     """The warm-rank server this process's jobs use, or None (torchrun)."""
     value = os.environ.get(ENVIRONMENT_KEY, "").strip()
     return Path(value) if value else None
+
+
+def keeps_torchrun() -> bool:
+    """Whether a job on one host launches under torchrun even with a server named, its ranks
+    forked by the server as a job across hosts has them."""
+    return os.environ.get(UNDER_TORCHRUN_KEY, "").strip() == "1"
 
 
 def client_command(server: Path, job_path: Path, nproc: int, log_dir: Path) -> list[str]:
