@@ -261,6 +261,11 @@ class JobFolder:
         except (OSError, ValueError):
             return None
 
+    def rank_pids(self) -> dict[int, int]:
+        """Every started rank's process id in the latest launch, by rank."""
+        ranks = sorted(int(path.stem.removeprefix("rank-")) for path in self.pid_file(0).parent.glob("rank-*.pid"))
+        return {rank: pid for rank in ranks if (pid := self.read_pid(rank)) is not None}
+
     # -- the summary, the plan ------------------------------------------------------------
 
     def write_summary(self, summary: TrainSummary) -> None:

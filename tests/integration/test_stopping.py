@@ -80,20 +80,19 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("prefect-home")
 
 
-def _started_by(process: subprocess.Popen, run_dir: Path | None) -> set[int]:
-    """The processes `process` started: those below it, and the training ranks of its jobs in
-    `run_dir` (forked by the session's warm-rank server for torchrun: tests/integration/conftest.py)."""
-    ranks = run_dir.glob("**/pids/rank-*.pid") if run_dir is not None else ()
-    return descendants(process.pid) | {int(pid_file.read_text()) for pid_file in ranks}
+def _started_by(process: subprocess.Popen, jobs: list[JobFolder]) -> set[int]:
+    """The processes `process` started: those below it, and the ranks of its training `jobs`
+    (forked by the session's warm-rank server for torchrun: tests/integration/conftest.py)."""
+    return descendants(process.pid) | {pid for job in jobs for pid in job.rank_pids().values()}
 
 
 def _stop(process: subprocess.Popen, signum: int, times: int = 1, log: Path | None = None,
-          run_dir: Path | None = None) -> tuple[int, float, set[int]]:  # fmt: skip
+          jobs: list[JobFolder] | None = None) -> tuple[int, float, set[int]]:  # fmt: skip
     """Signal the command as a terminal would (its process group), `times` times; returns
     its exit code, the seconds it took, and the processes it had started (with the ranks of its
-    jobs in `run_dir`). A command still running a minute later fails the test with the end of
+    training `jobs`). A command still running a minute later fails the test with the end of
     its `log`."""
-    started = _started_by(process, run_dir)
+    started = _started_by(process, jobs or [])
     assert started, "the command had started processes (a Prefect server, torchrun, workers)"
     began = time.monotonic()
     for _ in range(times):
@@ -116,13 +115,14 @@ def stopped_twice_then_finished(tmp_path_factory: pytest.TempPathFactory, home: 
     stop, then the same command to its end (warm). What each stop and the last run left."""
     tmp_path = tmp_path_factory.mktemp("stopping")
     run_dir = tmp_path / "run"
+    training = [JobFolder(run_dir / "train")]  # the pipeline's training job
     stops = {}
     process = _start_and_wait_for_a_checkpoint(run_dir, home, tmp_path / "ctrl-c.log")
-    stops["SIGINT"] = (*_stop(process, signal.SIGINT, times=2, run_dir=run_dir), (tmp_path / "ctrl-c.log").read_text(),
+    stops["SIGINT"] = (*_stop(process, signal.SIGINT, times=2, jobs=training), (tmp_path / "ctrl-c.log").read_text(),
                        _flow_run_states(home))  # fmt: skip
     first_stop = max(_checkpoint_steps(run_dir))
     process = _start_and_wait_for_a_checkpoint(run_dir, home, tmp_path / "sigterm.log", after_step=first_stop)
-    started = _started_by(process, run_dir)
+    started = _started_by(process, training)
     began = time.monotonic()
     os.kill(process.pid, signal.SIGTERM)
     stops["SIGTERM"] = (process.wait(timeout=60), time.monotonic() - began, started,
@@ -216,7 +216,7 @@ def _use_the_dashboard_then_stop(process: subprocess.Popen, port: int, run_dir: 
         assert process.poll() is None and time.monotonic() < deadline + 240, log.read_text()[-3000:]
         time.sleep(0.2)
 
-    code, seconds, started = _stop(process, signal.SIGINT, log=log, run_dir=run_dir)
+    code, seconds, started = _stop(process, signal.SIGINT, log=log, jobs=[JobFolder(run_dir / "train")])
     assert code == 130 and seconds < 30, (code, seconds, log.read_text()[-3000:])
     time.sleep(1.0)
     assert not [pid for pid in started if alive(pid)], "no trainer, flow-run process or server outlives serve"
@@ -257,7 +257,8 @@ def test_ctrl_c_stops_a_retune_and_marks_its_mlflow_runs_killed(tmp_path: Path) 
         time.sleep(0.2)
     time.sleep(1.0)  # the trial is training
 
-    code, seconds, started = _stop(process, signal.SIGINT, log=log, run_dir=run_dir)
+    trials = [JobFolder(trial) for trial in run_dir.glob("tuning/*/trial-*")]
+    code, seconds, started = _stop(process, signal.SIGINT, log=log, jobs=trials)
     assert code == 130 and seconds < 30, (code, seconds, log.read_text()[-3000:])
     time.sleep(1.0)
     assert not [pid for pid in started if alive(pid)], "no trial process or server outlives the retune"

@@ -135,12 +135,15 @@ def test_a_launch_clears_what_it_rewrites_and_keeps_checkpoints(tmp_path: Path) 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("x")
     folder.write_pid(rank=1, pid=4321)
+    folder.write_pid(rank=10, pid=99)
+    assert folder.rank_pids() == {1: 4321, 10: 99}
     folder.clear_for_launch(node_rank=1, leads=False, fresh=True)
     assert folder.summary_file.exists() and not folder.logs(1).exists(), "another host clears only its own logs"
     assert folder.read_pid(1) == 4321
     folder.clear_for_launch(node_rank=None, leads=True, fresh=False)
     assert not folder.summary_file.exists() and not (tmp_path / "predictions").exists()
     assert folder.read_pid(1) is None, "the leading host clears the ranks' process ids: its launch writes them anew"
+    assert folder.rank_pids() == {}
     assert folder.metrics.exists(), "a resumed run keeps the metrics of the steps its checkpoint holds"
     folder.clear_for_launch(node_rank=None, leads=True, fresh=True)
     assert not folder.metrics.exists() and (folder.checkpoints("r") / "step-5" / "meta.json").exists()
