@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Collection
 from pathlib import Path
 
 
@@ -32,7 +32,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def all_end(pids: Iterable[int], within_s: float) -> bool:
+def all_end(pids: Collection[int], within_s: float) -> bool:
     """Whether every process of `pids` has ended, waiting up to `within_s` seconds (a forked
     rank whose stand-in was killed outright is killed by its watcher a moment later)."""
     deadline = time.monotonic() + within_s

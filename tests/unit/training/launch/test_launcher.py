@@ -4,11 +4,17 @@ output a person sees; following the output while calling back on a timer."""
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from training.launch.launcher import follow
+from evaluation.config import EvaluationConfig
+from training.config import ModelConfig, ShardingConfig, TrainingConfig
+from training.job import TrainJob
+from training.launch import launcher
+from training.launch.launcher import follow, torchrun_command
 from training.launch.output import ConsoleFilter, first_cause
+from training.launch.warm_ranks import ENVIRONMENT_KEY, UNDER_TORCHRUN_KEY, client_command
 
 REPORT = """
 Failures:
@@ -133,3 +139,17 @@ def test_a_silent_job_is_polled_on_a_timer_and_a_poll_that_raises_ends_the_follo
     finally:
         process.kill()
         process.wait()
+
+
+def test_one_host_launches_from_a_named_warm_rank_server_unless_it_keeps_torchrun(tmp_path: Path, monkeypatch) -> None:
+    job = TrainJob(model=ModelConfig(), sharding=ShardingConfig(), training=TrainingConfig(nproc=2),
+                   evaluation=EvaluationConfig(), table_sizes={"t_C1": 10}, train_files=(), eval_files={},
+                   out_dir=str(tmp_path / "job"))  # fmt: skip
+    job_path, server = tmp_path / "job.json", tmp_path / "server.sock"
+    monkeypatch.delenv(UNDER_TORCHRUN_KEY, raising=False)
+    monkeypatch.delenv(ENVIRONMENT_KEY, raising=False)
+    assert launcher._command(job, job_path, None) == torchrun_command(job, job_path, None), "no server: torchrun"
+    monkeypatch.setenv(ENVIRONMENT_KEY, str(server))
+    assert launcher._command(job, job_path, None) == client_command(server, job_path, 2, job.folder.logs(None))
+    monkeypatch.setenv(UNDER_TORCHRUN_KEY, "1")  # the launcher's tests: torchrun, its ranks forked by the server
+    assert launcher._command(job, job_path, None) == torchrun_command(job, job_path, None)
