@@ -52,13 +52,15 @@ $(SLURM):
 	   || (apt-get update -q && apt-get install -y -q slurmctld slurmd slurm-client munge) ) > $(VENV)/apt-slurm.log 2>&1 \
 	|| { tail -5 $(VENV)/apt-slurm.log; echo "could not install Slurm: run 'sudo apt-get install slurmctld slurmd slurm-client munge'"; exit 1; }
 
-# Two test processes: much of an end-to-end test is waiting (servers starting, a stopped
-# run ending), so two share a 2-core machine well; three kept the cores busier and ended no
-# sooner from a fresh clone (docs/performance.md). Each test module runs whole in one of them
-# (fixtures are module-wide), the longest first (tests/conftest.py). Each keeps every core for
-# its own torch, its threads waiting passively, and gives what it starts its share of the cores
-# (tests/core_share.py).
-TEST_WORKERS ?= 2
+# Three test processes on 2 cores: two take the modules that compute, the longest first, and
+# the third the modules that mostly wait (Slurm's holds, servers starting, an outage), whose
+# waits fill the cores the other two leave idle (tests/waiting_apart.py). Three that each took
+# any module ended no sooner than two (docs/performance.md). Each test module runs whole in one
+# process (fixtures are module-wide). Each keeps every core for its own torch, its threads
+# waiting passively, and gives what it starts its share of the cores (tests/core_share.py).
+TEST_WORKERS ?= 3
+# `make test-fast`: two processes (its tests compute; none of them waits on a server)
+FAST_WORKERS ?= 2
 test: install lint $(CHROMIUM) $(SLURM)
 	PREFECT_HOME=$(CURDIR)/.pytest-prefect $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder --durations=30
@@ -66,7 +68,7 @@ test: install lint $(CHROMIUM) $(SLURM)
 # The development loop: every test not marked slow (the unit tests and the integration tests
 # that start no server and no torchrun), in under two minutes on 2 cores.
 test-fast: install
-	PREFECT_HOME=$(CURDIR)/.pytest-prefect $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow" --durations=5
+	PREFECT_HOME=$(CURDIR)/.pytest-prefect $(BIN)/python -m pytest -q -n $(FAST_WORKERS) -m "not slow" --durations=5
 
 # An offline bundle for a host with its own torch and no package index (docs/gpu.md):
 #   make bundle OUT=DIR [TORCH=2.11.0] [BUILD=cuda|cpu] [PYTHON=3.12] [PART_MB=60] [HOST_HAS=numpy,pyarrow]

@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 
 from core_share import share_the_cores
+from waiting_apart import WaitingModulesApart, scheduler_for
+from xdist.remote import Producer
 
 from flows.stages.prefect_defaults import apply_prefect_defaults
 
@@ -101,10 +103,12 @@ MODULE_SECONDS = {
     "test_cpu_linear.py": 15, "test_warm_commands.py": 10, "test_trainer_slots.py": 10, "test_delta_checkpoints.py": 10,
 }  # fmt: skip
 # Modules that spend much of their time waiting with the cores idle: Slurm's detection of a lost
-# node and its holds, a stopped command's end, servers starting. Two of them side by side at the
-# start left the cores 11 % idle over the first three minutes; the longest module that computes
-# runs beside the first instead, and fills its waits.
-WAITING_MODULES = frozenset({"test_on_slurm.py", "test_stopping.py"})
+# node and its holds, servers starting, a tracking server's outage, commands that start and
+# stop. With three test processes they run in the last one (tests/waiting_apart.py), beside two
+# that compute. With two, the longest of them starts beside the longest module that computes:
+# two waiting ones side by side at the start left the cores 11 % idle over the first minutes.
+WAITING_MODULES = frozenset({"test_on_slurm.py", "test_production_stack.py", "test_tracking_outage.py", "test_cli.py",
+                             "test_tuning_study.py"})  # fmt: skip
 
 
 def module_order(names: set[str]) -> dict[str, int]:
@@ -116,6 +120,12 @@ def module_order(names: set[str]) -> dict[str, int]:
             order.remove(computing)
             order.insert(1, computing)
     return {name: place for place, name in enumerate(order)}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> WaitingModulesApart | None:
+    """Module by module with three test processes or more: the waiting modules in the last
+    (tests/waiting_apart.py). Otherwise xdist's own scheduling."""
+    return scheduler_for(config, WAITING_MODULES, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
