@@ -41,3 +41,17 @@ def all_end(pids: Collection[int], within_s: float) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def left_running(pids: Collection[int], within_s: float) -> list[str]:
+    """The command lines of `pids` still running `within_s` seconds from now ([] once all have
+    ended): a stop's processes may take a moment to end on a busy machine, but none may stay."""
+    all_end(pids, within_s)
+    running = []
+    for pid in pids:
+        if alive(pid):
+            try:
+                running.append(f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:300])
+            except OSError:
+                continue  # ended meanwhile
+    return running
