@@ -102,11 +102,12 @@ MODULE_SECONDS = {
     "test_warm_ranks.py": 20, "test_chosen_run_length.py": 20, "test_prefect_database.py": 20, "test_reference.py": 15,
     "test_cpu_linear.py": 15, "test_warm_commands.py": 10, "test_trainer_slots.py": 10, "test_delta_checkpoints.py": 10,
 }  # fmt: skip
-# Modules that spend much of their time waiting with the cores idle: Slurm's detection of a lost
-# node and its holds, servers starting, a tracking server's outage, commands that start and
-# stop. With three test processes they run in the last one (tests/waiting_apart.py), beside two
-# that compute. With two, the longest of them starts beside the longest module that computes:
-# two waiting ones side by side at the start left the cores 11 % idle over the first minutes.
+# Modules that spend much of their time waiting with the cores idle (their test process was 55–75 %
+# busy, Slurm's less): Slurm's detection of a lost node and its holds, servers starting, a
+# tracking server's outage, `dlrm` commands and a study's workers that start and end. With three
+# test processes they run in the last one (tests/waiting_apart.py), beside two that compute. With
+# two, the longest of them starts beside the longest module that computes: two waiting ones side
+# by side at the start left the cores 11 % idle over the first minutes.
 WAITING_MODULES = frozenset({"test_on_slurm.py", "test_production_stack.py", "test_tracking_outage.py", "test_cli.py",
                              "test_tuning_study.py"})  # fmt: skip
 
