@@ -71,7 +71,7 @@ test-fast: install
 	PREFECT_HOME=$(CURDIR)/.pytest-prefect $(BIN)/python -m pytest -q -n $(FAST_WORKERS) -m "not slow" --durations=5
 
 # An offline bundle for a host with its own torch and no package index (docs/gpu.md):
-#   make bundle OUT=DIR [TORCH=2.11.0] [BUILD=cuda|cpu] [PYTHON=3.12] [PART_MB=60] [HOST_HAS=numpy,pyarrow]
+#   make bundle OUT=DIR [TORCH=2.11.0] [BUILD=cuda|cpu] [PYTHON=3.12] [PART_MB=60] [HOST_HAS=numpy,pyarrow] [LEVEL=0-9|none]
 # Defaults: this host's torch, build and Python.
 # It runs in the venv (made with the default torch if there is none) and leaves the venv's
 # torch as it is, whatever TORCH names: TORCH is the bundle's.
@@ -79,7 +79,8 @@ bundle:
 	@test -n "$(OUT)" || { echo "make bundle: set OUT=DIR (where the parts and manifest.json go)"; exit 2; }
 	@test -x $(BIN)/python || $(MAKE) --no-print-directory install TORCH=$(word 1,$(shell $(INTERPRETER) $(TORCH_RANGE)))
 	$(BIN)/python infra/bundle.py --out "$(OUT)" $(if $(filter command line,$(origin TORCH)),--torch $(TORCH)) $(if $(BUILD),--build $(BUILD)) \
-		$(if $(filter 3.%,$(PYTHON)),--python $(PYTHON)) --part-mb $(or $(PART_MB),60) $(if $(HOST_HAS),--host-has $(HOST_HAS))
+		$(if $(filter 3.%,$(PYTHON)),--python $(PYTHON)) --part-mb $(or $(PART_MB),60) $(if $(HOST_HAS),--host-has $(HOST_HAS)) \
+		$(if $(LEVEL),--level $(LEVEL))
 
 # The training tests on the ends of the torch range, each in a venv of its own
 # (.venv-torch-X: torch X with its fbgemm and TorchRec; other torch releases come as CUDA

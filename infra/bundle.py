@@ -2,14 +2,15 @@
 package index, as compressed parts of at most PART_MB MiB with a manifest of their sums.
 
     python infra/bundle.py --out DIR [--torch 2.11.0] [--build cuda|cpu] [--python 3.12]
-                           [--part-mb 60] [--host-has numpy,pyarrow]
+                           [--part-mb 60] [--host-has numpy,pyarrow] [--level 0-9|none]
 
 The wheels (fbgemm and TorchRec matched to the torch, requirements/training.txt, and this
 project) are fetched for the target's Python and platform, unpacked, and written as one tar
 compressed with xz: a GPU host's Python reads xz with its standard library, and unpacked
 wheels compress far better than the wheels themselves (fbgemm-gpu 1.6.0: a 465 MB wheel,
-2.4 GB unpacked; docs/gpu.md has the figures). `infra/install-bundle.py` puts it back
-together on the host.
+2.4 GB unpacked; docs/gpu.md has the figures). `--level none` leaves the tar as it is: the
+quickest build, for a host the parts reach quickly whatever their size.
+`infra/install-bundle.py` puts it back together on the host.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from training.torch_range import MatchedSet
 REQUIREMENTS = ROOT / "requirements"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 MIB = 2**20
+# The archive's name by compression (the manifest's "compression"); its parts add .001, .002, …
+ARCHIVES = {"xz": "bundle.tar.xz", "none": "bundle.tar"}
 # what the installer imports to call an installation good
 TRAINING_IMPORTS = ["torch", "fbgemm_gpu", "torchrec", "duckdb", "pyarrow", "tensordict", "training.loop.batches"]
 
@@ -91,15 +94,18 @@ def project_wheel(into: Path) -> None:
         raise BundleError(f"could not build this project's wheel: {done.stderr.strip()[-300:]}")
 
 
-def pack(wheels: Path, archive: Path, level: int = 9) -> list[dict]:
-    """One tar of every wheel unpacked (`<wheel file name>/…`), xz-compressed: by the `xz`
-    program on all cores where there is one (2.5 GB of fbgemm take ~10 minutes on 2 cores),
-    else by Python's lzma on one."""
+def pack(wheels: Path, archive: Path, level: int | None = 9) -> list[dict]:
+    """One tar of every wheel unpacked (`<wheel file name>/…`), xz-compressed at `level`: by
+    the `xz` program on all cores where there is one (2.5 GB of fbgemm take ~10 minutes on 2
+    cores), else by Python's lzma on one. `level` None: the tar as it is."""
     listed = []
-    xz = shutil.which("xz")
+    xz = shutil.which("xz") if level is not None else None
     with archive.open("wb") as out:
         compressor = subprocess.Popen([xz, f"-{level}", "-T0", "-c"], stdin=subprocess.PIPE, stdout=out) if xz else None
-        sink = compressor.stdin if compressor else lzma.open(out, "wb", preset=level)  # noqa: SIM115 - closed below, after the tar
+        if compressor:
+            sink = compressor.stdin
+        else:  # closed below, after the tar
+            sink = lzma.open(out, "wb", preset=level) if level is not None else out  # noqa: SIM115
         with tarfile.open(fileobj=sink, mode="w|") as tar:
             for wheel in sorted(wheels.glob("*.whl")):
                 with tempfile.TemporaryDirectory() as unpacked, zipfile.ZipFile(wheel) as zipped:
@@ -107,7 +113,8 @@ def pack(wheels: Path, archive: Path, level: int = 9) -> list[dict]:
                     tar.add(unpacked, arcname=wheel.name)
                 listed.append({"name": wheel.name, "size": wheel.stat().st_size})
                 print(f"  packed {wheel.name} ({wheel.stat().st_size / MIB:,.1f} MiB)", flush=True)
-        sink.close()
+        if sink is not out:
+            sink.close()
         if compressor and compressor.wait() != 0:
             raise BundleError(f"xz failed with status {compressor.returncode}")
     return listed
@@ -126,13 +133,13 @@ def split(archive: Path, out: Path, part_mb: int) -> list[dict]:
 
 
 def build(out: Path, torch_version: str, build_kind: str, python: str, part_mb: int, host_has: set[str],
-          level: int = 9) -> dict:  # fmt: skip
+          level: int | None = 9) -> dict:  # fmt: skip
     if part_mb < 1:
         raise BundleError(f"--part-mb must be at least 1, got {part_mb}")
     matched = matched_set(torch_version)
     fbgemm = "fbgemm-gpu" if build_kind == "cuda" else "fbgemm-gpu-cpu"
     out.mkdir(parents=True, exist_ok=True)
-    for stale in [*out.glob("bundle.tar.xz.*"), out / "manifest.json"]:
+    for stale in [*(part for name in ARCHIVES.values() for part in out.glob(f"{name}.[0-9]*")), out / "manifest.json"]:
         stale.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(dir=out) as scratch:
         wheels = Path(scratch) / "wheels"
@@ -146,16 +153,26 @@ def build(out: Path, torch_version: str, build_kind: str, python: str, part_mb: 
         return assemble(wheels, out, part_mb, target, TRAINING_IMPORTS, level)
 
 
-def assemble(wheels: Path, out: Path, part_mb: int, target: dict, imports: list[str], level: int = 9) -> dict:
-    """The wheels in `wheels` packed, split into parts of `part_mb` MiB in `out`, and
-    `out/manifest.json`; returns the manifest."""
+def assemble(wheels: Path, out: Path, part_mb: int, target: dict, imports: list[str], level: int | None = 9) -> dict:
+    """The wheels in `wheels` packed (xz at `level`; None: not compressed), split into parts of
+    `part_mb` MiB in `out`, and `out/manifest.json`; returns the manifest."""
+    compression = "none" if level is None else "xz"
     with tempfile.TemporaryDirectory(dir=out) as scratch:
-        archive = Path(scratch) / "bundle.tar.xz"
+        archive = Path(scratch) / ARCHIVES[compression]
         listed = pack(wheels, archive, level)
         parts = split(archive, out, part_mb)
-    manifest = {"target": target, "compression": "xz", "imports": imports, "wheels": listed, "parts": parts}
+    manifest = {"target": target, "compression": compression, "imports": imports, "wheels": listed, "parts": parts}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def _level(text: str) -> int | None:
+    """`--level`: xz's 0–9, or none (None)."""
+    if text == "none":
+        return None
+    if text.isdigit() and 0 <= int(text) <= 9:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"{text!r}: give xz's level, 0 to 9, or none")
 
 
 def this_host() -> tuple[str, str, str]:
@@ -178,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=python, help=f"the host's Python, X.Y (default {python})")
     parser.add_argument("--part-mb", type=int, default=60, help="largest part in MiB (default 60)")
     parser.add_argument("--host-has", default="", help="comma-separated packages the host already has, left out")
-    parser.add_argument("--level", type=int, choices=range(10), default=9, metavar="0-9",
-                        help="xz's compression level (default 9: smallest parts; 0: quickest)")
+    parser.add_argument("--level", type=_level, default=9, metavar="0-9|none",
+                        help="xz's compression level (default 9: smallest parts; 0: quickest); none: not compressed")
     args = parser.parse_args(argv)
     if not re.fullmatch(r"3\.\d+", args.python):
         print(f"bundle: error: --python {args.python}: give the host's Python as X.Y, e.g. 3.12", file=sys.stderr)

@@ -4,7 +4,8 @@
     python3 install-bundle.py DIR --into ENV
 
 Standard library only. Checks every part named in DIR/manifest.json (its size and sha256),
-reassembles and decompresses them, rebuilds each wheel, and installs with `pip --no-index`
+reassembles and decompresses them (xz, or none where the bundle was built with `--level none`),
+rebuilds each wheel, and installs with `pip --no-index`
 into ENV: an existing virtual environment, or a new one made with this Python and
 `--system-site-packages`, so that the host's own torch (and whatever else it has) is used.
 A package the environment already has is kept as it is; fbgemm and TorchRec are installed
@@ -30,6 +31,7 @@ from pathlib import Path
 
 CHUNK = 4 * 2**20
 MATCHED = {"fbgemm-gpu", "fbgemm-gpu-cpu", "torchrec", "dlrm-pipeline"}  # always the bundle's own
+COMPRESSIONS = ("xz", "none")  # what `make bundle` writes (the manifest's "compression")
 
 
 class BundleError(RuntimeError):
@@ -45,6 +47,10 @@ def read_manifest(folder: Path) -> dict:
         manifest["parts"], manifest["target"]  # both must be there
     except (ValueError, KeyError, TypeError):
         raise BundleError(f"{path} is not a bundle manifest: copy it again from where the bundle was built") from None
+    compression = manifest.setdefault("compression", "xz")
+    if compression not in COMPRESSIONS:
+        raise BundleError(f"{path}: compression {compression!r} is not one this installer reads ({', '.join(COMPRESSIONS)}): "
+                          "use the install-bundle.py that came with the bundle")  # fmt: skip
     return manifest
 
 
@@ -90,11 +96,14 @@ class Concatenated:
             self.current = None
 
 
-def unpack(paths: list[Path], into: Path) -> list[Path]:
+def unpack(paths: list[Path], into: Path, compression: str = "xz") -> list[Path]:
     """The wheels, rebuilt from the unpacked copies in the archive (stored, not deflated:
     pip reads them as well, and it is quicker)."""
     xz = shutil.which("xz")
-    if xz:  # the program is several times quicker than Python's lzma
+    if compression == "none":
+        with tarfile.open(fileobj=Concatenated(paths), mode="r|") as tar:
+            tar.extractall(into, filter="data")
+    elif xz:  # the program is several times quicker than Python's lzma
         with subprocess.Popen([xz, "-dc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as unxz:
             feeder = threading.Thread(target=_feed, args=(Concatenated(paths), unxz.stdin), daemon=True)
             feeder.start()
@@ -214,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(paths)} parts checked; unpacking", flush=True)
         python = environment(args.into.absolute())
         with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as scratch:
-            wheels = unpack(paths, Path(scratch))
+            wheels = unpack(paths, Path(scratch), manifest["compression"])
             names = install(python, wheels)
             if args.keep:
                 args.keep.mkdir(parents=True, exist_ok=True)

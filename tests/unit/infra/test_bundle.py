@@ -1,6 +1,7 @@
 """The offline bundle's round trip on small wheels: packed, split into parts with their sums,
 checked and installed by the standard-library installer into a new venv; a corrupt, a
-short and a missing part are each named in one line."""
+short and a missing part are each named in one line; a bundle left uncompressed (`--level
+none`) unpacks to the same wheels."""
 
 from __future__ import annotations
 
@@ -132,6 +133,48 @@ def test_a_bundle_for_another_python_is_refused(built, tmp_path: Path) -> None:
     assert done.returncode == 2 and "this bundle is for Python 3.99" in done.stderr and "PYTHON=" in done.stderr
 
 
+def _unpacked(folder: Path, manifest: dict, into: Path) -> dict[str, dict[str, bytes]]:
+    """The installer's rebuilt wheels from the bundle in `folder`: each file's bytes by wheel."""
+    installer = _module("install_bundle", INSTALLER)
+    into.mkdir()
+    wheels = installer.unpack(installer.check_parts(folder, manifest), into, manifest["compression"])
+    return {wheel.name: {name: zipfile.ZipFile(wheel).read(name) for name in zipfile.ZipFile(wheel).namelist()}
+            for wheel in wheels}  # fmt: skip
+
+
+def test_a_bundle_left_uncompressed_unpacks_to_the_wheels_the_compressed_one_does(built, tmp_path: Path) -> None:
+    wheels, plain = tmp_path / "wheels", tmp_path / "plain"
+    wheels.mkdir()
+    plain.mkdir()
+    _wheel(wheels, "bundled_big", built[2])
+    _wheel(wheels, "bundled_small", b"small")
+    manifest = bundle.assemble(wheels, plain, 1, {"torch": "test", "build": "cpu", "python": PYTHON}, [], level=None)
+    assert manifest["compression"] == "none" and built[1]["compression"] == "xz"
+    assert [part["name"] for part in manifest["parts"]][:2] == ["bundle.tar.001", "bundle.tar.002"]
+    assert (plain / "bundle.tar.001").read_bytes()[257:262] == b"ustar", "a plain tar: its first header's magic"
+    unpacked = _unpacked(plain, manifest, tmp_path / "from-plain")
+    assert unpacked == _unpacked(built[0], built[1], tmp_path / "from-xz")
+    assert unpacked["bundled_big-1.0-py3-none-any.whl"]["bundled_big/payload.bin"] == built[2]
+
+
+def test_a_compression_the_installer_does_not_read_is_one_line(built, tmp_path: Path) -> None:
+    folder = _copy(built, tmp_path / "copy")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["compression"] = "zstd"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    done = _install(folder, tmp_path / "env")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "compression 'zstd'" in lines[0] and "xz, none" in lines[0], lines
+    assert not (tmp_path / "env").exists(), "nothing installed"
+
+
+def test_the_level_is_xzs_or_none_and_anything_else_is_refused() -> None:
+    assert bundle._level("none") is None and bundle._level("0") == 0 and bundle._level("9") == 9
+    for wrong in ("10", "-1", "fast"):
+        with pytest.raises(bundle.argparse.ArgumentTypeError, match="0 to 9, or none"):
+            bundle._level(wrong)
+
+
 def test_the_torch_range_names_a_matched_set_for_each_release() -> None:
     from training import torch_range
 
@@ -144,3 +187,21 @@ def test_the_torch_range_names_a_matched_set_for_each_release() -> None:
     printed = subprocess.run([sys.executable, str(ROOT / "training" / "torch_range.py"), "2.11.0"], capture_output=True,
                              text=True, check=True)  # fmt: skip
     assert printed.stdout.split() == ["2.11.0", "1.6.0", "1.6.1"], "what the Makefile reads"
+
+
+def test_make_bundle_passes_its_variables_to_the_script(tmp_path: Path) -> None:
+    """`make bundle`'s command line (`make -n`: printed, not run): LEVEL, HOST_HAS and PART_MB
+    reach infra/bundle.py, and without them the script's defaults hold."""
+
+    def command(*variables: str) -> list[str]:
+        printed = subprocess.run(["make", "-n", "--no-print-directory", "bundle", f"OUT={tmp_path}", *variables],
+                                 cwd=ROOT, capture_output=True, text=True, check=True).stdout  # fmt: skip
+        line = printed.replace("\\\n", " ").splitlines()[-1]
+        assert "infra/bundle.py" in line, printed
+        return line.split()
+
+    given = command("LEVEL=none", "HOST_HAS=numpy,pyarrow", "PART_MB=20")
+    assert given[given.index("--level") + 1] == "none" and given[given.index("--part-mb") + 1] == "20"
+    assert given[given.index("--host-has") + 1] == "numpy,pyarrow"
+    plain = command()
+    assert "--level" not in plain and "--host-has" not in plain and plain[plain.index("--part-mb") + 1] == "60"
