@@ -99,13 +99,14 @@ def pack(wheels: Path, archive: Path, level: int | None = 9) -> list[dict]:
     the `xz` program on all cores where there is one (2.5 GB of fbgemm take ~10 minutes on 2
     cores), else by Python's lzma on one. `level` None: the tar as it is."""
     listed = []
-    xz = shutil.which("xz") if level is not None else None
     with archive.open("wb") as out:
-        compressor = subprocess.Popen([xz, f"-{level}", "-T0", "-c"], stdin=subprocess.PIPE, stdout=out) if xz else None
-        if compressor:
+        if level is None:  # the tar as it is
+            compressor, sink = None, out
+        elif xz := shutil.which("xz"):
+            compressor = subprocess.Popen([xz, f"-{level}", "-T0", "-c"], stdin=subprocess.PIPE, stdout=out)
             sink = compressor.stdin
-        else:  # closed below, after the tar
-            sink = lzma.open(out, "wb", preset=level) if level is not None else out  # noqa: SIM115
+        else:
+            compressor, sink = None, lzma.open(out, "wb", preset=level)  # noqa: SIM115 - closed below, after the tar
         with tarfile.open(fileobj=sink, mode="w|") as tar:
             for wheel in sorted(wheels.glob("*.whl")):
                 with tempfile.TemporaryDirectory() as unpacked, zipfile.ZipFile(wheel) as zipped:
