@@ -99,11 +99,10 @@ class Concatenated:
 def unpack(paths: list[Path], into: Path, compression: str = "xz") -> list[Path]:
     """The wheels, rebuilt from the unpacked copies in the archive (stored, not deflated:
     pip reads them as well, and it is quicker)."""
-    xz = shutil.which("xz")
     if compression == "none":
         with tarfile.open(fileobj=Concatenated(paths), mode="r|") as tar:
             tar.extractall(into, filter="data")
-    elif xz:  # the program is several times quicker than Python's lzma
+    elif xz := shutil.which("xz"):  # the program is several times quicker than Python's lzma
         with subprocess.Popen([xz, "-dc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as unxz:
             feeder = threading.Thread(target=_feed, args=(Concatenated(paths), unxz.stdin), daemon=True)
             feeder.start()

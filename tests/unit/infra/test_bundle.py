@@ -138,8 +138,11 @@ def _unpacked(folder: Path, manifest: dict, into: Path) -> dict[str, dict[str, b
     installer = _module("install_bundle", INSTALLER)
     into.mkdir()
     wheels = installer.unpack(installer.check_parts(folder, manifest), into, manifest["compression"])
-    return {wheel.name: {name: zipfile.ZipFile(wheel).read(name) for name in zipfile.ZipFile(wheel).namelist()}
-            for wheel in wheels}  # fmt: skip
+    files = {}
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zipped:
+            files[wheel.name] = {name: zipped.read(name) for name in zipped.namelist()}
+    return files
 
 
 def test_a_bundle_left_uncompressed_unpacks_to_the_wheels_the_compressed_one_does(built, tmp_path: Path) -> None:
@@ -155,6 +158,11 @@ def test_a_bundle_left_uncompressed_unpacks_to_the_wheels_the_compressed_one_doe
     unpacked = _unpacked(plain, manifest, tmp_path / "from-plain")
     assert unpacked == _unpacked(built[0], built[1], tmp_path / "from-xz")
     assert unpacked["bundled_big-1.0-py3-none-any.whl"]["bundled_big/payload.bin"] == built[2]
+
+
+def test_the_installer_reads_every_compression_the_bundle_writes() -> None:
+    """The installer travels alone (standard library only), so it names the compressions itself."""
+    assert set(_module("install_bundle", INSTALLER).COMPRESSIONS) == set(bundle.ARCHIVES)
 
 
 def test_a_compression_the_installer_does_not_read_is_one_line(built, tmp_path: Path) -> None:
