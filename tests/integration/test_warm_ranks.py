@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from process_tree import descendants
+from process_tree import all_end, descendants
 from tiny_jobs import tiny_job
 
 from training.codec import encode
@@ -169,6 +169,29 @@ def test_a_client_killed_outright_takes_its_ranks_with_it(tiny_features, tmp_pat
     client.wait()
     assert _no_rank_left(server, timeout_s=10), "a client killed outright leaves no rank training"
     assert not job.folder.summary_file.exists()
+
+
+def test_a_torchrun_killed_outright_takes_its_forked_ranks_with_it(tiny_features, tmp_path: Path,
+                                                                    warm_rank_server: Path) -> None:  # fmt: skip
+    """The launcher kills torchrun outright when its parent ends first (a stopped flow run):
+    each rank's stand-in dies with torchrun as a rank does, and its watcher ends the rank."""
+    job = _job(tiny_features, tmp_path)
+    job = replace(job, training=replace(job.training, epochs=60))  # a minute or more: it must be ended, not end
+    job.out.mkdir(parents=True, exist_ok=True)
+    job.save(job.folder.job_file())
+    server = _server_pid(warm_rank_server)
+    env = {**os.environ, "OMP_NUM_THREADS": str(job.training.threads_per_proc)}
+    torchrun = subprocess.Popen(torchrun_command(job, job.folder.job_file()), env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    deadline = time.monotonic() + 60
+    while len(descendants(server)) < 4:  # two watchers and their ranks
+        assert time.monotonic() < deadline and torchrun.poll() is None, "the job started"
+        time.sleep(0.05)
+    stand_ins = descendants(torchrun.pid)
+    torchrun.send_signal(signal.SIGKILL)
+    torchrun.wait()
+    assert len(stand_ins) == 2 and all_end(stand_ins, within_s=10), "the stand-ins die with torchrun"
+    assert _no_rank_left(server, timeout_s=10), "and their ranks with them"
 
 
 def test_a_missing_server_is_one_line_naming_the_variable(tiny_features, tmp_path: Path, monkeypatch) -> None:

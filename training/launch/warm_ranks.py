@@ -524,7 +524,10 @@ def client(server: Path, job_path: Path, nproc: int, log_dir: Path) -> int:
 
 def rank_client(server: Path, argv: list[str]) -> int:
     """torchrun's rank, forked by the server (`_watch_one_rank`): forward torchrun's stops to
-    it, and end as it ended (by the same signal when one killed it)."""
+    it, and end as it ended (by the same signal when one killed it). Like the rank it stands in
+    for (training/worker.py), it dies with a torchrun killed outright (the launcher kills one
+    whose parent ended first); its watcher then ends the rank (`_end_when_client_leaves`)."""
+    die_with_parent()
     stops = ForwardedStops()
     request = {"rank": True, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
     no_server = f"warm-rank server at {{server}} ({{reason}}): unset {ENVIRONMENT_KEY} to start ranks anew"
