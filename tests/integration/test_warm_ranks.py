@@ -34,6 +34,15 @@ def _job(features, out: Path) -> TrainJob:
     return replace(job, evaluation=replace(job.evaluation, heldout_every_steps=10, heldout_batches=1))
 
 
+def _saved_long_job(features, out: Path) -> TrainJob:
+    """A job of a minute or more (it must be ended, not end), its job file written."""
+    job = _job(features, out)
+    job = replace(job, training=replace(job.training, epochs=60))
+    job.out.mkdir(parents=True, exist_ok=True)
+    job.save(job.folder.job_file())
+    return job
+
+
 def _server_pid(socket_path: Path) -> int:
     found = subprocess.run(["pgrep", "-f", f"warm_ranks serve {socket_path}"], capture_output=True, text=True, check=True)
     return int(found.stdout.split()[0])
@@ -154,10 +163,7 @@ def test_a_stopped_launch_leaves_no_rank_behind(tiny_features, tmp_path: Path, w
 
 
 def test_a_client_killed_outright_takes_its_ranks_with_it(tiny_features, tmp_path: Path, warm_rank_server: Path) -> None:
-    job = _job(tiny_features, tmp_path)
-    job = replace(job, training=replace(job.training, epochs=60))  # a minute or more: it must be ended, not end
-    job.out.mkdir(parents=True, exist_ok=True)
-    job.save(job.folder.job_file())
+    job = _saved_long_job(tiny_features, tmp_path)
     server = _server_pid(warm_rank_server)
     client = subprocess.Popen(client_command(warm_rank_server, job.folder.job_file(), 2, job.folder.logs()),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -175,10 +181,7 @@ def test_a_torchrun_killed_outright_takes_its_forked_ranks_with_it(tiny_features
                                                                     warm_rank_server: Path) -> None:  # fmt: skip
     """The launcher kills torchrun outright when its parent ends first (a stopped flow run):
     each rank's stand-in dies with torchrun as a rank does, and its watcher ends the rank."""
-    job = _job(tiny_features, tmp_path)
-    job = replace(job, training=replace(job.training, epochs=60))  # a minute or more: it must be ended, not end
-    job.out.mkdir(parents=True, exist_ok=True)
-    job.save(job.folder.job_file())
+    job = _saved_long_job(tiny_features, tmp_path)
     server = _server_pid(warm_rank_server)
     env = {**os.environ, "OMP_NUM_THREADS": str(job.training.threads_per_proc)}
     torchrun = subprocess.Popen(torchrun_command(job, job.folder.job_file()), env=env, stdout=subprocess.DEVNULL,
